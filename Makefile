@@ -1,0 +1,32 @@
+# Two entry points for users: `make demo` and `make test`. Both create (or reuse) .venv and
+# install torch==2.13.0 first, so pip never pulls a multi-GB CUDA build of torch.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: demo test install plugins bench clean
+
+$(BIN)/normexport: pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[test]'
+	touch $@
+
+install: $(BIN)/normexport
+
+demo: install
+	$(BIN)/normexport demo --out demo_out
+
+test: install
+	$(BIN)/python -m pytest -q tests
+
+plugins:
+	cmake -S plugins -B build/plugins -DCMAKE_BUILD_TYPE=Release
+	cmake --build build/plugins -j
+
+bench: install
+	$(BIN)/python tools/bench_ort.py
+
+clean:
+	rm -rf build demo_out

@@ -1,0 +1,60 @@
+"""Custom ops of the `normexport` ONNX domain. Each op's contract lives in one module
+(`rms_norm.py`, `adaln_zero.py`); this package wires those specs to torch and ONNX."""
+
+from __future__ import annotations
+
+import onnx
+import torch
+
+from . import adaln_zero, rms_norm
+from ._spec import DOMAIN, MIN_OPSET, VERSION, OpSpec
+
+SPECS: dict[str, OpSpec] = {m.SPEC.name: m.SPEC for m in (rms_norm, adaln_zero)}
+
+for _spec in SPECS.values():
+    _spec.register_schema()
+
+#: torch.onnx.export(..., custom_translation_table=TRANSLATION_TABLE)
+TRANSLATION_TABLE = {
+    torch.ops.normexport.rms_norm.default: rms_norm.translate,
+    torch.ops.normexport.adaln_zero.default: adaln_zero.translate,
+}
+
+
+def default_opset(model: onnx.ModelProto) -> int:
+    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+
+
+def custom_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
+    return [n for n in model.graph.node if n.domain == DOMAIN]
+
+
+def attach_functions(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Give `model` (in place) the `normexport` opset import and one FunctionProto per custom
+    op it uses, so that any ONNX runtime can run it with no registration.
+
+    Existing normexport functions are replaced (their opset must match the model's)."""
+    nodes = custom_nodes(model)
+    kept = [f for f in model.functions if f.domain != DOMAIN]
+    del model.functions[:]
+    model.functions.extend(kept)
+    if not nodes:
+        return model
+    opset = default_opset(model)
+    if opset < MIN_OPSET:
+        raise ValueError(f"normexport custom ops need opset >= {MIN_OPSET}; this model imports {opset}")
+    if not any(o.domain == DOMAIN for o in model.opset_import):
+        model.opset_import.append(onnx.helper.make_opsetid(DOMAIN, VERSION))
+    by_type: dict[str, set[int]] = {}
+    for n in nodes:
+        if n.op_type not in SPECS:
+            raise ValueError(f"unknown op {DOMAIN}::{n.op_type}")
+        by_type.setdefault(n.op_type, set()).add(len([i for i in n.input]))
+    for op_type, arities in sorted(by_type.items()):
+        if len(arities) > 1:
+            raise ValueError(f"{DOMAIN}::{op_type} is used with {sorted(arities)} inputs in one model; use one form")
+        model.functions.append(SPECS[op_type].function_proto(opset, arities.pop()))
+    return model
+
+
+__all__ = ["DOMAIN", "VERSION", "MIN_OPSET", "SPECS", "TRANSLATION_TABLE", "attach_functions", "custom_nodes", "default_opset"]

@@ -1,0 +1,76 @@
+"""The shape of an op spec: one object per custom op drives the torch op, the ONNX schema,
+the ONNX function body and the TensorRT plugin's field names (DESIGN §2)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import onnx
+from onnx.defs import OpSchema
+
+DOMAIN = "normexport"
+VERSION = 1
+#: Function bodies use ReduceMean with axes as an input, so they need opset 18 or newer.
+MIN_OPSET = 18
+FLOAT_TYPES = ("tensor(float)", "tensor(float16)", "tensor(bfloat16)")
+
+
+@dataclasses.dataclass(frozen=True)
+class Input:
+    name: str
+    doc: str
+    optional: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Attr:
+    name: str
+    default: float | int
+    doc: str
+
+
+@dataclasses.dataclass(frozen=True)
+class OpSpec:
+    name: str  # ONNX op type and TensorRT plugin name
+    torch_op: str  # torch.library qualified name
+    doc: str
+    inputs: tuple[Input, ...]
+    attributes: tuple[Attr, ...]
+    reference: Callable[..., Any]  # numpy float64 reference, (*inputs, **attributes)
+    #: the FunctionProto (body in standard ops, opset 18) for a node with `n_inputs` inputs
+    body: Callable[[int], onnx.FunctionProto]
+
+    @property
+    def defaults(self) -> dict[str, float | int]:
+        return {a.name: a.default for a in self.attributes}
+
+    def schema(self) -> OpSchema:
+        def param(i: Input) -> OpSchema.FormalParameter:
+            option = OpSchema.FormalParameterOption.Optional if i.optional else OpSchema.FormalParameterOption.Single
+            return OpSchema.FormalParameter(i.name, "T", i.doc, param_option=option)
+
+        return OpSchema(
+            self.name,
+            DOMAIN,
+            VERSION,
+            self.doc,
+            inputs=[param(i) for i in self.inputs],
+            outputs=[OpSchema.FormalParameter("Y", "T", "same shape and type as X")],
+            type_constraints=[("T", list(FLOAT_TYPES), "float32, float16 or bfloat16")],
+            attributes=[OpSchema.Attribute(a.name, onnx.helper.make_attribute(a.name, a.default), a.doc) for a in self.attributes],
+        )
+
+    def function_proto(self, opset: int, n_inputs: int) -> onnx.FunctionProto:
+        """The FunctionProto of this op for a model importing default-domain `opset`."""
+        if opset < MIN_OPSET:
+            raise ValueError(f"normexport::{self.name} function bodies need opset >= {MIN_OPSET}, got {opset}")
+        fn = self.body(n_inputs)
+        for imp in fn.opset_import:
+            if imp.domain == "":
+                imp.version = opset  # the body only uses ops whose semantics are unchanged since 18
+        return fn
+
+    def register_schema(self) -> None:
+        if not onnx.defs.has(self.name, DOMAIN):
+            onnx.defs.register_schema(self.schema())

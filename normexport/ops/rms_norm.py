@@ -1,0 +1,74 @@
+"""normexport::RMSNorm — Y = X / sqrt(mean(X^2 over dims axis..rank-1) + epsilon) * scale.
+
+Statistics in float32 whatever the input dtype. Gemma-style (1 + w) weights are folded into
+`scale` before export. This file is the single source of the op's contract.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxscript
+import torch
+from onnxscript import opset18 as op
+
+from ._spec import DOMAIN, VERSION, Attr, Input, OpSpec
+
+_OPSET = onnxscript.values.Opset(DOMAIN, VERSION)
+
+
+def reference(x, scale, epsilon: float = 1e-6, axis: int = -1) -> np.ndarray:
+    """float64 numpy reference, written from the formula."""
+    x = np.asarray(x, dtype=np.float64)
+    axis = axis % x.ndim
+    axes = tuple(range(axis, x.ndim))
+    ms = np.mean(x * x, axis=axes, keepdims=True)
+    return x / np.sqrt(ms + epsilon) * np.asarray(scale, dtype=np.float64)
+
+
+# ---- torch custom op -------------------------------------------------------------------------
+@torch.library.custom_op("normexport::rms_norm", mutates_args=())
+def rms_norm(x: torch.Tensor, scale: torch.Tensor, epsilon: float, axis: int) -> torch.Tensor:
+    dims = tuple(range(axis % x.dim(), x.dim()))
+    xf = x.float()
+    y = xf * torch.rsqrt(xf.pow(2).mean(dims, keepdim=True) + epsilon) * scale.float()
+    return y.to(x.dtype)
+
+
+@rms_norm.register_fake
+def _(x, scale, epsilon, axis):
+    return torch.empty_like(x)
+
+
+# ---- ONNX function body (standard ops only) --------------------------------------------------
+@onnxscript.script(_OPSET, default_opset=op)
+def RMSNorm(X, scale, epsilon: float = 1e-6, axis: int = -1):
+    xf = op.Cast(X, to=1)
+    rank = op.Size(op.Shape(X))
+    ax = op.Constant(value_int=axis)
+    first = op.Where(ax < 0, ax + rank, ax)
+    axes = op.Range(first, rank, op.Constant(value_int=1))
+    mean_sq = op.ReduceMean(xf * xf, axes, keepdims=1)
+    inv_rms = op.Reciprocal(op.Sqrt(mean_sq + op.Constant(value_float=epsilon)))
+    return op.CastLike(xf * inv_rms * op.Cast(scale, to=1), X)
+
+
+def translate(x, scale, epsilon: float, axis: int):
+    """torch.onnx custom_translation_table entry: one normexport::RMSNorm node."""
+    return _OPSET.RMSNorm(x, scale, epsilon=epsilon, axis=axis)
+
+
+SPEC = OpSpec(
+    name="RMSNorm",
+    torch_op="normexport::rms_norm",
+    doc="Y = X / sqrt(mean(X^2 over dims axis..rank-1) + epsilon) * scale; statistics in float32.",
+    inputs=(
+        Input("X", "input, any rank >= 1"),
+        Input("scale", "weight, shape X.shape[axis:] (usually [H])"),
+    ),
+    attributes=(
+        Attr("epsilon", 1e-6, "added to the mean of squares"),
+        Attr("axis", -1, "first normalized dim; dims axis..rank-1 are normalized"),
+    ),
+    reference=reference,
+    body=lambda n_inputs: RMSNorm.to_function_proto(),
+)

@@ -1,0 +1,81 @@
+/*
+ * normexport CUDA kernels: small C ABI.
+ *
+ * Shared by the TensorRT plugins (plugins/tensorrt/) and the Python GPU test harness (ctypes).
+ * Plain device pointers, sizes, a dtype enum, epsilon and a stream; no TensorRT types.
+ *
+ * Conventions for every function:
+ *  - All tensors are dense, row-major (C-contiguous) and live in device memory.
+ *  - Parameter tensors (scale / weight / bias / shift / mod scale) have the same dtype as x.
+ *  - Statistics are accumulated in float32 whatever the IO dtype.
+ *  - The call only enqueues work on `stream`; it does not synchronise.
+ *  - Returns cudaSuccess, cudaErrorInvalidValue for bad arguments (null pointer where one is
+ *    required, hidden < 1, negative sizes, unknown dtype, eps < 0 or NaN), or the launch error.
+ *  - rows == 0 (or batch * seq == 0) is a valid no-op.
+ *  - Any hidden size >= 1 works: up to 16384 (fp32) / 32768 (fp16, bf16, 16-byte aligned) the
+ *    row is kept in registers (one read of x, one write of y); beyond that a looped
+ *    multi-pass kernel is used.
+ *  - 16-byte vector loads/stores are used when every pointer is 16-byte aligned and hidden is a
+ *    multiple of 16 / sizeof(dtype); otherwise a scalar path with identical results is used.
+ *  - y may not alias any input.
+ */
+#ifndef NORMEXPORT_KERNELS_H
+#define NORMEXPORT_KERNELS_H
+
+#include <cuda_runtime_api.h>
+#include <stdint.h>
+
+#if defined(_WIN32)
+#define NORMEXPORT_API __declspec(dllexport)
+#else
+#define NORMEXPORT_API __attribute__((visibility("default")))
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* IO dtype of every tensor of one call. */
+typedef enum normexport_dtype
+{
+    NORMEXPORT_FLOAT32 = 0,
+    NORMEXPORT_FLOAT16 = 1,
+    NORMEXPORT_BFLOAT16 = 2
+} normexport_dtype;
+
+/*
+ * RMSNorm over the last dimension:
+ *   y[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * scale[:]
+ * x, y: [rows, hidden]; scale: [hidden] (required).
+ */
+NORMEXPORT_API cudaError_t normexport_rms_norm(void const* x, void const* scale, void* y, int64_t rows,
+    int64_t hidden, int dtype, float eps, cudaStream_t stream);
+
+/*
+ * LayerNorm over the last dimension (biased variance):
+ *   y[r, :] = (x[r, :] - mean) / sqrt(var + eps) [* weight[:]] [+ bias[:]]
+ * x, y: [rows, hidden]; weight, bias: [hidden] or NULL (each optional on its own).
+ */
+NORMEXPORT_API cudaError_t normexport_layer_norm(void const* x, void const* weight, void const* bias, void* y,
+    int64_t rows, int64_t hidden, int dtype, float eps, cudaStream_t stream);
+
+/*
+ * AdaLN-Zero modulation fused with LayerNorm:
+ *   y = LayerNorm(x; weight, bias, eps) * (1 + scale) + shift
+ * x, y: [batch, seq, hidden] (any leading layout flattened to batch x seq rows).
+ * mod_full == 0: shift, scale are [batch, hidden], broadcast over seq.
+ * mod_full == 1: shift, scale have the full shape of x ([batch, seq, hidden]).
+ * weight, bias: [hidden] or NULL. shift and scale are required.
+ */
+NORMEXPORT_API cudaError_t normexport_adaln_zero(void const* x, void const* shift, void const* scale,
+    void const* weight, void const* bias, void* y, int64_t batch, int64_t seq, int64_t hidden, int mod_full,
+    int dtype, float eps, cudaStream_t stream);
+
+/* Version of this ABI (bumped on any incompatible change). */
+NORMEXPORT_API int normexport_kernels_abi_version(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* NORMEXPORT_KERNELS_H */
