@@ -1,0 +1,16 @@
+"""Graph rewrite rules, one per module (pattern / check / rewrite, onnxscript rewriter API).
+
+Each module listed here defines
+    RULES: list[onnxscript.rewriter.pattern.RewriteRule]   (each rule has a unique `name`)
+    TARGETS: frozenset[str]  subset of {"trt", "ort", "onnx"} the rules run for
+and has its test beside the others in tests/rewrite/test_<module>.py.
+The driver (normexport.rewrite) applies them in this order.
+"""
+
+RULE_MODULES = (
+    "bn_fold",  # Conv / ConvTranspose / Gemm / MatMul(+Add) + BatchNormalization -> folded weights
+    "bn_affine",  # a BatchNormalization left over -> Mul + Add (where that is faster)
+    "layer_norm",  # decomposed LayerNorm -> LayerNormalization
+    "rms_norm",  # decomposed RMSNorm -> normexport::RMSNorm / RMSNormalization
+    "adaln",  # LayerNormalization -> Mul(1 + scale) -> Add(shift) -> normexport::AdaLNZero
+)
