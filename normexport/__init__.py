@@ -1,3 +1,33 @@
-"""normexport: PyTorch -> ONNX / TensorRT with normalization layers done right."""
+"""normexport: PyTorch -> ONNX / TensorRT with normalization layers done right.
+
+Python API (imported lazily):
+    normexport.load(MODEL)                 -> LoadedModel   (loaders)
+    normexport.prepare(module)             -> module with normexport norm ops swapped in
+    normexport.fold_batchnorm(module)      -> module with BatchNorm folded
+    normexport.convert_module(module, args, target="trt") -> onnx.ModelProto
+    normexport.rewrite(model_proto, target="trt")         -> onnx.ModelProto
+    normexport.check(onnx_model, module, inputs)          -> CheckReport
+"""
+
+import importlib
 
 __version__ = "0.1.0"
+
+_API = {
+    "load": ("normexport.loaders", "load"),
+    "prepare": ("normexport.prepare", "prepare"),
+    "fold_batchnorm": ("normexport.fold_bn", "fold_batchnorm"),
+    "convert_module": ("normexport.export", "convert_module"),
+    "rewrite": ("normexport.rewrite", "rewrite"),
+    "check": ("normexport.check", "check"),
+}
+
+
+def __getattr__(name):
+    if name in _API:
+        module, attr = _API[name]
+        return getattr(importlib.import_module(module), attr)
+    raise AttributeError(f"module 'normexport' has no attribute '{name}'")
+
+
+__all__ = ["__version__", *_API]

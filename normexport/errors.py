@@ -7,3 +7,7 @@ class UsageError(Exception):
 
 class ParityError(Exception):
     """A parity check failed: exit 1."""
+
+
+class ExportError(Exception):
+    """The model could not be exported (a limitation of torch.onnx or of normexport): exit 1."""

@@ -1,0 +1,66 @@
+"""`normexport` command line (DESIGN §4). Bad input: one line on stderr, exit 2, no traceback."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from .errors import ExportError, ParityError, UsageError
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # argparse's usage dump becomes our one-line error
+        raise UsageError(f"{message}: see `{self.prog} --help`")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from . import check as check_cmd
+    from . import convert as convert_cmd
+    from . import demo as demo_cmd
+    from .rewrite import cli as rewrite_cmd
+
+    parser = _Parser(prog="normexport", description="Export PyTorch models to ONNX / TensorRT with "
+                     "normalization layers done right.")
+    parser.add_argument("--version", action="version", version=f"normexport {_version()}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    for name, mod, help_text in (
+        ("convert", convert_cmd, "export a PyTorch model to ONNX, with fused norm ops, and check parity"),
+        ("rewrite", rewrite_cmd, "fuse decomposed norms and fold BatchNorm in any ONNX file"),
+        ("check", check_cmd, "compare ONNX / TensorRT outputs with the eager model"),
+        ("demo", demo_cmd, "convert and check the bundled reference models"),
+    ):
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        mod.add_arguments(p)
+        p.set_defaults(run=mod.run)
+    return parser
+
+
+def _version() -> str:
+    from . import __version__
+
+    return __version__
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("TORCH_LOGS", "")
+    try:
+        args = build_parser().parse_args(argv)
+        code = args.run(args)
+    except UsageError as e:
+        print(f"normexport: error: {e}", file=sys.stderr)
+        return 2
+    except ParityError as e:
+        print(f"normexport: parity failed: {e}", file=sys.stderr)
+        return 1
+    except ExportError as e:
+        print(f"normexport: export failed: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("normexport: interrupted", file=sys.stderr)
+        return 130
+    return int(code or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,152 @@
+"""`normexport convert MODEL`: load, export with fused norm ops, check parity, write atomically."""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+from pathlib import Path
+
+import onnx
+import torch
+
+from . import io, loaders
+from .errors import ExportError, UsageError
+from .export import TARGETS, convert_module, op_counts
+from .inputs import DTYPES, make_inputs, parse_dynamic, parse_input
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", metavar="MODEL", help="x.pt2 | x.pt/x.pth (TorchScript, or pickle with --trust-pickle) | package.module:callable")
+    p.add_argument("-o", "--output", metavar="OUT.onnx", help="default: MODEL's stem + .onnx beside it")
+    p.add_argument("--input", action="append", default=[], metavar="NAME:DIMS[:DTYPE]", help="e.g. x:2x16x64 (positional, forward order)")
+    p.add_argument("--dynamic", action="append", default=[], metavar="NAME:AXES", help="dynamic axes of input NAME, e.g. x:0,1")
+    p.add_argument("--target", choices=TARGETS, default="trt")
+    p.add_argument("--opset", type=int, default=None)
+    p.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default=None, help="cast the model and its float inputs")
+    p.add_argument("--weights", metavar="FILE", help="state dict for a module:callable MODEL (loaded with weights_only=True)")
+    p.add_argument("--trust-pickle", action="store_true", help="allow unpickling a pickled nn.Module (runs code from the file)")
+    p.add_argument("--no-check", action="store_true", help="skip the onnxruntime parity check")
+    p.add_argument("--report", metavar="FILE.json", help="write a JSON report")
+
+
+def default_output(model: str) -> Path:
+    if loaders.is_factory(model):
+        mod, _, attr = model.partition(":")
+        return Path.cwd() / f"{mod.rsplit('.', 1)[-1]}_{attr}.onnx"
+    return Path(model).with_suffix(".onnx")
+
+
+def resolve_inputs(loaded: loaders.LoadedModel, model: str, input_args: list[str], dynamic_args: list[str],
+                   dtype: str | None = None):
+    """(inputs, names, dynamic_axes) from the flags, or from what the model declares."""
+    specs = [parse_input(s) for s in input_args]
+    dynamic = dict(parse_dynamic(d) for d in dynamic_args)
+    if specs:
+        inputs, names = make_inputs(specs), [s.name for s in specs]
+    elif loaded.example_inputs is not None:
+        inputs = loaded.example_inputs
+        names = list(loaded.input_names or [f"input_{i}" for i in range(len(inputs))])
+        dynamic = dynamic or dict(loaded.dynamic_axes or {})
+    else:
+        hint = " (TorchScript files carry no input shapes)" if loaded.kind == "torchscript" else ""
+        raise UsageError(f"cannot tell the inputs of '{model}'{hint}: add --input NAME:DIMS[:DTYPE] for each forward input")
+    if dtype:
+        inputs = tuple(t.to(DTYPES[dtype]) if t.is_floating_point() else t for t in inputs)
+    _check_arity(loaded.module, len(inputs))
+    return tuple(inputs), names, dynamic
+
+
+def run_eager(module, inputs: tuple):
+    """Run the model once; a model that rejects the inputs is a usage error, not a crash."""
+    shapes = ", ".join("x".join(map(str, t.shape)) or "scalar" for t in inputs)
+    try:
+        with torch.no_grad():
+            return module(*inputs)
+    except Exception as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise UsageError(f"the model rejected inputs of shape {shapes} ({first}): fix --input") from None
+
+
+def _check_arity(module, n: int) -> None:
+    lo_hi = _arity(module)
+    if lo_hi is None:
+        return
+    lo, hi = lo_hi
+    if not lo <= n <= hi:
+        want = str(lo) if lo == hi else f"{lo} to {hi}"
+        raise UsageError(f"the model's forward takes {want} input(s) but {n} were given: give one --input per forward argument")
+
+
+def _arity(module) -> tuple[int, int] | None:
+    if isinstance(module, torch.jit.ScriptModule):
+        try:
+            args = module.forward.schema.arguments[1:]  # drop self
+        except (AttributeError, RuntimeError):
+            return None
+        return sum(1 for a in args if not a.has_default_value()), len(args)
+    if isinstance(module, torch.fx.GraphModule):
+        n = sum(1 for node in module.graph.nodes if node.op == "placeholder")
+        return n, n
+    try:
+        params = list(inspect.signature(module.forward).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind == p.VAR_POSITIONAL for p in params):
+        return None
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return sum(1 for p in positional if p.default is p.empty), len(positional)
+
+
+def run(args) -> int:
+    from . import __version__
+    from .check import check
+
+    out = io.check_writable(args.output or default_output(args.model))
+    if args.report:
+        io.check_writable(args.report)
+    loaded = loaders.load(args.model, trust_pickle=args.trust_pickle, weights=args.weights)
+    module = loaded.module
+    if args.dtype:
+        module = module.to(DTYPES[args.dtype])
+    inputs, names, dynamic = resolve_inputs(loaded, args.model, args.input, args.dynamic, args.dtype)
+    run_eager(module, inputs)
+
+    sections: dict = {}
+    try:
+        model = convert_module(module, inputs, target=args.target, opset=args.opset, input_names=names,
+                               dynamic_axes=dynamic, report=sections)
+        onnx.checker.check_model(model, full_check=True)
+    except UsageError:
+        raise
+    except Exception as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[-1][:300]
+        raise ExportError(f"{type(e).__name__}: {first}") from None
+
+    counts = op_counts(model)
+    print(f"exported {args.model} -> {out.name} (target {args.target}): " + _fused_summary(counts))
+    passed = True
+    report: dict = {"normexport_version": __version__, "command": "convert"}
+    if not args.no_check:
+        result = check(model, module, inputs, dynamic_axes=dynamic, command="convert")
+        print(result.table())
+        report = result.to_dict()
+        passed = result.passed
+    report.update({"model": args.model, "target": args.target, "output": str(out), "op_counts": counts, **sections})
+    if "inputs" not in report:
+        report["inputs"] = [{"name": n, "shape": list(t.shape), "dtype": str(t.dtype).replace("torch.", "")}
+                            for n, t in zip(names, inputs)]
+    if not passed:
+        if args.report:
+            io.write_json(report, args.report)
+        print(f"parity FAILED: {out} not written")
+        return 1
+    io.save_onnx(model, out)
+    if args.report:
+        io.write_json(report, args.report)
+    print(f"wrote {out}")
+    return 0
+
+
+def _fused_summary(counts: dict[str, int]) -> str:
+    keys = ("normexport::RMSNorm", "normexport::AdaLNZero", "LayerNormalization", "RMSNormalization", "BatchNormalization")
+    return ", ".join(f"{counts.get(k, 0)} {k}" for k in keys if counts.get(k) or k.startswith("normexport")) + f", {sum(counts.values())} nodes"

@@ -1,0 +1,76 @@
+"""`--input NAME:DIMS[:DTYPE]` and `--dynamic NAME:AXES`, and the random inputs they describe."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import torch
+
+from .errors import UsageError
+
+DTYPES = {
+    "float32": torch.float32, "float": torch.float32, "fp32": torch.float32,
+    "float16": torch.float16, "half": torch.float16, "fp16": torch.float16,
+    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+    "float64": torch.float64, "double": torch.float64,
+    "int64": torch.int64, "long": torch.int64, "int32": torch.int32, "bool": torch.bool,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class InputSpec:
+    name: str
+    dims: tuple[int, ...]
+    dtype: torch.dtype = torch.float32
+
+
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*$")
+
+
+def parse_input(text: str) -> InputSpec:
+    """`x:2x16x64` or `ids:2x16:int64` -> InputSpec."""
+    parts = text.split(":")
+    if len(parts) not in (2, 3) or not _NAME.match(parts[0]):
+        raise UsageError(f"malformed --input '{text}': use NAME:DIMS[:DTYPE], e.g. --input x:2x16x64:float32")
+    name, dims_text = parts[0], parts[1]
+    try:
+        dims = tuple(int(d) for d in dims_text.lower().split("x")) if dims_text else ()
+    except ValueError:
+        raise UsageError(f"malformed dims '{dims_text}' in --input '{text}': write sizes joined by 'x', e.g. 2x16x64") from None
+    if any(d < 0 for d in dims):
+        raise UsageError(f"negative size in --input '{text}': sizes must be >= 0")
+    dtype = torch.float32
+    if len(parts) == 3:
+        if parts[2].lower() not in DTYPES:
+            raise UsageError(f"unknown dtype '{parts[2]}' in --input '{text}': use one of float32, float16, bfloat16, int64, int32, bool")
+        dtype = DTYPES[parts[2].lower()]
+    return InputSpec(name, dims, dtype)
+
+
+def parse_dynamic(text: str) -> tuple[str, list[int]]:
+    """`x:0,1` -> ("x", [0, 1])."""
+    name, sep, axes_text = text.partition(":")
+    try:
+        axes = [int(a) for a in axes_text.split(",")] if sep else []
+    except ValueError:
+        axes = []
+    if not sep or not axes or not _NAME.match(name) or any(a < 0 for a in axes):
+        raise UsageError(f"malformed --dynamic '{text}': use NAME:AXES with axes a comma list, e.g. --dynamic x:0,1")
+    return name, axes
+
+
+def make_inputs(specs, seed: int = 0) -> tuple[torch.Tensor, ...]:
+    """Random, non-zero inputs for `specs` (normal floats, small non-negative ints)."""
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for spec in specs:
+        if spec.dtype.is_floating_point:
+            t = torch.randn(spec.dims, generator=gen, dtype=torch.float32).to(spec.dtype)
+        elif spec.dtype == torch.bool:
+            t = torch.randint(0, 2, spec.dims, generator=gen).bool()
+        else:
+            t = torch.randint(0, 8, spec.dims, generator=gen, dtype=spec.dtype)
+        out.append(t)
+    return tuple(out)
+
