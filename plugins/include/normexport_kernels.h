@@ -12,9 +12,9 @@
  *  - Returns cudaSuccess, cudaErrorInvalidValue for bad arguments (null pointer where one is
  *    required, hidden < 1, negative sizes, unknown dtype, eps < 0 or NaN), or the launch error.
  *  - rows == 0 (or batch * seq == 0) is a valid no-op.
- *  - Any hidden size >= 1 works: up to 16384 (fp32) / 32768 (fp16, bf16, 16-byte aligned) the
- *    row is kept in registers (one read of x, one write of y); beyond that a looped
- *    multi-pass kernel is used.
+ *  - Any hidden size >= 1 works. The row is kept in registers (one read of x and params, one
+ *    write of y) up to hidden 16384 (fp32) / 32768 (fp16, bf16) on the 16-byte vector path and
+ *    up to 8192 on the scalar path; beyond that a looped multi-pass kernel is used.
  *  - 16-byte vector loads/stores are used when every pointer is 16-byte aligned and hidden is a
  *    multiple of 16 / sizeof(dtype); otherwise a scalar path with identical results is used.
  *  - y may not alias any input.

@@ -1,0 +1,490 @@
+// Shared implementation of the normexport row-normalisation kernels (internal header).
+//
+// Three row-register kernels and one fallback, all templated on the IO type T and the op:
+//   - norm_group_kernel: LANES threads (8..32, i.e. at most one warp) per row, several rows per
+//     128-thread block; used for short rows.
+//   - norm_block_kernel: one row per block (blockDim chosen at launch, <= 1024 threads).
+//   - norm_looped_kernel: one row per block, any hidden size, several passes over global memory.
+// The row kernels keep the whole row in registers (VPT vectors of VEC elements per thread, loops
+// fully unrolled so no register array is indexed dynamically), compute the mean first and then
+// the sum of squared deviations from those registers (two-pass, numerically stable), and write y
+// once. VEC = 16 / sizeof(T) gives 128-bit global loads/stores; VEC = 1 is the generic scalar path.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <stdint.h>
+#include <string.h>
+
+#include "normexport_kernels.h"
+
+namespace normexport
+{
+
+enum class NormKind
+{
+    kRms,      // y = x * rstd * scale
+    kLayer,    // y = (x - mean) * rstd [* weight] [+ bias]
+    kAdaLN,    // y = ((x - mean) * rstd [* weight] [+ bias]) * (1 + mod_scale) + shift
+};
+
+struct NormParams
+{
+    void const* x;
+    void const* weight;    // RMSNorm scale, or LayerNorm weight (nullable for LayerNorm/AdaLN)
+    void const* bias;      // nullable
+    void const* shift;     // AdaLN only
+    void const* mod_scale; // AdaLN only
+    void* y;
+    int64_t rows;
+    int64_t hidden;
+    int64_t mod_row_div;   // AdaLN: modulation row = row / mod_row_div (seq for [B,H], 1 for full)
+    float eps;
+    float inv_hidden;      // 1 / hidden, computed on the host (a device fp32 division is a call)
+};
+
+// ---------------------------------------------------------------------------------------------
+// Type helpers
+// ---------------------------------------------------------------------------------------------
+__device__ __forceinline__ float to_float(float v) { return v; }
+__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <typename T>
+__device__ __forceinline__ T from_float(float v);
+template <>
+__device__ __forceinline__ float from_float<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+
+// N elements of T, aligned to their full size so a 16-byte pack is one 128-bit access.
+template <typename T, int N>
+struct alignas(sizeof(T) * N) Pack
+{
+    T v[N];
+};
+
+// Load N elements starting at p (p must be aligned to sizeof(T) * N). READ_ONLY selects the
+// non-coherent read-only path for parameters that are re-read by many rows.
+template <typename T, int N, bool READ_ONLY>
+__device__ __forceinline__ void load_pack(T const* p, float (&out)[N])
+{
+    Pack<T, N> pk;
+    if constexpr (sizeof(Pack<T, N>) == 16)
+    {
+        uint4 raw;
+        if constexpr (READ_ONLY)
+            raw = __ldg(reinterpret_cast<uint4 const*>(p));
+        else
+            raw = *reinterpret_cast<uint4 const*>(p);
+        memcpy(&pk, &raw, sizeof(raw));
+    }
+    else
+    {
+        pk = *reinterpret_cast<Pack<T, N> const*>(p);
+    }
+#pragma unroll
+    for (int k = 0; k < N; ++k)
+        out[k] = to_float(pk.v[k]);
+}
+
+template <typename T, int N>
+__device__ __forceinline__ void store_pack(T* p, float const (&in)[N])
+{
+    Pack<T, N> pk;
+#pragma unroll
+    for (int k = 0; k < N; ++k)
+        pk.v[k] = from_float<T>(in[k]);
+    if constexpr (sizeof(Pack<T, N>) == 16)
+    {
+        uint4 raw;
+        memcpy(&raw, &pk, sizeof(raw));
+        *reinterpret_cast<uint4*>(p) = raw;
+    }
+    else
+    {
+        *reinterpret_cast<Pack<T, N>*>(p) = pk;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reductions
+// ---------------------------------------------------------------------------------------------
+// Sum over aligned groups of LANES consecutive lanes (LANES a power of two <= 32). All 32 lanes
+// of the warp must call it.
+template <int LANES>
+__device__ __forceinline__ float group_sum(float v)
+{
+#pragma unroll
+    for (int off = LANES / 2; off > 0; off >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, off);
+    return v;
+}
+
+// Sum over the whole block (blockDim.x a multiple of 32, <= 1024); every thread gets the result.
+// smem holds 32 floats; the trailing barrier makes it reusable by the next call.
+__device__ __forceinline__ float block_sum(float v, float* smem)
+{
+    int const lane = threadIdx.x & 31;
+    int const warp = threadIdx.x >> 5;
+    int const nwarps = blockDim.x >> 5;
+    v = group_sum<32>(v);
+    if (lane == 0)
+        smem[warp] = v;
+    __syncthreads();
+    float t = lane < nwarps ? smem[lane] : 0.f;
+    t = group_sum<32>(t);
+    __syncthreads();
+    return t;
+}
+
+// Row of the modulation tensors for row `row` of x. 32-bit division when it fits (inline
+// instructions) instead of the 64-bit division subroutine.
+__device__ __forceinline__ int64_t mod_row(int64_t row, int64_t div)
+{
+    if (div == 1)
+        return row;
+    if (((row | div) >> 32) == 0)
+        return static_cast<uint32_t>(row) / static_cast<uint32_t>(div);
+    return row / div;
+}
+
+// ---------------------------------------------------------------------------------------------
+// One row held in registers. `tid` / `nthr`: this thread's index among the threads of the row.
+// `valid` is false for padding rows of the last block: those threads still take part in the
+// reductions but neither load nor store.
+// ---------------------------------------------------------------------------------------------
+template <typename T, NormKind K, int VEC, int VPT, typename ReduceFn>
+__device__ __forceinline__ void norm_row(NormParams const& p, int64_t row, bool valid, int tid, int nthr,
+    ReduceFn reduce)
+{
+    // In-row indices fit in 32 bits (hidden <= INT32_MAX); only the row base is 64-bit.
+    int const nvec = static_cast<int>(p.hidden / VEC);
+    T const* __restrict__ xr = static_cast<T const*>(p.x) + row * p.hidden;
+    T* __restrict__ yr = static_cast<T*>(p.y) + row * p.hidden;
+    float const inv_h = p.inv_hidden;
+
+    // Whether vector i of this thread is inside the row; recomputed rather than kept in a bool
+    // array (there are only 7 predicate registers, and bools would cost general registers).
+    auto in_row = [=](int i) { return valid && tid + i * nthr < nvec; };
+
+    float v[VPT][VEC];
+#pragma unroll
+    for (int i = 0; i < VPT; ++i)
+    {
+        int const vi = tid + i * nthr;
+        if (in_row(i))
+        {
+            load_pack<T, VEC, false>(xr + vi * VEC, v[i]);
+        }
+        else
+        {
+#pragma unroll
+            for (int k = 0; k < VEC; ++k)
+                v[i][k] = 0.f;
+        }
+    }
+
+    float mean = 0.f;
+    float rstd;
+    if constexpr (K == NormKind::kRms)
+    {
+        float ss = 0.f;
+#pragma unroll
+        for (int i = 0; i < VPT; ++i)
+#pragma unroll
+            for (int k = 0; k < VEC; ++k)
+                ss += v[i][k] * v[i][k];
+        ss = reduce(ss);
+        rstd = rsqrtf(ss * inv_h + p.eps);
+    }
+    else
+    {
+        float s = 0.f;
+#pragma unroll
+        for (int i = 0; i < VPT; ++i)
+#pragma unroll
+            for (int k = 0; k < VEC; ++k)
+                s += v[i][k];
+        mean = reduce(s) * inv_h;
+        float sq = 0.f;
+#pragma unroll
+        for (int i = 0; i < VPT; ++i)
+        {
+            if (in_row(i))
+            {
+#pragma unroll
+                for (int k = 0; k < VEC; ++k)
+                {
+                    float const d = v[i][k] - mean;
+                    sq += d * d;
+                }
+            }
+        }
+        rstd = rsqrtf(reduce(sq) * inv_h + p.eps);
+    }
+
+    T const* __restrict__ w = static_cast<T const*>(p.weight);
+    T const* __restrict__ b = static_cast<T const*>(p.bias);
+    T const* __restrict__ sh = nullptr;
+    T const* __restrict__ sc = nullptr;
+    if constexpr (K == NormKind::kAdaLN)
+    {
+        int64_t const mrow = mod_row(row, p.mod_row_div);
+        sh = static_cast<T const*>(p.shift) + mrow * p.hidden;
+        sc = static_cast<T const*>(p.mod_scale) + mrow * p.hidden;
+    }
+
+#pragma unroll
+    for (int i = 0; i < VPT; ++i)
+    {
+        if (!in_row(i))
+            continue;
+        int const off = (tid + i * nthr) * VEC;
+        float out[VEC];
+        if constexpr (K == NormKind::kRms)
+        {
+            float g[VEC];
+            load_pack<T, VEC, true>(w + off, g);
+#pragma unroll
+            for (int k = 0; k < VEC; ++k)
+                out[k] = v[i][k] * rstd * g[k];
+        }
+        else
+        {
+#pragma unroll
+            for (int k = 0; k < VEC; ++k)
+                out[k] = (v[i][k] - mean) * rstd;
+            if (w != nullptr)
+            {
+                float g[VEC];
+                load_pack<T, VEC, true>(w + off, g);
+#pragma unroll
+                for (int k = 0; k < VEC; ++k)
+                    out[k] *= g[k];
+            }
+            if (b != nullptr)
+            {
+                float c[VEC];
+                load_pack<T, VEC, true>(b + off, c);
+#pragma unroll
+                for (int k = 0; k < VEC; ++k)
+                    out[k] += c[k];
+            }
+            if constexpr (K == NormKind::kAdaLN)
+            {
+                float s1[VEC];
+                float s0[VEC];
+                load_pack<T, VEC, true>(sc + off, s1);
+                load_pack<T, VEC, true>(sh + off, s0);
+#pragma unroll
+                for (int k = 0; k < VEC; ++k)
+                    out[k] = out[k] * (1.f + s1[k]) + s0[k];
+            }
+        }
+        store_pack<T, VEC>(yr + off, out);
+    }
+}
+
+// LANES threads per row, 128 / LANES rows per 128-thread block.
+template <typename T, NormKind K, int VEC, int VPT, int LANES>
+__global__ void __launch_bounds__(128) norm_group_kernel(NormParams p)
+{
+    constexpr int kRowsPerBlock = 128 / LANES;
+    int const group = threadIdx.x / LANES;
+    int const tid = threadIdx.x % LANES;
+    auto reduce = [](float v) { return group_sum<LANES>(v); };
+    for (int64_t base = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock; base < p.rows;
+         base += static_cast<int64_t>(gridDim.x) * kRowsPerBlock)
+    {
+        int64_t const row = base + group;
+        norm_row<T, K, VEC, VPT>(p, row < p.rows ? row : 0, row < p.rows, tid, LANES, reduce);
+    }
+}
+
+// One row per block of blockDim.x threads (multiple of 32, <= 1024).
+template <typename T, NormKind K, int VEC, int VPT>
+__global__ void __launch_bounds__(1024) norm_block_kernel(NormParams p)
+{
+    __shared__ float smem[32];
+    auto reduce = [&](float v) { return block_sum(v, smem); };
+    for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x)
+        norm_row<T, K, VEC, VPT>(p, row, true, threadIdx.x, blockDim.x, reduce);
+}
+
+// Any hidden size: one row per block, statistics in separate passes over global memory
+// (mean, then sum of squared deviations, then output), scalar accesses.
+template <typename T, NormKind K>
+__global__ void __launch_bounds__(512) norm_looped_kernel(NormParams p)
+{
+    __shared__ float smem[32];
+    float const inv_h = p.inv_hidden;
+    T const* __restrict__ w = static_cast<T const*>(p.weight);
+    T const* __restrict__ b = static_cast<T const*>(p.bias);
+    for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x)
+    {
+        T const* __restrict__ xr = static_cast<T const*>(p.x) + row * p.hidden;
+        T* __restrict__ yr = static_cast<T*>(p.y) + row * p.hidden;
+        float mean = 0.f;
+        float rstd;
+        if constexpr (K == NormKind::kRms)
+        {
+            float ss = 0.f;
+            for (int64_t j = threadIdx.x; j < p.hidden; j += blockDim.x)
+            {
+                float const a = to_float(xr[j]);
+                ss += a * a;
+            }
+            rstd = rsqrtf(block_sum(ss, smem) * inv_h + p.eps);
+        }
+        else
+        {
+            float s = 0.f;
+            for (int64_t j = threadIdx.x; j < p.hidden; j += blockDim.x)
+                s += to_float(xr[j]);
+            mean = block_sum(s, smem) * inv_h;
+            float sq = 0.f;
+            for (int64_t j = threadIdx.x; j < p.hidden; j += blockDim.x)
+            {
+                float const d = to_float(xr[j]) - mean;
+                sq += d * d;
+            }
+            rstd = rsqrtf(block_sum(sq, smem) * inv_h + p.eps);
+        }
+        T const* sh = nullptr;
+        T const* sc = nullptr;
+        if constexpr (K == NormKind::kAdaLN)
+        {
+            int64_t const mrow = mod_row(row, p.mod_row_div);
+            sh = static_cast<T const*>(p.shift) + mrow * p.hidden;
+            sc = static_cast<T const*>(p.mod_scale) + mrow * p.hidden;
+        }
+        for (int64_t j = threadIdx.x; j < p.hidden; j += blockDim.x)
+        {
+            float o;
+            if constexpr (K == NormKind::kRms)
+            {
+                o = to_float(xr[j]) * rstd * to_float(w[j]);
+            }
+            else
+            {
+                o = (to_float(xr[j]) - mean) * rstd;
+                if (w != nullptr)
+                    o *= to_float(w[j]);
+                if (b != nullptr)
+                    o += to_float(b[j]);
+                if constexpr (K == NormKind::kAdaLN)
+                    o = o * (1.f + to_float(sc[j])) + to_float(sh[j]);
+            }
+            yr[j] = from_float<T>(o);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Host-side dispatch
+// ---------------------------------------------------------------------------------------------
+constexpr int64_t kMaxGrid = int64_t{1} << 30;
+
+inline unsigned grid_for(int64_t units)
+{
+    return static_cast<unsigned>(units < kMaxGrid ? (units > 0 ? units : 1) : kMaxGrid);
+}
+
+inline bool aligned16(void const* ptr)
+{
+    return ptr == nullptr || (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0;
+}
+
+template <typename T, NormKind K, int VEC, int VPT, int LANES>
+inline void launch_group(NormParams const& p, cudaStream_t stream)
+{
+    constexpr int kRowsPerBlock = 128 / LANES;
+    norm_group_kernel<T, K, VEC, VPT, LANES>
+        <<<grid_for((p.rows + kRowsPerBlock - 1) / kRowsPerBlock), 128, 0, stream>>>(p);
+}
+
+template <typename T, NormKind K, int VEC, int VPT>
+inline void launch_block(NormParams const& p, int64_t nvec, cudaStream_t stream)
+{
+    int64_t threads = (nvec + VPT - 1) / VPT;
+    threads = (threads + 31) / 32 * 32;
+    norm_block_kernel<T, K, VEC, VPT><<<grid_for(p.rows), static_cast<unsigned>(threads), 0, stream>>>(p);
+}
+
+// Pick the register-resident configuration for vector width VEC; returns false when the row is
+// too long for registers (caller then uses the looped kernel).
+template <typename T, NormKind K, int VEC>
+inline bool launch_rows(NormParams const& p, cudaStream_t stream)
+{
+    int64_t const nvec = p.hidden / VEC;
+    if (nvec <= 8)
+        launch_group<T, K, VEC, 1, 8>(p, stream);
+    else if (nvec <= 16)
+        launch_group<T, K, VEC, 1, 16>(p, stream);
+    else if (nvec <= 32)
+        launch_group<T, K, VEC, 1, 32>(p, stream);
+    else if (nvec <= 64)
+        launch_group<T, K, VEC, 2, 32>(p, stream);
+    else if (nvec <= 128)
+        launch_group<T, K, VEC, 4, 32>(p, stream);
+    else if (nvec <= 4 * 1024)
+        launch_block<T, K, VEC, 4>(p, nvec, stream);
+    else if constexpr (VEC == 1)
+    {
+        // Scalar path: 8 elements per thread at most; 16 would spill at 1024 threads (64 regs).
+        if (nvec <= 8 * 1024)
+            launch_block<T, K, VEC, 8>(p, nvec, stream);
+        else
+            return false;
+    }
+    else
+        return false;
+    return true;
+}
+
+template <typename T, NormKind K>
+inline cudaError_t launch_norm(NormParams p, cudaStream_t stream)
+{
+    if (p.rows == 0)
+        return cudaSuccess;
+    p.inv_hidden = static_cast<float>(1.0 / static_cast<double>(p.hidden));
+    constexpr int kVec = 16 / static_cast<int>(sizeof(T));
+    bool const vec_ok = p.hidden % kVec == 0 && aligned16(p.x) && aligned16(p.y) && aligned16(p.weight)
+        && aligned16(p.bias) && aligned16(p.shift) && aligned16(p.mod_scale);
+    bool launched = vec_ok ? launch_rows<T, K, kVec>(p, stream) : launch_rows<T, K, 1>(p, stream);
+    if (!launched)
+        norm_looped_kernel<T, K><<<grid_for(p.rows), 512, 0, stream>>>(p);
+    return cudaGetLastError();
+}
+
+template <NormKind K>
+inline cudaError_t launch_norm_dtype(NormParams const& p, int dtype, cudaStream_t stream)
+{
+    switch (dtype)
+    {
+    case NORMEXPORT_FLOAT32: return launch_norm<float, K>(p, stream);
+    case NORMEXPORT_FLOAT16: return launch_norm<__half, K>(p, stream);
+    case NORMEXPORT_BFLOAT16: return launch_norm<__nv_bfloat16, K>(p, stream);
+    default: return cudaErrorInvalidValue;
+    }
+}
+
+inline bool valid_common(void const* x, void const* y, int64_t rows, int64_t hidden, int dtype, float eps)
+{
+    if (dtype < NORMEXPORT_FLOAT32 || dtype > NORMEXPORT_BFLOAT16)
+        return false;
+    if (hidden < 1 || hidden > INT32_MAX || rows < 0)
+        return false;
+    if (!(eps >= 0.f)) // rejects NaN too
+        return false;
+    if (rows > 0 && (x == nullptr || y == nullptr))
+        return false;
+    return true;
+}
+
+} // namespace normexport

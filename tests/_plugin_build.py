@@ -1,0 +1,172 @@
+"""Build helper shared by the plugin tests (test_plugins_build, test_kernels_gpu, test_trt).
+
+Configures and builds plugins/ with CMake + nvcc once per test process into a temporary
+folder (memoised here, so several test modules share one build), and finds the CUDA tools
+(nvcc, cuobjdump) the tests need. Not a test module itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+PLUGINS_DIR = REPO_ROOT / "plugins"
+DEFAULT_ARCHS = "80;86;89;90"
+
+
+@dataclasses.dataclass(frozen=True)
+class PluginBuild:
+    build_dir: Path
+    kernels_lib: Path
+    plugin_lib: Path | None  # libnormexport_plugins.so, only when TensorRT was found
+    configure_output: str
+    build_output: str
+    archs: str
+    seconds: float
+
+
+def find_nvcc() -> str | None:
+    """nvcc from $CUDACXX, PATH, $CUDA_HOME or /usr/local/cuda."""
+    candidates = [os.environ.get("CUDACXX"), shutil.which("nvcc")]
+    for env in ("CUDA_HOME", "CUDA_PATH"):
+        if os.environ.get(env):
+            candidates.append(os.path.join(os.environ[env], "bin", "nvcc"))
+    candidates.append("/usr/local/cuda/bin/nvcc")
+    for c in candidates:
+        if c and os.path.isfile(c) and os.access(c, os.X_OK):
+            return c
+    return None
+
+
+def find_cmake() -> str | None:
+    return shutil.which("cmake")
+
+
+def find_cuobjdump() -> str | None:
+    """cuobjdump from PATH, next to nvcc, or from the pip packages nvidia-cuda-cuobjdump
+    (installed as nvidia/cu13/bin/cuobjdump or nvidia/cuda_cuobjdump/bin/cuobjdump)."""
+    found = shutil.which("cuobjdump")
+    if found:
+        return found
+    nvcc = find_nvcc()
+    if nvcc:
+        beside = os.path.join(os.path.dirname(os.path.realpath(nvcc)), "cuobjdump")
+        if os.path.isfile(beside):
+            return beside
+    for entry in sys.path:
+        for pattern in ("nvidia/*/bin/cuobjdump", "nvidia/cuda_cuobjdump/bin/cuobjdump"):
+            for hit in sorted(glob.glob(os.path.join(entry, pattern))):
+                if os.access(hit, os.X_OK):
+                    return hit
+    return None
+
+
+_CACHE: dict[tuple[str, str | None], PluginBuild] = {}
+
+
+def build_plugins(archs: str | None = None, tensorrt_root: str | None = None) -> PluginBuild:
+    """Configure + build plugins/ (memoised per process). `archs` defaults to the CMake default
+    (80;86;89;90). Raises RuntimeError with the tool output on failure."""
+    archs = archs or os.environ.get("NORMEXPORT_TEST_CUDA_ARCHS") or DEFAULT_ARCHS
+    tensorrt_root = tensorrt_root or os.environ.get("TensorRT_ROOT")
+    key = (archs, tensorrt_root)
+    if key in _CACHE:
+        return _CACHE[key]
+    nvcc = find_nvcc()
+    cmake = find_cmake()
+    if nvcc is None or cmake is None:
+        raise RuntimeError(f"cannot build plugins: nvcc={nvcc!r} cmake={cmake!r}")
+    build_dir = Path(tempfile.mkdtemp(prefix="normexport-plugins-"))
+    configure = [cmake, "-S", str(PLUGINS_DIR), "-B", str(build_dir), f"-DCMAKE_CUDA_COMPILER={nvcc}"]
+    if archs != DEFAULT_ARCHS:
+        configure.append(f"-DCMAKE_CUDA_ARCHITECTURES={archs}")
+    if tensorrt_root:
+        configure.append(f"-DTensorRT_ROOT={tensorrt_root}")
+    if shutil.which("ninja"):
+        configure += ["-G", "Ninja"]
+    t0 = time.monotonic()
+    cfg = subprocess.run(configure, capture_output=True, text=True)
+    cfg_out = cfg.stdout + cfg.stderr
+    if cfg.returncode != 0:
+        raise RuntimeError(f"cmake configure failed:\n{cfg_out}")
+    jobs = str(max(2, min(os.cpu_count() or 2, 16)))
+    bld = subprocess.run([cmake, "--build", str(build_dir), "-j", jobs], capture_output=True, text=True)
+    bld_out = bld.stdout + bld.stderr
+    if bld.returncode != 0:
+        raise RuntimeError(f"cmake build failed:\n{bld_out}")
+    seconds = time.monotonic() - t0
+    kernels = build_dir / "libnormexport_kernels.so"
+    plugin = build_dir / "libnormexport_plugins.so"
+    result = PluginBuild(
+        build_dir=build_dir,
+        kernels_lib=kernels,
+        plugin_lib=plugin if plugin.exists() else None,
+        configure_output=cfg_out,
+        build_output=bld_out,
+        archs=archs,
+        seconds=seconds,
+    )
+    _CACHE[key] = result
+    return result
+
+
+# ------------------------------------------------------------------------------------------
+# SASS helpers
+# ------------------------------------------------------------------------------------------
+_FUNC_RE = re.compile(r"^\s*Function\s*:\s*(\S+)\s*$")
+
+
+def sass_by_function(cuobjdump: str, lib: Path, arch: str = "sm_90") -> dict[str, str]:
+    """Map mangled kernel name -> its SASS text for one architecture."""
+    out = subprocess.run([cuobjdump, "-sass", "-arch", arch, str(lib)], capture_output=True, text=True, check=True)
+    funcs: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for line in out.stdout.splitlines():
+        m = _FUNC_RE.match(line)
+        if m:
+            current = funcs.setdefault(m.group(1), [])
+            continue
+        if current is not None:
+            current.append(line)
+    return {k: "\n".join(v) for k, v in funcs.items()}
+
+
+_RES_FUNC_RE = re.compile(r"^\s*Function\s+(\S+?):\s*$")
+_RES_RE = re.compile(r"(REG|STACK|SHARED|LOCAL):(\d+)")
+
+
+def resource_usage(cuobjdump: str, lib: Path, arch: str = "sm_90") -> dict[str, dict[str, int]]:
+    """Map mangled kernel name -> {'REG', 'STACK', 'SHARED', 'LOCAL'} from cuobjdump -res-usage."""
+    out = subprocess.run([cuobjdump, "-res-usage", "-arch", arch, str(lib)], capture_output=True, text=True, check=True)
+    usage: dict[str, dict[str, int]] = {}
+    name = None
+    for line in out.stdout.splitlines():
+        m = _RES_FUNC_RE.match(line)
+        if m:
+            name = m.group(1)
+            continue
+        if name and "REG:" in line:
+            usage[name] = {k: int(v) for k, v in _RES_RE.findall(line)}
+            name = None
+    return usage
+
+
+def demangle(names: list[str]) -> dict[str, str]:
+    """Best-effort demangling with c++filt (identity when it is missing)."""
+    tool = shutil.which("c++filt") or shutil.which("cu++filt")
+    if not tool or not names:
+        return {n: n for n in names}
+    out = subprocess.run([tool], input="\n".join(names), capture_output=True, text=True)
+    lines = out.stdout.splitlines()
+    if out.returncode != 0 or len(lines) != len(names):
+        return {n: n for n in names}
+    return dict(zip(names, lines))

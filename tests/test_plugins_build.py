@@ -1,0 +1,207 @@
+"""Build the CUDA kernels with CMake + nvcc (no GPU needed) and check the machine code.
+
+- CMake says whether it builds the TensorRT plugin or kernels only.
+- The fatbinary holds SASS for sm_80, sm_86, sm_89 and sm_90.
+- In the sm_90 SASS, the vectorised RMSNorm / LayerNorm / AdaLNZero kernels use 128-bit global
+  loads and stores (`LDG.E.128`, `LDG.E.128.CONSTANT`, `STG.E.128`).
+- No kernel uses local memory on any architecture (no LDL/STL; -res-usage STACK:0 LOCAL:0).
+- The C ABI is exported and validates its arguments (that part runs on the CPU).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import re
+
+import pytest
+
+try:
+    from tests._plugin_build import (
+        build_plugins,
+        find_cmake,
+        find_cuobjdump,
+        find_nvcc,
+        resource_usage,
+        sass_by_function,
+    )
+except ImportError:  # tests/ not importable as a package: it is on sys.path itself
+    from _plugin_build import build_plugins, find_cmake, find_cuobjdump, find_nvcc, resource_usage, sass_by_function
+
+if find_nvcc() is None:
+    pytest.skip("nvcc not found (set CUDACXX or CUDA_HOME, or put nvcc on PATH)", allow_module_level=True)
+if find_cmake() is None:
+    pytest.skip("cmake not found on PATH", allow_module_level=True)
+
+ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90")
+CUDA_ERROR_INVALID_VALUE = 1
+
+# Mangled names of the row kernels: norm_{group,block}_kernel<T, NormKind, VEC, VPT[, LANES]>.
+_KERNEL_RE = re.compile(
+    r"norm_(?P<kind>group|block)_kernelI(?P<dtype>13__nv_bfloat16|6__half|f)LNS_8NormKindE(?P<op>\d)E"
+    r"Li(?P<vec>\d+)ELi(?P<vpt>\d+)E(?:Li(?P<lanes>\d+)E)?"
+)
+_DTYPE = {"13__nv_bfloat16": "bf16", "6__half": "fp16", "f": "fp32"}
+_FULL_VEC = {"bf16": 8, "fp16": 8, "fp32": 4}
+_OP = {"0": "RMSNorm", "1": "LayerNorm", "2": "AdaLNZero"}
+
+LDG128 = re.compile(r"\bLDG\.E(?:\.[A-Z0-9_]+)*\.128\b")
+STG128 = re.compile(r"\bSTG\.E(?:\.[A-Z0-9_]+)*\.128\b")
+LOCAL_MEM = re.compile(r"\b(?:LDL|STL)(?:\.[A-Z0-9_]+)*\b")
+
+
+def _describe(mangled: str) -> dict | None:
+    m = _KERNEL_RE.search(mangled)
+    if not m:
+        return None
+    d = m.groupdict()
+    dtype = _DTYPE[d["dtype"]]
+    return {
+        "op": _OP[d["op"]],
+        "dtype": dtype,
+        "kind": d["kind"],
+        "vec": int(d["vec"]),
+        "vpt": int(d["vpt"]),
+        "lanes": int(d["lanes"]) if d["lanes"] else None,
+        "vectorised": int(d["vec"]) == _FULL_VEC[dtype],
+    }
+
+
+def _short_name(mangled: str) -> str:
+    info = _describe(mangled)
+    if info is None:
+        m = re.search(r"norm_looped_kernelI(13__nv_bfloat16|6__half|f)LNS_8NormKindE(\d)E", mangled)
+        if m:
+            return f"looped {_OP[m.group(2)]} {_DTYPE[m.group(1)]}"
+        return mangled
+    lanes = f" lanes={info['lanes']}" if info["lanes"] else ""
+    return f"{info['kind']} {info['op']} {info['dtype']} vec={info['vec']} vpt={info['vpt']}{lanes}"
+
+
+@pytest.fixture(scope="module")
+def build():
+    try:
+        return build_plugins()
+    except RuntimeError as exc:
+        pytest.fail(str(exc))
+
+
+@pytest.fixture(scope="module")
+def cuobjdump():
+    tool = find_cuobjdump()
+    if tool is None:
+        pytest.skip("cuobjdump not found: pip install nvidia-cuda-cuobjdump (or use a full CUDA toolkit)")
+    return tool
+
+
+@pytest.fixture(scope="module")
+def sass_sm90(build, cuobjdump):
+    return sass_by_function(cuobjdump, build.kernels_lib, "sm_90")
+
+
+def test_build_reports_what_it_builds(build):
+    print(f"\nbuilt for {build.archs} in {build.seconds:.1f} s into {build.build_dir}")
+    assert build.kernels_lib.exists()
+    if build.plugin_lib is None:
+        assert "TensorRT not found: building kernels only" in build.configure_output
+        assert "-DTensorRT_ROOT=" in build.configure_output
+    else:
+        assert re.search(r"TensorRT found at .+: building plugin", build.configure_output)
+
+
+def test_no_spill_warnings(build):
+    # The CMake target passes -Xptxas -warn-spills,-warn-lmem-usage.
+    assert "Registers are spilled" not in build.build_output
+    assert "Local memory used" not in build.build_output
+
+
+def test_fatbinary_has_all_architectures(build, cuobjdump):
+    import subprocess
+
+    out = subprocess.run([cuobjdump, "--list-elf", str(build.kernels_lib)], capture_output=True, text=True, check=True)
+    for arch in ARCHS:
+        assert f".{arch}.cubin" in out.stdout, out.stdout
+
+
+def test_vectorised_kernels_use_128bit_accesses(sass_sm90):
+    vectorised = {name: _describe(name) for name in sass_sm90 if (_describe(name) or {}).get("vectorised")}
+    # Every op x dtype has vectorised group (warp / sub-warp) and block kernels.
+    seen = {(i["op"], i["dtype"], i["kind"]) for i in vectorised.values()}
+    for op in ("RMSNorm", "LayerNorm", "AdaLNZero"):
+        for dtype in ("fp32", "fp16", "bf16"):
+            for kind in ("group", "block"):
+                assert (op, dtype, kind) in seen, f"missing vectorised {kind} kernel for {op} {dtype}"
+    for name, info in vectorised.items():
+        sass = sass_sm90[name]
+        assert LDG128.search(sass), f"{_short_name(name)}: no 128-bit global load"
+        assert STG128.search(sass), f"{_short_name(name)}: no 128-bit global store"
+        # x is read with plain 128-bit loads; parameters through the read-only path.
+        assert "LDG.E.128.CONSTANT" in sass, f"{_short_name(name)}: params not loaded as 128-bit read-only"
+        narrow = re.findall(r"\b(?:LDG|STG)\.E(?:\.(?:U16|S16|U8|S8|64))?(?:\.CONSTANT)?\s", sass)
+        assert not narrow, f"{_short_name(name)}: narrow global accesses {narrow[:4]}"
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_no_local_memory(build, cuobjdump, arch):
+    sass = sass_by_function(cuobjdump, build.kernels_lib, arch)
+    assert sass, f"no SASS for {arch}"
+    for name, text in sass.items():
+        assert not LOCAL_MEM.search(text), f"{arch} {_short_name(name)} uses local memory"
+    usage = resource_usage(cuobjdump, build.kernels_lib, arch)
+    assert set(usage) >= set(sass), "res-usage is missing kernels"
+    for name, res in usage.items():
+        assert res.get("STACK") == 0 and res.get("LOCAL") == 0, f"{arch} {_short_name(name)}: {res}"
+
+
+def test_register_counts_sm90(build, cuobjdump):
+    usage = resource_usage(cuobjdump, build.kernels_lib, "sm_90")
+    rows = sorted((_short_name(n), r["REG"]) for n, r in usage.items())
+    print("\nsm_90 registers per kernel:")
+    for short, reg in rows:
+        print(f"  {reg:4d}  {short}")
+    # Block kernels are compiled with __launch_bounds__(1024): at most 64 registers.
+    for name, res in usage.items():
+        info = _describe(name)
+        if info and info["kind"] == "block":
+            assert res["REG"] <= 64, f"{_short_name(name)}: {res['REG']} registers"
+
+
+# ------------------------------------------------------------------------------------------
+# C ABI (argument validation needs no GPU: it returns before any CUDA call)
+# ------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def lib(build):
+    so = ctypes.CDLL(str(build.kernels_lib))
+    i64, p, f32, c_int = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes.c_int
+    so.normexport_rms_norm.argtypes = [p, p, p, i64, i64, c_int, f32, p]
+    so.normexport_layer_norm.argtypes = [p, p, p, p, i64, i64, c_int, f32, p]
+    so.normexport_adaln_zero.argtypes = [p, p, p, p, p, p, i64, i64, i64, c_int, c_int, f32, p]
+    for fn in (so.normexport_rms_norm, so.normexport_layer_norm, so.normexport_adaln_zero):
+        fn.restype = c_int
+    so.normexport_kernels_abi_version.restype = c_int
+    return so
+
+
+def test_abi_version(lib):
+    assert lib.normexport_kernels_abi_version() == 1
+
+
+def test_abi_rejects_bad_arguments(lib):
+    fake = ctypes.c_void_p(0x1000)  # never dereferenced: validation fails first
+    inval = CUDA_ERROR_INVALID_VALUE
+    assert lib.normexport_rms_norm(fake, fake, fake, 4, 0, 0, 1e-6, None) == inval  # hidden < 1
+    assert lib.normexport_rms_norm(fake, fake, fake, -1, 8, 0, 1e-6, None) == inval  # rows < 0
+    assert lib.normexport_rms_norm(fake, fake, fake, 4, 8, 3, 1e-6, None) == inval  # dtype
+    assert lib.normexport_rms_norm(fake, None, fake, 4, 8, 0, 1e-6, None) == inval  # scale required
+    assert lib.normexport_rms_norm(None, fake, fake, 4, 8, 0, 1e-6, None) == inval  # x required
+    assert lib.normexport_rms_norm(fake, fake, fake, 4, 8, 0, -1.0, None) == inval  # eps < 0
+    assert lib.normexport_rms_norm(fake, fake, fake, 4, 8, 0, float("nan"), None) == inval
+    assert lib.normexport_layer_norm(fake, None, None, None, 4, 8, 1, 1e-5, None) == inval  # y
+    assert lib.normexport_adaln_zero(fake, None, fake, None, None, fake, 2, 3, 8, 0, 2, 1e-6, None) == inval
+    assert lib.normexport_adaln_zero(fake, fake, fake, None, None, fake, 2, 3, 8, 2, 2, 1e-6, None) == inval
+    assert lib.normexport_adaln_zero(fake, fake, fake, None, None, fake, -2, 3, 8, 0, 2, 1e-6, None) == inval
+
+
+def test_abi_empty_is_a_noop(lib):
+    assert lib.normexport_rms_norm(None, None, None, 0, 8, 0, 1e-6, None) == 0
+    assert lib.normexport_layer_norm(None, None, None, None, 0, 8, 1, 1e-5, None) == 0
+    assert lib.normexport_adaln_zero(None, None, None, None, None, None, 0, 5, 8, 0, 2, 1e-6, None) == 0
