@@ -43,7 +43,6 @@ def _version() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    os.environ.setdefault("TORCH_LOGS", "")
     try:
         args = build_parser().parse_args(argv)
         code = args.run(args)
