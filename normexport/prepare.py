@@ -1,0 +1,466 @@
+"""Swap recognised normalization modules for normexport modules (DESIGN §1, issue 3).
+
+`prepare(module, report)` deep-copies `module` and replaces, wherever it can prove the swap
+preserves behaviour, RMSNorm-like modules with `normexport.nn.RMSNorm` and adaLN-Zero
+normalise-and-modulate steps with `normexport.nn.AdaLNZero`. Those call the
+`torch.ops.normexport.*` custom ops, which `torch.onnx.export(..., custom_translation_table=
+normexport.ops.TRANSLATION_TABLE)` turns into `normexport::RMSNorm` / `normexport::AdaLNZero`.
+
+Recognition is by behaviour, not by class name alone. A class name or attributes only make a
+module a *candidate*; the replacement is then built, both are run in float32 on random input
+(float32 copies of the module, whatever its dtype) and the swap is kept only if
+max|new - old| / max|old| <= 1e-5. Otherwise the module is left alone and the report says why.
+
+Recognisers, tried in order on every module (top-down; a swapped module's children are not
+visited):
+
+* ``torch.nn.RMSNorm``: normalized_shape of any rank (axis = -len(normalized_shape)); eps None
+  means ``torch.finfo(dtype).eps`` like torch; no affine means a ones scale.
+* diffusers ``AdaLayerNormZero``: replaced by `AdaLayerNormZeroNE`, which runs the original
+  embedding / SiLU / Linear path and calls normexport AdaLNZero for x; the extra outputs
+  (gate_msa, shift_mlp, scale_mlp, gate_mlp) are unchanged.
+* the RMSNorm family by attributes: a module with a 1-D ``weight`` (or weight None plus a
+  ``dim``/``normalized_shape``/``hidden_size``) and a float ``variance_epsilon`` or ``eps``
+  (HF LlamaRMSNorm, Qwen2RMSNorm, MistralRMSNorm, T5LayerNorm, diffusers RMSNorm with or
+  without affine / bias, ...). Two hypotheses are checked: y = norm(x) * w and Gemma's
+  y = norm(x) * (1 + w) (the 1 is folded into the scale); the one that reproduces the module
+  wins. A LayerNorm or anything else that merely has weight + eps fails both and is skipped.
+* DiT-style blocks (see `_dit_block`): a module whose forward calls a module-level function
+  that behaves like ``modulate(x, shift, scale) = x * (1 + scale.unsqueeze(1)) +
+  shift.unsqueeze(1)`` and which owns LayerNorms without affine used in that forward. Since
+  `modulate` is a function and not a module there is no module to swap, and fx tracing is
+  fragile around attention and would turn the block into a GraphModule (losing its class and
+  attributes). Instead the *instance's* forward is rebuilt from the same code object with a
+  globals mapping in which `modulate` is the fused op, and the LayerNorms are replaced by
+  `DeferredLayerNorm` (identity; its normalisation happens inside the fused op):
+  ``modulate(norm1(x), shift, scale)`` then computes ``AdaLNZero(x, shift, scale)``. This
+  is only right if every output of those LayerNorms feeds `modulate` and `modulate` is only
+  applied to their outputs; rather than trusting a static analysis, the whole block is run
+  before and after on random inputs and the rewrite is reverted unless it matches. (The ONNX
+  rewriter also fuses LayerNormalization -> Mul(1 + scale) -> Add(shift) after export, so
+  blocks this pass leaves alone are still covered there.)
+
+Anything else whose class name contains "Norm" is reported as skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import math
+import types
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from . import nn as nenn
+
+#: a swap is kept when max|new - old| / max|old| on random float32 input is at most this
+REL_TOL = 1e-5
+
+_STANDARD_NORMS = (nn.LayerNorm, nn.GroupNorm, nn.LocalResponseNorm, nn.modules.batchnorm._NormBase)
+
+
+# ---- replacement modules -----------------------------------------------------------------------
+class RMSNormWithBias(nn.Module):
+    """normexport RMSNorm followed by a bias add (diffusers RMSNorm(bias=True))."""
+
+    def __init__(self, norm: nenn.RMSNorm, bias: torch.Tensor):
+        super().__init__()
+        self.norm = norm
+        self.bias = nn.Parameter(bias.detach().clone(), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(x) + self.bias
+
+
+class UpcastRMSNorm(nn.Module):
+    """normexport RMSNorm run in float32 on a float16/bfloat16 input, output cast back.
+
+    Used for Gemma-style (1 + w) norms in half precision: the folded scale 1 + w is kept in
+    float32 (rounding it to bf16 would double the error against an fp64 reference compared
+    with Gemma's own (x * (1 + w.float())).type_as(x)). ONNX: Cast -> RMSNorm(f32) -> Cast."""
+
+    def __init__(self, norm: nenn.RMSNorm):
+        super().__init__()
+        self.norm = norm
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(x.float()).to(x.dtype)
+
+
+class AdaLayerNormZeroNE(nn.Module):
+    """diffusers AdaLayerNormZero with its normalise-and-modulate step as normexport AdaLNZero.
+
+    Same signature and outputs: (x_modulated, gate_msa, shift_mlp, scale_mlp, gate_mlp)."""
+
+    def __init__(self, orig: nn.Module, adaln: nenn.AdaLNZero):
+        super().__init__()
+        self.emb = orig.emb
+        self.silu = orig.silu
+        self.linear = orig.linear
+        self.norm = adaln
+
+    def forward(self, x, timestep=None, class_labels=None, hidden_dtype=None, emb=None):
+        if self.emb is not None:
+            emb = self.emb(timestep, class_labels, hidden_dtype=hidden_dtype)
+        emb = self.linear(self.silu(emb))
+        shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = emb.chunk(6, dim=1)
+        x = self.norm(x, shift_msa, scale_msa)
+        return x, gate_msa, shift_mlp, scale_mlp, gate_mlp
+
+
+class DeferredLayerNorm(nn.Module):
+    """Stands in for a LayerNorm (no affine) whose only consumer is a fused `modulate`: returns
+    x unchanged; the normalisation runs inside normexport AdaLNZero, called by `modulate`."""
+
+    def __init__(self, hidden: int, eps: float):
+        super().__init__()
+        self.hidden, self.eps = int(hidden), float(eps)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    def extra_repr(self) -> str:
+        return f"{self.hidden}, eps={self.eps}, fused into modulate -> normexport AdaLNZero"
+
+
+# ---- numeric check ---------------------------------------------------------------------------
+def _gen(seed: int = 0) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def _rand(shape, seed: int, offset: float = 0.0) -> torch.Tensor:
+    # non-zero mean on purpose: tells mean-subtracting norms from RMS norms apart
+    return torch.randn(shape, generator=_gen(seed)) * 1.5 + offset
+
+
+def _flatten(out) -> list[torch.Tensor]:
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, (tuple, list)):
+        return [t for o in out for t in _flatten(o)]
+    if isinstance(out, dict):
+        return [t for o in out.values() for t in _flatten(o)]
+    return []
+
+
+def rel_err(new, ref) -> float:
+    """max |new - ref| / max |ref| over all tensor outputs (inf on a structure mismatch)."""
+    a, b = _flatten(new), _flatten(ref)
+    if len(a) != len(b) or not b or any(x.shape != y.shape for x, y in zip(a, b)):
+        return math.inf
+    diff = max(float((x.double() - y.double()).abs().max()) if x.numel() else 0.0 for x, y in zip(a, b))
+    scale = max(float(y.double().abs().max()) if y.numel() else 0.0 for y in b)
+    if not math.isfinite(diff):
+        return math.inf
+    return diff / scale if scale > 0 else (0.0 if diff == 0 else math.inf)
+
+
+def _compare(new: Callable, old: Callable, inputs: tuple) -> float:
+    with torch.no_grad():
+        return rel_err(new(*inputs), old(*inputs))
+
+
+def _float32(module: nn.Module) -> nn.Module:
+    return copy.deepcopy(module).float().eval()
+
+
+def _param_dtype(module: nn.Module) -> torch.dtype:
+    for t in list(module.parameters()) + list(module.buffers()):
+        if t.is_floating_point():
+            return t.dtype
+    return torch.float32
+
+
+def _device(module: nn.Module) -> torch.device:
+    for t in list(module.parameters()) + list(module.buffers()):
+        return t.device
+    return torch.device("cpu")
+
+
+# ---- recognisers ------------------------------------------------------------------------------
+# A recogniser returns None (not a candidate) or (op, builder, inputs_fn, reason): builder(dtype)
+# makes the replacement with parameters in `dtype`; inputs_fn() makes float32 check inputs.
+Candidate = tuple[str, Callable[[torch.dtype], nn.Module], Callable[[], tuple], str]
+
+
+def _torch_rmsnorm(m: nn.Module) -> Candidate | None:
+    if not isinstance(m, nn.RMSNorm):
+        return None
+    shape = tuple(m.normalized_shape)
+
+    def build(dtype):
+        eps = m.eps if m.eps is not None else torch.finfo(dtype).eps
+        w = m.weight.detach() if m.weight is not None else torch.ones(shape)
+        return nenn.RMSNorm(w.to(dtype), eps, axis=-len(shape))
+
+    return "RMSNorm", build, lambda: (_rand((2, 5) + shape, 1, 0.3),), \
+        f"torch.nn.RMSNorm over {len(shape)} dim(s)"
+
+
+def _eps_of(m: nn.Module) -> float | None:
+    for name in ("variance_epsilon", "eps", "epsilon"):
+        v = getattr(m, name, None)
+        if isinstance(v, (float, int)) and not isinstance(v, bool):
+            return float(v)
+    return None
+
+
+def _rms_family(m: nn.Module) -> list[Candidate]:
+    """Hypotheses for modules with weight (1-D or None) + variance_epsilon / eps."""
+    eps = _eps_of(m)
+    if eps is None:
+        return []
+    w = getattr(m, "weight", None)
+    if isinstance(w, torch.Tensor):
+        if w.dim() != 1 or not w.is_floating_point():
+            return []
+        hidden = w.shape[0]
+    elif w is None and hasattr(m, "weight"):
+        size = next((getattr(m, a) for a in ("dim", "normalized_shape", "hidden_size") if hasattr(m, a)), None)
+        if isinstance(size, int):
+            size = (size,)
+        if size is None or len(tuple(size)) != 1:
+            return []
+        hidden = int(tuple(size)[0])
+    else:
+        return []
+    bias = getattr(m, "bias", None)
+    if bias is not None and not (isinstance(bias, torch.Tensor) and bias.shape == (hidden,)):
+        return []
+
+    def inputs():
+        return (_rand((2, 5, hidden), 2, 0.3),)
+
+    def builder(gemma: bool):
+        def build(dtype):
+            scale = w.detach().float() if isinstance(w, torch.Tensor) else torch.ones(hidden)
+            if gemma:
+                scale = 1.0 + scale
+            if gemma and bias is None and dtype in (torch.float16, torch.bfloat16):
+                return UpcastRMSNorm(nenn.RMSNorm(scale, eps, axis=-1))
+            norm = nenn.RMSNorm(scale.to(dtype), eps, axis=-1)
+            if bias is not None:
+                return RMSNormWithBias(norm, bias.detach().to(dtype))
+            return norm
+        return build
+
+    cands = [("RMSNorm", builder(False), inputs, "RMSNorm by behaviour: y = x / rms(x) * weight"
+              + (" + bias" if bias is not None else ""))]
+    if isinstance(w, torch.Tensor):
+        cands.append(("RMSNorm", builder(True), inputs,
+                      "Gemma-style RMSNorm by behaviour: y = x / rms(x) * (1 + weight), 1 folded into scale"))
+    return cands
+
+
+def _diffusers_adaln_zero(m: nn.Module) -> Candidate | None:
+    if type(m).__name__ != "AdaLayerNormZero" or not all(hasattr(m, a) for a in ("linear", "silu", "norm")):
+        return None
+    norm = m.norm
+    if not isinstance(norm, nn.LayerNorm) or len(norm.normalized_shape) != 1:
+        return None
+    hidden = norm.normalized_shape[0]
+
+    def build(dtype):
+        w = norm.weight.detach().to(dtype) if norm.weight is not None else None
+        b = norm.bias.detach().to(dtype) if norm.bias is not None else None
+        new = AdaLayerNormZeroNE(copy.deepcopy(m), nenn.AdaLNZero(hidden, norm.eps, w, b))
+        return new.to(dtype)
+
+    def inputs():
+        x = _rand((2, 5, hidden), 3)
+        if getattr(m, "emb", None) is None:
+            return (x, None, None, None, _rand((2, m.linear.in_features), 4))
+        n_classes = getattr(getattr(m.emb, "class_embedder", None), "num_classes", 1)
+        t = torch.tensor([3.0, 517.0])
+        labels = torch.randint(0, max(int(n_classes), 1), (2,), generator=_gen(5))
+        return (x, t, labels, torch.float32, None)
+
+    return "AdaLNZero", build, inputs, "diffusers AdaLayerNormZero: LayerNorm * (1 + scale_msa) + shift_msa fused"
+
+
+def _is_modulate(fn: Any, hidden: int) -> bool:
+    """Does `fn(x, shift, scale)` compute x * (1 + scale.unsqueeze(1)) + shift.unsqueeze(1)?"""
+    if not isinstance(fn, types.FunctionType):
+        return False
+    try:
+        if len(inspect.signature(fn).parameters) != 3:
+            return False
+        x, shift, scale = _rand((2, 3, hidden), 6), _rand((2, hidden), 7), _rand((2, hidden), 8)
+        with torch.no_grad():
+            got = fn(x, shift, scale)
+        want = x * (1 + scale.unsqueeze(1)) + shift.unsqueeze(1)
+        return rel_err(got, want) <= REL_TOL
+    except Exception:
+        return False
+
+
+def _block_inputs(block: nn.Module, hidden: int) -> tuple | None:
+    """float32 inputs for a DiT-style block: its own example_inputs, or (x [B,S,H], c [B,H])."""
+    if hasattr(block, "example_inputs"):
+        try:
+            return tuple(t.float() if isinstance(t, torch.Tensor) and t.is_floating_point() else t
+                         for t in block.example_inputs())
+        except Exception:
+            pass
+    params = [p for p in inspect.signature(block.forward).parameters.values()
+              if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty]
+    if len(params) != 2:
+        return None
+    return (_rand((2, 5, hidden), 9), _rand((2, hidden), 10))
+
+
+def _dit_block(block: nn.Module, name: str, report: list) -> set[str]:
+    """Fuse modulate(normN(x), shift, scale) in a DiT-style block in place; returns the names of
+    the children that were deferred (empty when the block was left alone)."""
+    fwd = getattr(type(block), "forward", None)
+    if not isinstance(fwd, types.FunctionType) or "forward" in vars(block):
+        return set()
+    code = fwd.__code__
+    lns = {n: c for n, c in block.named_children()
+           if isinstance(c, nn.LayerNorm) and n in code.co_names}
+    if not lns:
+        return set()
+    plain = {n: c for n, c in lns.items()
+             if c.weight is None and c.bias is None and len(c.normalized_shape) == 1}
+    hidden = {c.normalized_shape[0] for c in plain.values()}
+    mods = [g for g in code.co_names if len(hidden) == 1 and _is_modulate(fwd.__globals__.get(g), next(iter(hidden)))]
+    if not mods:
+        return set()
+
+    def skip(reason, err=math.nan):
+        for n, c in lns.items():
+            report.append(_entry(f"{name}.{n}" if name else n, c, "skipped", None, reason, err))
+        return set(lns)  # reported; the caller leaves these children alone
+
+    if plain.keys() != lns.keys():
+        return skip(f"DiT-style block {type(block).__name__}: its LayerNorms feeding "
+                    f"{mods[0]}() must have no affine")
+    epss = {c.eps for c in plain.values()}
+    if len(epss) != 1:
+        return skip(f"DiT-style block {type(block).__name__}: LayerNorms with different eps {sorted(epss)}")
+    (hidden,), (eps,) = hidden, epss
+    inputs = _block_inputs(block, hidden)
+    if inputs is None:
+        return skip(f"DiT-style block {type(block).__name__}: cannot make check inputs for its forward")
+
+    def fused(x, shift, scale):
+        return torch.ops.normexport.adaln_zero(x, shift, scale, None, None, eps)
+
+    glb = dict(fwd.__globals__)
+    for g in mods:
+        glb[g] = fused
+    new_fwd = types.FunctionType(code, glb, fwd.__name__, fwd.__defaults__, fwd.__closure__)
+    new_fwd.__kwdefaults__ = fwd.__kwdefaults__
+    new_fwd.__qualname__ = fwd.__qualname__
+
+    ref_block = _float32(block)
+    test_block = _float32(block)
+    for n in lns:
+        setattr(test_block, n, DeferredLayerNorm(hidden, eps))
+    test_block.forward = types.MethodType(new_fwd, test_block)
+    try:
+        err = _compare(test_block, ref_block, inputs)
+    except Exception as e:  # noqa: BLE001
+        return skip(f"DiT-style block {type(block).__name__}: fused forward failed: {type(e).__name__}: {e}")
+    if not err <= REL_TOL:
+        return skip(f"DiT-style block {type(block).__name__}: fusing {mods[0]}(norm(x), ...) changes the "
+                    f"output (rel err {err:.3g}); a LayerNorm output is used elsewhere?", err)
+    for n, c in lns.items():
+        setattr(block, n, DeferredLayerNorm(hidden, eps))
+        report.append(_entry(f"{name}.{n}" if name else n, c, "swapped", "AdaLNZero",
+                             f"DiT-style block {type(block).__name__}: {mods[0]}({n}(x), shift, scale) fused "
+                             f"into normexport AdaLNZero (instance forward rebound)", err))
+    block.forward = types.MethodType(new_fwd, block)
+    return set(lns)
+
+
+# ---- driver ------------------------------------------------------------------------------------
+def _entry(name, module, action, op, reason, err) -> dict:
+    return {"name": name, "kind": type(module).__name__, "action": action, "op": op,
+            "reason": reason, "max_rel_err": float(err)}
+
+
+def _try_swap(name: str, m: nn.Module, report: list) -> nn.Module | None:
+    """The replacement for `m` (verified), or None; appends a report entry for candidates and
+    for modules named like norms."""
+    looks_like_norm = "Norm" in type(m).__name__
+    if isinstance(m, _STANDARD_NORMS) and not isinstance(m, nn.RMSNorm):
+        if isinstance(m, nn.LayerNorm):
+            why = ("nn.LayerNorm is exported as ONNX LayerNormalization (a following "
+                   "* (1 + scale) + shift is fused into AdaLNZero by the ONNX rewriter)")
+        elif isinstance(m, nn.modules.batchnorm._NormBase):
+            why = f"{type(m).__name__} is folded into the preceding conv/linear (fold_bn) or exported as a standard op"
+        else:
+            why = f"{type(m).__name__} is exported as a standard ONNX op"
+        report.append(_entry(name, m, "skipped", None, "standard torch norm, not swapped: " + why, math.nan))
+        return None
+    cands: list[Candidate] = []
+    for rec in (_torch_rmsnorm, _diffusers_adaln_zero):
+        c = rec(m)
+        if c is not None:
+            cands.append(c)
+    if not cands:
+        cands = _rms_family(m)
+    if not cands:
+        if looks_like_norm and (name or not any(True for _ in m.children())):
+            report.append(_entry(name, m, "skipped", None,
+                                 "named like a norm but not a recognised RMSNorm / AdaLN-Zero form "
+                                 "(no 1-D weight with eps/variance_epsilon)", math.nan))
+        return None
+    dtype, device = _param_dtype(m), _device(m)
+    ref = _float32(m)
+    best, fails = (math.inf, None), []
+    for op, build, inputs_fn, reason in cands:
+        try:
+            err = _compare(build(torch.float32).eval(), ref, inputs_fn())
+        except Exception as e:  # noqa: BLE001
+            fails.append(f"{reason}: check failed ({type(e).__name__}: {e})")
+            continue
+        if err <= REL_TOL:
+            new = build(dtype).to(device).eval()
+            report.append(_entry(name, m, "swapped", op, reason, err))
+            return new
+        fails.append(f"{reason}: rel err {err:.3g} > {REL_TOL:g}")
+        best = min(best, (err, op), key=lambda t: t[0])
+    report.append(_entry(name, m, "skipped", None, "behaviour differs from every hypothesis: " + "; ".join(fails),
+                         best[0]))
+    return None
+
+
+def _walk(module: nn.Module, prefix: str, report: list) -> None:
+    skip = _dit_block(module, prefix, report)
+    for cname, child in list(module.named_children()):
+        if cname in skip:
+            continue
+        full = f"{prefix}.{cname}" if prefix else cname
+        new = _try_swap(full, child, report)
+        if new is not None:
+            setattr(module, cname, new)
+        else:
+            _walk(child, full, report)
+
+
+def prepare(module: nn.Module, report: list | None = None) -> nn.Module:
+    """A deep copy of `module` with recognised norm modules swapped for normexport modules.
+
+    Every swap is verified numerically (float32, random input, rel err <= 1e-5) and kept only
+    then. `report`, when given, receives one dict per candidate or norm-named module:
+    {"name", "kind", "action": "swapped"|"skipped", "op": "RMSNorm"|"AdaLNZero"|None,
+    "reason", "max_rel_err"} (max_rel_err is NaN where no numeric check ran, e.g. for standard
+    torch norms). The input module is not modified."""
+    if report is None:
+        report = []
+    was_training = module.training
+    new = copy.deepcopy(module).eval()
+    root = _try_swap("", new, report)
+    if root is not None:
+        new = root
+    else:
+        _walk(new, "", report)
+    return new.train(was_training)
+
+
+__all__ = ["prepare", "rel_err", "REL_TOL", "AdaLayerNormZeroNE", "DeferredLayerNorm", "RMSNormWithBias", "UpcastRMSNorm"]
