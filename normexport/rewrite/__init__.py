@@ -1,0 +1,452 @@
+"""normexport.rewrite — fuse decomposed normalisation patterns in any ONNX file.
+
+The driver loads every module named in `rules.RULE_MODULES` (in that order) and, per rule:
+apply it (onnxscript rewriter) -> run original and rewritten graphs in onnxruntime on random
+inputs -> keep the result only if every output agrees within DESIGN §7, else revert and record
+"numeric verification: ...". A diagnostic pass before each module records pattern near-misses
+and failed checks, so the report says why something was not fused.
+
+Optional hooks a rule module may define besides RULES / TARGETS (rules/__init__.py):
+    rules_for(target) -> list[RewriteRule]   rules for that target (default: RULES)
+    required_opset(target) -> int            default-domain opset the replacements need; the
+                                             driver upgrades the model first when a rule matches
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.util
+import os
+import shutil
+import tempfile
+from typing import Any
+
+import onnx
+import onnx_ir as ir
+import onnxscript.optimizer
+from onnxscript.rewriter import pattern
+from onnxscript.rewriter._basics import MatchingTracer, MatchStatus
+
+import normexport
+from normexport import ops as _ops
+from normexport.errors import UsageError
+
+from . import _verify
+from .rules import RULE_MODULES
+
+TARGETS = ("trt", "ort", "onnx")
+_TWO_GB = 2**31
+_NEAR_MISS_NODES = 3  # a failed match that got this many nodes in is a "pattern near-miss"
+_OTHER_USES = "Matched nodes have other uses preventing replacement."
+
+
+# ---- report ----------------------------------------------------------------------------------
+@dataclasses.dataclass
+class RuleRecord:
+    name: str
+    module: str
+    matched: int = 0
+    applied: int = 0
+    rejected: list[dict[str, str]] = dataclasses.field(default_factory=list)
+
+    def reject(self, reason: str, where: str = "") -> None:
+        self.rejected.append({"reason": reason, "node": where})
+
+
+@dataclasses.dataclass
+class RewriteReport:
+    target: str = "trt"
+    verify: bool = True
+    rules: dict[str, RuleRecord] = dataclasses.field(default_factory=dict)
+    modules: dict[str, str] = dataclasses.field(default_factory=dict)
+    opset_before: int = 0
+    opset_after: int = 0
+    nodes_before: int = 0
+    nodes_after: int = 0
+    inputs: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    verification: list[_verify.Comparison] = dataclasses.field(default_factory=list)
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+    def record(self, rule_name: str, module: str) -> RuleRecord:
+        if rule_name not in self.rules:
+            self.rules[rule_name] = RuleRecord(rule_name, module)
+        return self.rules[rule_name]
+
+    @property
+    def applied(self) -> int:
+        return sum(r.applied for r in self.rules.values())
+
+    def fused_ops(self) -> dict[str, int]:
+        by_module: dict[str, int] = {}
+        for r in self.rules.values():
+            by_module[r.module] = by_module.get(r.module, 0) + r.applied
+        return by_module
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "normexport_version": normexport.__version__,
+            "command": "rewrite",
+            "target": self.target,
+            "verify": self.verify,
+            "inputs": [{"name": i["name"], "shape": i["shape"], "dtype": i["dtype"]} for i in self.inputs],
+            "opset": {"before": self.opset_before, "after": self.opset_after},
+            "nodes": {"before": self.nodes_before, "after": self.nodes_after},
+            "modules": dict(self.modules),
+            "rules": [
+                {"name": r.name, "module": r.module, "matched": r.matched, "applied": r.applied,
+                 "rejected": list(r.rejected)}
+                for r in self.rules.values()
+            ],
+            # the reference here is the original graph run in onnxruntime (CPU)
+            "backends": {"ort": {c.output: c.to_dict() for c in self.verification}} if self.verification else {},
+            "notes": list(self.notes),
+        }
+
+    def summary(self) -> str:
+        lines = [f"normexport rewrite (target {self.target}, verify {'on' if self.verify else 'off'}): "
+                 f"{self.applied} fusion(s), nodes {self.nodes_before} -> {self.nodes_after}, "
+                 f"opset {self.opset_before} -> {self.opset_after}"]
+        for r in self.rules.values():
+            if not (r.matched or r.applied or r.rejected):
+                continue
+            reasons: dict[str, int] = {}
+            for rej in r.rejected:
+                reasons[rej["reason"]] = reasons.get(rej["reason"], 0) + 1
+            why = "; ".join(f"{k} x{v}" if v > 1 else k for k, v in reasons.items())
+            lines.append(f"  {r.module}/{r.name}: matched {r.matched}, applied {r.applied}"
+                         + (f", rejected: {why}" if why else ""))
+        for m, status in self.modules.items():
+            if status not in ("ok",):
+                lines.append(f"  module {m}: {status}")
+        lines.extend(f"  note: {n}" for n in self.notes)
+        return "\n".join(lines)
+
+
+# ---- helpers ---------------------------------------------------------------------------------
+class _Tracer(MatchingTracer):
+    """Keeps every successful / check-failed match and every near-miss (not just the best)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.events: list[tuple[Any, ir.Node, Any, MatchStatus]] = []
+
+    def log(self, rule, container, node, match_result, status) -> None:  # noqa: D401
+        if status == MatchStatus.NO_MATCH and len(match_result.nodes) < _NEAR_MISS_NODES:
+            return
+        self.events.append((rule, node, match_result, status))
+
+
+def _where(node: ir.Node) -> str:
+    out = node.outputs[0].name if node.outputs else ""
+    return f"{node.op_type}{'(' + node.name + ')' if node.name else ''} -> {out}"
+
+
+def _load_module(name: str):
+    full = f"{__name__}.rules.{name}"
+    if importlib.util.find_spec(full) is None:
+        return None
+    return importlib.import_module(full)
+
+
+def _all_nodes(model: onnx.ModelProto):
+    def walk(graph):
+        for n in graph.node:
+            yield n
+            for a in n.attribute:
+                if a.type == onnx.AttributeProto.GRAPH:
+                    yield from walk(a.g)
+                elif a.type == onnx.AttributeProto.GRAPHS:
+                    for g in a.graphs:
+                        yield from walk(g)
+
+    yield from walk(model.graph)
+
+
+def _set_default_opset(model: onnx.ModelProto, version: int) -> None:
+    for o in model.opset_import:
+        if o.domain in ("", "ai.onnx"):
+            o.version = version
+            return
+    model.opset_import.append(onnx.helper.make_opsetid("", version))
+
+
+def upgrade_opset(model: onnx.ModelProto, version: int) -> tuple[onnx.ModelProto, str]:
+    """A copy of `model` importing default-domain opset `version`. Bumps the import when every
+    op the model uses has the same schema at both versions, else uses onnx.version_converter.
+    Raises ValueError when neither is possible."""
+    old = _ops.default_opset(model)
+    bump = True
+    for n in _all_nodes(model):
+        if n.domain not in ("", "ai.onnx"):
+            continue
+        try:
+            schema = onnx.defs.get_schema(n.op_type, version, "")
+        except onnx.defs.SchemaError:
+            bump = False
+            break
+        if schema.since_version > old:
+            bump = False
+            break
+    if bump:
+        out = onnx.ModelProto()
+        out.CopyFrom(model)
+        _set_default_opset(out, version)
+        return out, f"opset import bumped {old} -> {version} (no op changed in between)"
+    try:
+        out = onnx.version_converter.convert_version(model, version)
+    except Exception as e:  # noqa: BLE001 - the converter raises many kinds
+        raise ValueError(f"onnx.version_converter {old} -> {version} failed: {str(e).splitlines()[0][:200]}") from e
+    return out, f"opset converted {old} -> {version} with onnx.version_converter"
+
+
+class _Verifier:
+    def __init__(self, original: onnx.ModelProto, report: RewriteReport) -> None:
+        self.original = original
+        self.report = report
+        self._ref: dict | None = None
+        self._feeds: dict | None = None
+        self._error: str | None = None
+
+    def _prepare(self) -> None:
+        if self._ref is not None or self._error is not None:
+            return
+        try:
+            self._feeds = _verify.random_inputs(self.original)
+            self._ref = _verify.run(self.original, self._feeds)
+        except Exception as e:  # noqa: BLE001
+            self._error = f"cannot run the original model: {str(e).splitlines()[0][:200]}"
+
+    def check(self, candidate: onnx.ModelProto) -> str | None:
+        """None when `candidate` agrees with the original, else the reason."""
+        self._prepare()
+        if self._error:
+            return self._error
+        try:
+            got = _verify.run(candidate, self._feeds)
+        except Exception as e:  # noqa: BLE001
+            return f"rewritten model does not run: {str(e).splitlines()[0][:200]}"
+        comps = _verify.compare(self._ref, got)
+        if all(c.passed for c in comps):
+            self.report.verification = comps
+            return None
+        return _verify.describe_failure(comps)
+
+
+def _serialize(ir_model: ir.Model) -> onnx.ModelProto:
+    proto = ir.serde.serialize_model(ir_model)
+    if _ops.custom_nodes(proto):
+        _ops.attach_functions(proto)
+    return proto
+
+
+def _apply(rules, ir_model: ir.Model, tracer=None) -> int:
+    """Apply `rules` to graph and non-normexport functions (never to our own function bodies,
+    which contain the very patterns we fuse)."""
+    ours = {k: f for k, f in ir_model.functions.items() if f.domain == _ops.DOMAIN}
+    for k in ours:
+        del ir_model.functions[k]
+    try:
+        n = pattern.RewriteRuleSet(list(rules)).apply_to_model(ir_model, tracer=tracer)
+        if n and tracer is None:
+            onnxscript.optimizer.remove_unused_nodes(ir_model)  # constants the fused nodes used
+        return n
+    finally:
+        ir_model.functions.update(ours)
+
+
+# ---- the driver ------------------------------------------------------------------------------
+def rewrite(model: onnx.ModelProto, target: str = "trt", verify: bool = True,
+            report: RewriteReport | None = None) -> onnx.ModelProto:
+    """Fuse decomposed LayerNorm / RMSNorm / AdaLN (and whatever RULE_MODULES lists) in `model`
+    for `target`. Returns a new model; `model` is not mutated. With `verify`, every rule's
+    effect is checked in onnxruntime and reverted when outputs differ."""
+    if target not in TARGETS:
+        raise ValueError(f"unknown target {target!r}; use one of {', '.join(TARGETS)}")
+    if report is None:
+        report = RewriteReport()
+    report.target, report.verify = target, verify
+    report.opset_before = report.opset_after = _ops.default_opset(model)
+    report.nodes_before = report.nodes_after = len(model.graph.node)
+    try:
+        report.inputs = _verify.input_specs(model)
+    except ValueError:
+        report.inputs = []
+
+    work = onnx.ModelProto()
+    work.CopyFrom(model)
+    if work.ByteSize() < _TWO_GB:
+        try:
+            work = onnx.shape_inference.infer_shapes(work, data_prop=True)
+        except Exception as e:  # noqa: BLE001
+            report.notes.append(f"shape inference failed ({str(e).splitlines()[0][:120]}); rules see fewer shapes")
+    verifier = _Verifier(model, report)
+    changed = False
+
+    for mod_name in RULE_MODULES:
+        mod = _load_module(mod_name)
+        if mod is None:
+            report.modules[mod_name] = "not installed"
+            continue
+        if target not in mod.TARGETS:
+            report.modules[mod_name] = f"not for target {target}"
+            continue
+        report.modules[mod_name] = "ok"
+        rules = list(mod.rules_for(target)) if hasattr(mod, "rules_for") else list(mod.RULES)
+        if not rules:
+            continue
+        records = {r.name: report.record(r.name, mod_name) for r in rules}
+        ir_model = ir.serde.deserialize_model(work)
+        tracer = _Tracer()
+        _apply(rules, ir_model, tracer)
+        if not any(ev[3] == MatchStatus.SUCCESS for ev in tracer.events):
+            _record_diagnostics(tracer, records)
+            continue
+        need = mod.required_opset(target) if hasattr(mod, "required_opset") else 0
+        if _ops.default_opset(work) < need:
+            try:
+                upgraded, how = upgrade_opset(work, need)
+            except ValueError as e:
+                for ev in tracer.events:
+                    if ev[3] == MatchStatus.SUCCESS:
+                        rec = records[ev[0].name]
+                        rec.matched += 1
+                        rec.reject(f"failed check: needs opset {need}: {e}", _where(ev[1]))
+                _record_diagnostics(tracer, records, successes=False)
+                continue
+            why = verifier.check(upgraded) if verify else None
+            if why:
+                report.notes.append(f"{mod_name}: opset upgrade to {need} rejected: numeric verification: {why}")
+                for ev in tracer.events:
+                    if ev[3] == MatchStatus.SUCCESS:
+                        records[ev[0].name].matched += 1
+                        records[ev[0].name].reject(f"numeric verification: opset upgrade to {need}: {why}", _where(ev[1]))
+                continue
+            report.notes.append(f"{mod_name}: {how}")
+            work = upgraded
+            ir_model = ir.serde.deserialize_model(work)
+            tracer = _Tracer()
+            _apply(rules, ir_model, tracer)
+        _record_diagnostics(tracer, records, successes=False)
+
+        for rule in rules:
+            rec = records[rule.name]
+            n = _apply([rule], ir_model)
+            if n == 0:
+                continue
+            rec.matched += n
+            try:
+                candidate = _serialize(ir_model)
+                why = verifier.check(candidate) if verify else None
+            except Exception as e:  # noqa: BLE001 - e.g. attach_functions refusing a mixed form
+                why = f"rewritten model invalid: {str(e).splitlines()[0][:200]}"
+            if why is None:
+                rec.applied += n
+                work = candidate
+                changed = True
+            else:
+                rec.reject(f"numeric verification: {why}", f"{n} site(s)")
+                ir_model = ir.serde.deserialize_model(work)
+
+    if not changed:
+        out = onnx.ModelProto()
+        out.CopyFrom(model)
+        return out
+    report.opset_after = _ops.default_opset(work)
+    report.nodes_after = len(work.graph.node)
+    return work
+
+
+def _record_diagnostics(tracer: _Tracer, records: dict[str, RuleRecord], successes: bool = False) -> None:
+    """Failed checks and near-misses, one per root node (the best-scoring rule), skipping nodes
+    that some rule of the module matches successfully."""
+    covered: set[int] = set()
+    for rule, node, mr, status in tracer.events:
+        if status == MatchStatus.SUCCESS:
+            covered.update(id(n) for n in mr.nodes)
+    best: dict[int, tuple[int, Any, ir.Node, Any, MatchStatus]] = {}
+    for rule, node, mr, status in tracer.events:
+        if status == MatchStatus.SUCCESS or id(node) in covered:
+            continue
+        score = len(mr.nodes) + 100 * int(status.value)
+        if mr.reason == _OTHER_USES:
+            score += 100
+        if id(node) not in best or score > best[id(node)][0]:
+            best[id(node)] = (score, rule, node, mr, status)
+    for _, rule, node, mr, status in best.values():
+        rec = records[rule.name]
+        if status == MatchStatus.CONDITION_FAILED:
+            rec.matched += 1
+            rec.reject(f"failed check: {mr.reason or 'condition not met'}", _where(node))
+        elif mr.reason == _OTHER_USES:
+            rec.matched += 1
+            rec.reject("failed check: an intermediate value is used outside the pattern (or is a graph output)", _where(node))
+        else:
+            rec.reject("pattern near-miss", _where(node))
+
+
+# ---- files -----------------------------------------------------------------------------------
+def _has_external_data(model: onnx.ModelProto) -> bool:
+    return any(t.data_location == onnx.TensorProto.EXTERNAL for t in _iter_tensors(model))
+
+
+def _iter_tensors(model: onnx.ModelProto):
+    yield from model.graph.initializer
+    for n in _all_nodes(model):
+        for a in n.attribute:
+            if a.type == onnx.AttributeProto.TENSOR:
+                yield a.t
+
+
+def rewrite_file(in_path: str | os.PathLike, out_path: str | os.PathLike, target: str = "trt",
+                 verify: bool = True, report_path: str | os.PathLike | None = None) -> RewriteReport:
+    """Load `in_path` (with its external data), rewrite, write `out_path` atomically (external
+    data next to it when the input had external data or the result exceeds 2 GB)."""
+    import json
+
+    in_path, out_path = os.fspath(in_path), os.fspath(out_path)
+    if not os.path.isfile(in_path):
+        raise UsageError(f"{in_path}: no such file; pass an existing .onnx file")
+    try:
+        model = onnx.load(in_path, load_external_data=False)
+        external = _has_external_data(model)
+        if external:
+            onnx.load_external_data_for_model(model, os.path.dirname(os.path.abspath(in_path)))
+    except Exception as e:  # noqa: BLE001
+        raise UsageError(f"{in_path}: not a readable ONNX model ({str(e).splitlines()[0][:120]}); pass a valid .onnx file") from e
+    out_dir = os.path.dirname(os.path.abspath(out_path))
+    if not os.path.isdir(out_dir) or not os.access(out_dir, os.W_OK):
+        raise UsageError(f"{out_path}: cannot write there; choose an existing writable folder with -o")
+    report = RewriteReport()
+    result = rewrite(model, target=target, verify=verify, report=report)
+    big = result.ByteSize() >= _TWO_GB if not external else True
+    try:
+        tmpdir = tempfile.mkdtemp(prefix=".normexport-", dir=out_dir)
+        try:
+            base = os.path.basename(out_path)
+            tmp_model = os.path.join(tmpdir, base)
+            if big:
+                data_name = base + ".data"
+                onnx.save_model(result, tmp_model, save_as_external_data=True, all_tensors_to_one_file=True,
+                                location=data_name, size_threshold=1024)
+                os.replace(os.path.join(tmpdir, data_name), os.path.join(out_dir, data_name))
+            else:
+                onnx.save_model(result, tmp_model)
+            os.replace(tmp_model, os.path.abspath(out_path))
+        finally:
+            shutil.rmtree(tmpdir, ignore_errors=True)
+    except OSError as e:
+        raise UsageError(f"{out_path}: cannot write ({e.strerror}); choose a writable path with -o") from e
+    if report_path is not None:
+        rp = os.fspath(report_path)
+        try:
+            tmp = rp + ".tmp"
+            with open(tmp, "w") as f:
+                json.dump(report.to_dict(), f, indent=2)
+            os.replace(tmp, rp)
+        except OSError as e:
+            raise UsageError(f"{rp}: cannot write the report ({e.strerror}); choose a writable path") from e
+    return report
+
+
+__all__ = ["rewrite", "rewrite_file", "RewriteReport", "RuleRecord", "upgrade_opset", "TARGETS"]

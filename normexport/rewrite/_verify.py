@@ -1,0 +1,143 @@
+"""Numeric verification of a rewrite: run two models in onnxruntime (CPU) on the same random
+inputs and compare every graph output within DESIGN §7 tolerances."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+from typing import Any
+
+import numpy as np
+import onnx
+
+_SIZES = (2, 3, 5)
+#: relative part / absolute part of the tolerance per output dtype (DESIGN §7)
+_TOL = {
+    np.dtype(np.float32): (1e-5, 1e-6),
+    np.dtype(np.float64): (1e-5, 1e-6),
+    np.dtype(np.float16): (2e-3, 0.0),
+}
+_BF16_TOL = (1.6e-2, 0.0)
+
+
+def _np_dtype(elem_type: int) -> np.dtype | None:
+    try:
+        return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type))
+    except Exception:  # bfloat16 and friends
+        return None
+
+
+def input_specs(model: onnx.ModelProto) -> list[dict[str, Any]]:
+    """name, concrete shape and dtype of every real graph input (dynamic dims -> 2/3/5)."""
+    inits = {i.name for i in model.graph.initializer}
+    sizes: dict[str, int] = {}
+    specs = []
+    for vi in model.graph.input:
+        if vi.name in inits:
+            continue
+        tt = vi.type.tensor_type
+        if not vi.type.HasField("tensor_type") or not tt.HasField("shape"):
+            raise ValueError(f"input {vi.name!r} has no tensor shape")
+        shape = []
+        for d in tt.shape.dim:
+            if d.HasField("dim_value") and d.dim_value > 0:
+                shape.append(d.dim_value)
+            else:
+                key = d.dim_param or f"?{vi.name}"
+                if key not in sizes:
+                    sizes[key] = _SIZES[len(sizes) % len(_SIZES)]
+                shape.append(sizes[key])
+        specs.append({"name": vi.name, "shape": shape, "elem_type": tt.elem_type,
+                      "dtype": onnx.helper.tensor_dtype_to_string(tt.elem_type).replace("TensorProto.", "").lower()})
+    return specs
+
+
+def random_inputs(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for spec in input_specs(model):
+        dt = _np_dtype(spec["elem_type"])
+        shape = spec["shape"]
+        if dt is None:
+            raise ValueError(f"input {spec['name']!r}: dtype {spec['dtype']} not supported by the verifier")
+        if dt.kind == "f":
+            feeds[spec["name"]] = rng.standard_normal(shape).astype(dt)
+        elif dt.kind in "iu":
+            feeds[spec["name"]] = rng.integers(0, 2, size=shape).astype(dt)
+        elif dt.kind == "b":
+            feeds[spec["name"]] = rng.integers(0, 2, size=shape).astype(bool)
+        else:
+            raise ValueError(f"input {spec['name']!r}: dtype {spec['dtype']} not supported by the verifier")
+    return feeds
+
+
+def run(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    so.intra_op_num_threads = 1
+    so.inter_op_num_threads = 1
+    if model.ByteSize() < 1_500_000_000:
+        sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    else:  # protobuf limit: go through a file with external data
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "m.onnx")
+            onnx.save(model, path, save_as_external_data=True, location="m.data")
+            sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+    names = [o.name for o in sess.get_outputs()]
+    return dict(zip(names, sess.run(names, feeds)))
+
+
+@dataclasses.dataclass
+class Comparison:
+    output: str
+    max_abs_err: float
+    max_rel_err: float
+    mean_abs_err: float
+    tolerance: float
+    passed: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["ref_err_fp64"] = None  # the reference is the original graph, not an fp64 formula
+        return d
+
+
+def compare(ref: dict[str, np.ndarray], got: dict[str, np.ndarray]) -> list[Comparison]:
+    out = []
+    for name, r in ref.items():
+        if name not in got:
+            out.append(Comparison(name, float("inf"), float("inf"), float("inf"), 0.0, False))
+            continue
+        g = got[name]
+        if g.shape != r.shape or g.dtype != r.dtype:
+            out.append(Comparison(name, float("inf"), float("inf"), float("inf"), 0.0, False))
+            continue
+        if r.dtype.kind not in "fc":
+            ok = bool(np.array_equal(r, g))
+            e = 0.0 if ok else float("inf")
+            out.append(Comparison(name, e, e, e, 0.0, ok))
+            continue
+        rel, ab = _TOL.get(r.dtype, _BF16_TOL)
+        r64, g64 = r.astype(np.float64), g.astype(np.float64)
+        if r64.size == 0:
+            out.append(Comparison(name, 0.0, 0.0, 0.0, 0.0, True))
+            continue
+        err = np.abs(r64 - g64)
+        finite = np.isfinite(r64)
+        same_nonfinite = bool(np.array_equal(r64[~finite], g64[~finite], equal_nan=True))
+        errf = err[finite] if finite.any() else np.zeros(1)
+        scale = float(np.max(np.abs(r64[finite]))) if finite.any() else 0.0
+        tol = rel * scale + ab
+        max_abs = float(errf.max())
+        max_rel = float((errf / np.maximum(np.abs(r64[finite]), 1e-12)).max()) if finite.any() else 0.0
+        out.append(Comparison(name, max_abs, max_rel, float(errf.mean()), tol,
+                              bool(max_abs <= tol and same_nonfinite)))
+    return out
+
+
+def describe_failure(comps: list[Comparison]) -> str:
+    bad = [c for c in comps if not c.passed]
+    return "; ".join(f"output {c.output!r}: max abs err {c.max_abs_err:.3g} > tol {c.tolerance:.3g}" for c in bad)

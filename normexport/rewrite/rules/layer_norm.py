@@ -1,0 +1,109 @@
+"""Decomposed LayerNorm -> LayerNormalization (opset >= 17; the driver upgrades the model).
+
+Matched forms (x optionally Cast to a compute type first):
+    m  = ReduceMean(x, trailing axes, keepdims=1)          axes as attribute (< 18) or input
+    d  = Sub(x, m)
+    vr = ReduceMean(Pow(d, 2) | Mul(d, d), same axes)
+    v  = Add(vr, eps) (either order), eps a constant scalar
+    n  = d / sqrt(v): Div(d, Sqrt(v)) | Mul(d, Reciprocal(Sqrt(v))) | Mul(d, Div(1, Sqrt(v)))
+         | Mul(d, Pow(v, -0.5))  (Mul operands in either order)
+    y  = n | Cast(n) | Mul(Cast?(n), w) | Add(Mul(Cast?(n), w), b)  (Mul / Add in either order)
+No affine: scale = ones. stash_type = float.
+"""
+
+from __future__ import annotations
+
+import onnx_ir as ir
+from onnxscript.rewriter import pattern
+
+from . import _common as c
+
+TARGETS = frozenset({"trt", "ort", "onnx"})
+
+
+def required_opset(target: str) -> int:
+    return 17
+
+
+class LayerNormFusion(pattern.RewriteRuleClassBase):
+    def __init__(self, name: str, root: str, form: str | None = None, left: bool = False):
+        super().__init__(name)
+        self._root, self._form, self._left = root, form, left
+
+    def pattern(self, op, x, eps, weight, bias):
+        xc = c.maybe_cast(op, x, "compute_dtype")
+        mean = op.ReduceMean(xc, _allow_other_inputs=True, _allow_other_attributes=True, _outputs=["mean"])
+        d = op.Sub(xc, mean)
+        var = op.ReduceMean(c.square(op, d), _allow_other_inputs=True, _allow_other_attributes=True, _outputs=["var"])
+        v = c.plus(op, var, eps)
+        if self._root == "bare":
+            return c.inv_sqrt(op, d, v, self._form)
+        if self._root == "cast":
+            return op.Cast(c.inv_sqrt_any(op, d, v), to=pattern.AttrVar("out_dtype"))
+        n = pattern.OrValue([op.Cast(c.inv_sqrt(op, d, v, f), to=pattern.AttrVar("out_dtype")) for f in c.INV_FORMS]
+                            + [c.inv_sqrt(op, d, v, f) for f in c.INV_FORMS])
+        if self._root == "weight":
+            return op.Mul(weight, n) if self._left else op.Mul(n, weight)
+        scaled = c.times(op, n, weight)
+        return op.Add(bias, scaled) if self._left else op.Add(scaled, bias)
+
+    def check(self, context, x, eps, mean, var, weight=None, bias=None, **_):
+        r = pattern.MatchResult()
+        self._out = context.output_values[0] if context.output_values else None
+        if x.dtype is not None and x.dtype not in c.FLOAT_TYPES:
+            return r.fail(f"input dtype {x.dtype} is not a float type", x)
+        self._eps = c.const_scalar(eps)
+        if self._eps is None:
+            return r.fail("epsilon is not a constant scalar", eps)
+        axes, why = c.reduce_axes(mean.producer())
+        if axes is None:
+            return r.fail(why, mean)
+        axes2, why = c.reduce_axes(var.producer())
+        if axes2 is None:
+            return r.fail(why, var)
+        rank = c.rank_of(x)
+        self._k = c.trailing_count(axes, rank)
+        if self._k is None:
+            return r.fail(f"mean over axes {axes} which are not the trailing dims", mean)
+        if c.trailing_count(axes2, rank) != self._k or sorted(a % (rank or 10**6) for a in axes) != sorted(
+                a % (rank or 10**6) for a in axes2):
+            return r.fail(f"mean axes {axes} and variance axes {axes2} differ", var)
+        self._reshape = {}
+        for name, p in (("weight", weight), ("bias", bias)):
+            if p is None:
+                continue
+            ok, why, self._reshape[name] = c.param_fits(p, x, self._k)
+            if not ok:
+                return r.fail(why, p)
+        if weight is None:
+            self._unit = c.trailing_dims(x, self._k)
+            if self._unit is None:
+                return r.fail("normalized dims not static; cannot make a unit scale", x)
+        return r
+
+    def rewrite(self, op, x, weight=None, bias=None, **_):
+        out = self._out
+        xin, dt, cast_out = c.fused_io(op, x, out) if out is not None else (x, x.dtype, None)
+        dt = dt or ir.DataType.FLOAT
+        if weight is None:
+            name = f"{out.name if out is not None else 'ln'}__unit_scale"
+            weight = op.initializer(c.unit_tensor(name, self._unit, dt, 1.0), name)
+        params = [weight] + ([bias] if bias is not None else [])
+        fixed = []
+        for name, p in zip(("weight", "bias"), params):
+            if self._reshape.get(name):
+                p = op.Reshape(p, op.Constant(value_ints=c.trailing_dims(p, self._k)))
+            fixed.append(c.as_dtype(op, p, dt))
+        y = op.LayerNormalization(xin, *fixed, axis=-self._k, epsilon=self._eps, stash_type=1)
+        return op.Cast(y, to=cast_out.value) if cast_out is not None else y
+
+
+RULES = [
+    LayerNormFusion.rule("layer_norm_affine", root="affine"),
+    LayerNormFusion.rule("layer_norm_affine_l", root="affine", left=True),
+    LayerNormFusion.rule("layer_norm_weight", root="weight"),
+    LayerNormFusion.rule("layer_norm_weight_l", root="weight", left=True),
+    LayerNormFusion.rule("layer_norm_cast", root="cast"),
+] + [LayerNormFusion.rule(f"layer_norm_{f}", root="bare", form=f) for f in c.INV_FORMS]
+
+__all__ = ["RULES", "TARGETS", "required_opset"]
