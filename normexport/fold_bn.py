@@ -233,19 +233,21 @@ def _plan_fx(model: nn.Module, example_inputs) -> list[tuple[str, str | None, st
             continue
         prod_name = src.target
         prod = modules[prod_name]
-        why = _producer_refusal(prod, modules[bn_name])
+        rank = None
+        if isinstance(prod, nn.Linear) and have_shapes:
+            meta = src.meta.get("tensor_meta")
+            rank = len(meta.shape) if meta is not None and hasattr(meta, "shape") else None
+        if rank is not None and rank != 2:
+            why = (f"Linear output is {rank}-D: BatchNorm1d normalizes dim 1, not the "
+                   "Linear's output features")
+        else:
+            why = _producer_refusal(prod, modules[bn_name])
         if why is None and len(src.users) != 1:
             why = f"producer output has {len(src.users)} consumers"
         if why is None and counts[prod_name] > 1:
             why = f"producer module is called {counts[prod_name]} times (shared weights)"
-        if why is None and isinstance(prod, nn.Linear):
-            meta = src.meta.get("tensor_meta") if have_shapes else None
-            rank = len(meta.shape) if meta is not None and hasattr(meta, "shape") else None
-            if rank is None:
-                why = "rank?"  # fold with a rank guard
-            elif rank != 2:
-                why = (f"Linear output is {rank}-D: BatchNorm1d normalizes dim 1, not the "
-                       "Linear's output features")
+        if why is None and isinstance(prod, nn.Linear) and rank is None:
+            why = "rank?"  # fold with a rank guard
         plan.append((bn_name, prod_name if why in (None, "rank?") else None, why or ""))
     planned = {p[0] for p in plan}
     for name, m in model.named_modules():
