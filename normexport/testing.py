@@ -1,0 +1,48 @@
+"""Test helpers for users of normexport: `assert_parity(module, onnx_model, inputs)`."""
+
+from __future__ import annotations
+
+from .check import CheckReport, check
+
+
+def assert_parity(module, onnx_path_or_model, inputs, *, rtol=None, atol=None, backends=("ort",),
+                  dynamic_axes=None, extra_shapes: int = 2, dtype=None) -> CheckReport:
+    """Check `onnx_path_or_model` against `module` (see normexport.check.check for the rules)
+    and raise AssertionError with a readable diff when any backend that ran fails, or when no
+    backend could run. Returns the report when parity holds."""
+    report = check(onnx_path_or_model, module, inputs, backends=backends, dynamic_axes=dynamic_axes,
+                   extra_shapes=extra_shapes, rtol=rtol, atol=atol, dtype=dtype, command="assert_parity")
+    if report.passed:
+        return report
+    raise AssertionError(format_failure(report))
+
+
+def format_failure(report: CheckReport) -> str:
+    lines = [f"ONNX parity failed: {report.onnx_model} vs {report.reference}"]
+    if not report.ran:
+        lines.append("no backend could run: " + "; ".join(f"{b}: {why}" for b, why in report.skipped.items()))
+    for b, err in report.backend_errors.items():
+        lines.append(f"  [{b}] {err}")
+    for r in report.failures:
+        shape = ", ".join(f"{k}={'x'.join(map(str, v)) or 'scalar'}" for k, v in r.input_shapes.items())
+        head = f"  [{r.backend}] output '{r.output}' ({r.dtype}), input shape #{r.shape_index} ({shape}):"
+        if r.max_abs_err is None:
+            lines.append(f"{head} {r.reason}")
+            continue
+        lines.append(f"{head} max_abs_err {r.max_abs_err:.3e} > limit {r.limit:.3e} "
+                     f"(tolerance {r.tolerance:.3e}, eager's own error vs fp64 "
+                     f"{'n/a' if r.ref_err_fp64 is None else format(r.ref_err_fp64, '.3e')}, "
+                     f"max|ref| {r.max_abs_ref:.4g}, max_rel_err {r.max_rel_err:.3e}, mean_abs_err {r.mean_abs_err:.3e})")
+        if r.worst_index is not None:
+            eager = "n/a" if r.worst_eager is None else f"{r.worst_eager:.8g}"
+            lines.append(f"      worst element at index {tuple(r.worst_index)}: got {r.worst_value:.8g}, "
+                         f"expected {r.worst_ref:.8g} (float64 reference), eager {eager}")
+        if r.reason and not r.reason.startswith("max_abs_err"):
+            lines.append(f"      {r.reason}")
+    n = len(report.failures)
+    lines.append(f"{n} of {len(report.rows)} comparisons failed; skipped backends: "
+                 + (", ".join(f"{b} ({why})" for b, why in report.skipped.items()) or "none"))
+    return "\n".join(lines)
+
+
+__all__ = ["assert_parity", "format_failure"]

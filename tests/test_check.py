@@ -1,0 +1,312 @@
+"""normexport.check / normexport.testing: parity against a float64 reference, skipped backends,
+dynamic shapes, tolerances (DESIGN §5, §7) and the `check` command handler."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import logging
+import warnings
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from torch import nn
+
+import normexport.nn as nnn
+from normexport import check as check_cmd
+from normexport.check import check, limit_for, tolerance_for
+from normexport.errors import UsageError
+from normexport.ops import TRANSLATION_TABLE, attach_functions
+from normexport.testing import assert_parity
+
+HAS_TRT = importlib.util.find_spec("tensorrt") is not None
+
+
+# ---- small models (also importable as `test_check:<factory>` by the CLI loader) -------------
+class RMSBlock(nn.Module):
+    """Linear -> normexport RMSNorm (torch custom op) -> Linear."""
+
+    input_names = ["x"]
+
+    def __init__(self, hidden: int = 32):
+        super().__init__()
+        g = torch.Generator().manual_seed(1)
+        self.fc = nn.Linear(hidden, hidden)
+        self.norm = nnn.RMSNorm(1.0 + 0.2 * torch.randn(hidden, generator=g))
+        self.out = nn.Linear(hidden, hidden)
+
+    def forward(self, x):
+        return self.out(self.norm(self.fc(x)))
+
+
+class MLP(nn.Module):
+    """Two outputs (a tuple), two inputs."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(16, 48)
+        self.fc2 = nn.Linear(48, 16)
+
+    def forward(self, x, y):
+        h = torch.relu(self.fc1(x + y))
+        return self.fc2(h), h
+
+
+def make_rms_block():
+    torch.manual_seed(0)
+    return RMSBlock().eval()
+
+
+def make_mlp():
+    torch.manual_seed(0)
+    return MLP().eval()
+
+
+def make_mlp_with_inputs():
+    m = make_mlp()
+    g = torch.Generator().manual_seed(5)
+    m.example_inputs = lambda: (torch.randn(4, 16, generator=g), torch.randn(4, 16, generator=g))
+    return m
+
+
+def export(module, args, path=None, dynamic_shapes=None, names=None):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        logging.getLogger("torch.onnx").setLevel(logging.ERROR)
+        prog = torch.onnx.export(module, args, dynamo=True, custom_translation_table=TRANSLATION_TABLE,
+                                 dynamic_shapes=dynamic_shapes, input_names=names, verbose=False)
+    model = attach_functions(prog.model_proto)
+    if path is not None:
+        onnx.save(model, str(path))
+    return model
+
+
+def perturb(model: onnx.ModelProto, rel: float = 1e-3) -> onnx.ModelProto:
+    """A copy with the largest float initializer scaled by (1 + rel)."""
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    floats = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16)
+    init = max((t for t in m.graph.initializer if t.data_type in floats), key=lambda t: int(np.prod(t.dims)))
+    arr = onnx.numpy_helper.to_array(init)
+    init.CopyFrom(onnx.numpy_helper.from_array((arr.astype(np.float64) * (1 + rel)).astype(arr.dtype), init.name))
+    return m
+
+
+@pytest.fixture(scope="module")
+def rms(tmp_path_factory):
+    m = make_rms_block()
+    x = torch.randn(2, 6, 32, generator=torch.Generator().manual_seed(2))
+    dyn = ({0: torch.export.Dim("batch", max=64), 1: torch.export.Dim("seq", max=512)},)
+    path = tmp_path_factory.mktemp("rms") / "rms.onnx"
+    model = export(m, (x,), path, dynamic_shapes=dyn, names=["x"])
+    return m, x, model, path
+
+
+@pytest.fixture(scope="module")
+def mlp(tmp_path_factory):
+    m = make_mlp_with_inputs()
+    x, y = m.example_inputs()
+    d = tmp_path_factory.mktemp("mlp")
+    model = export(m, (x, y), d / "mlp.onnx", names=["x", "y"])
+    onnx.save(perturb(model), str(d / "mlp_bad.onnx"))
+    return m, (x, y), model, d
+
+
+def _cli_args(*argv):
+    p = argparse.ArgumentParser()
+    check_cmd.add_arguments(p)
+    return p.parse_args([str(a) for a in argv])
+
+
+# ---- passing models ---------------------------------------------------------------------------
+def test_rmsnorm_model_passes_with_custom_op(rms):
+    m, x, model, path = rms
+    assert any(n.domain == "normexport" for n in model.graph.node)
+    report = check(path, m, (x,))
+    assert report.passed, report.table()
+    rows = report.rows
+    assert rows and all(r.backend == "ort" and r.passed for r in rows)
+    # the float64 reference is a real one: the custom op's float32 statistics show as eager error
+    assert report.fp64_reference["available"]
+    assert all(r.ref_err_fp64 is not None and r.ref_err_fp64 > 0 for r in rows)
+
+
+def test_plain_mlp_two_outputs_passes(mlp):
+    m, (x, y), model, _ = mlp
+    report = check(model, m, (x, y))
+    assert report.passed, report.table()
+    assert [r.output for r in report.rows] == [o.name for o in model.graph.output]
+    assert len(report.rows) == 2
+    # a dict keyed by ONNX input name works too
+    assert check(model, m, {"y": y, "x": x}).passed
+
+
+def test_dynamic_axes_check_extra_shapes(rms):
+    m, x, _, path = rms
+    report = check(path, m, (x,), dynamic_axes={"x": [0, 1]}, extra_shapes=2)
+    assert report.passed, report.table()
+    shapes = [s["inputs"]["x"] for s in report.shapes]
+    assert len(shapes) >= 3 and len({tuple(s) for s in shapes}) == len(shapes)
+    assert {r.shape_index for r in report.rows} == set(range(len(shapes)))
+    assert all(s[2] == 32 for s in shapes)  # only the dynamic axes change
+    assert len(report.to_dict()["shapes"]) >= 3
+
+
+# ---- failing models -----------------------------------------------------------------------------
+def test_perturbed_model_fails(mlp):
+    m, inputs, model, _ = mlp
+    report = check(perturb(model), m, inputs)
+    assert not report.passed
+    bad = report.failures
+    assert bad and all(r.max_abs_err > r.limit for r in bad if r.max_abs_err is not None)
+    assert "FAIL" in report.table() and "FAILED" in report.table()
+    assert report.to_dict()["passed"] is False
+
+
+def test_cli_exit_codes(mlp, tmp_path, capsys):
+    _, _, _, d = mlp
+    out = tmp_path / "r.json"
+    assert check_cmd.run(_cli_args(d / "mlp.onnx", "--reference", "test_check:make_mlp_with_inputs", "--json", out)) == 0
+    assert json.loads(out.read_text())["passed"] is True
+    code = check_cmd.run(_cli_args(d / "mlp_bad.onnx", "--reference", "test_check:make_mlp",
+                                   "--input", "x:4x16", "--input", "y:4x16"))
+    assert code == 1
+    assert "FAILED" in capsys.readouterr().out
+
+
+def test_cli_usage_errors(mlp, tmp_path):
+    _, _, _, d = mlp
+    with pytest.raises(UsageError, match="--input"):  # no example inputs and no --input
+        check_cmd.run(_cli_args(d / "mlp.onnx", "--reference", "test_check:make_mlp"))
+    with pytest.raises(UsageError, match="2 input"):
+        check_cmd.run(_cli_args(d / "mlp.onnx", "--reference", "test_check:make_mlp", "--input", "x:4x16"))
+    with pytest.raises(UsageError, match="not found"):
+        check_cmd.run(_cli_args(tmp_path / "missing.onnx", "--reference", "test_check:make_mlp"))
+    corrupt = tmp_path / "corrupt.onnx"
+    corrupt.write_bytes(b"\x08\x07garbage" * 10)
+    with pytest.raises(UsageError):
+        check_cmd.run(_cli_args(corrupt, "--reference", "test_check:make_mlp"))
+    with pytest.raises(UsageError, match="reference model rejected"):
+        check_cmd.run(_cli_args(d / "mlp.onnx", "--reference", "test_check:make_mlp",
+                                "--input", "x:4x15", "--input", "y:4x15"))
+
+
+def test_assert_parity_messages(mlp, rms):
+    m, inputs, model, _ = mlp
+    assert_parity(m, model, inputs)
+    with pytest.raises(AssertionError) as e:
+        assert_parity(m, perturb(model, 1e-2), inputs)
+    msg = str(e.value)
+    out_name = model.graph.output[0].name
+    assert f"output '{out_name}'" in msg
+    assert "max_abs_err" in msg and "> limit" in msg and "tolerance" in msg
+    assert "worst element at index (" in msg and "got " in msg and "expected " in msg
+    m2, x, _, path = rms
+    assert_parity(m2, path, (x,), dynamic_axes={"x": [1]})
+
+
+# ---- backends --------------------------------------------------------------------------------
+@pytest.mark.skipif(HAS_TRT, reason="tensorrt is importable here")
+def test_trt_skipped_never_passed(mlp):
+    m, inputs, model, _ = mlp
+    report = check(model, m, inputs, backends=("ort", "trt"))
+    assert report.skipped["trt"] == "tensorrt not importable"
+    assert not [r for r in report.rows if r.backend == "trt"]
+    d = report.to_dict()
+    assert d["backends"]["trt"] == {"status": "skipped", "reason": "tensorrt not importable"}
+    assert {"backend": "trt", "reason": "tensorrt not importable"} in d["skipped"]
+    assert "trt" not in d["results"]
+    assert report.passed  # ort ran and passed
+    only_trt = check(model, m, inputs, backends=("trt",))
+    assert not only_trt.passed and not only_trt.rows
+    assert "no backend could run" in only_trt.table()
+    everything = check(model, m, inputs, backends="all")
+    assert set(everything.backends) == {"ort", "ort-cuda", "trt"} and "trt" in everything.skipped
+
+
+# ---- report -----------------------------------------------------------------------------------
+def test_json_report_fields(rms, tmp_path):
+    m, x, _, path = rms
+    report = check(path, m, (x,), backends=("ort", "trt"), dynamic_axes={"x": [0]}, extra_shapes=2)
+    out = report.write_json(tmp_path / "report.json")
+    d = json.loads(out.read_text())
+    for key in ("normexport_version", "command", "inputs", "results", "skipped", "passed"):
+        assert key in d
+    assert d["command"] == "check"
+    assert d["inputs"] == [{"name": "x", "shape": [2, 6, 32], "dtype": "float32"}]
+    per_output = d["results"]["ort"]
+    assert len(per_output) == 1
+    rows = next(iter(per_output.values()))
+    assert len(rows) == 3
+    for r in rows:
+        for key in ("max_abs_err", "max_rel_err", "mean_abs_err", "ref_err_fp64", "tolerance", "passed"):
+            assert key in r
+        assert r["max_rel_err"] == pytest.approx(r["max_abs_err"] / r["max_abs_ref"])
+    assert d["passed"] is True
+    assert not list(tmp_path.glob(".normexport-*"))  # atomic write left no temp file
+
+
+def test_no_float64_reference_is_null_with_reason(mlp):
+    class Float32Only(nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x, y):
+            if x.dtype != torch.float32:
+                raise TypeError("float32 only")
+            return self.inner(x, y)
+
+    m, inputs, model, _ = mlp
+    report = check(model, Float32Only(m), inputs)
+    assert report.fp64_reference["available"] is False and "float32 only" in report.fp64_reference["reason"]
+    assert all(r.ref_err_fp64 is None for r in report.rows)
+    assert report.passed  # judged against eager with the tolerance alone
+
+
+# ---- tolerances ---------------------------------------------------------------------------------
+def test_tolerance_rules():
+    assert tolerance_for(torch.float32, 2.0) == pytest.approx(2e-5 + 1e-6)
+    assert tolerance_for(torch.float16, 2.0) == pytest.approx(4e-3)
+    assert tolerance_for(torch.bfloat16, 2.0) == pytest.approx(3.2e-2)
+    assert tolerance_for(torch.float32, 2.0, rtol=1e-3, atol=0.0) == pytest.approx(2e-3)
+    assert tolerance_for(torch.int64, 5.0) == 0.0
+    tol = tolerance_for(torch.float32, 1.0)
+    assert limit_for(torch.float32, tol, 1.0, 0.0) == tol  # fp32: only the tolerance applies
+    t16 = tolerance_for(torch.float16, 1.0)
+    assert limit_for(torch.float16, t16, 1.0, 1e-4) == pytest.approx(torch.finfo(torch.float16).eps)  # floor
+    assert limit_for(torch.float16, t16, 1.0, 6e-4) == pytest.approx(1.2e-3)  # 2x eager
+    assert limit_for(torch.float16, t16, 1.0, 5e-3) == pytest.approx(t16)  # capped by the tolerance
+    assert limit_for(torch.float16, t16, 1.0, None) == t16
+
+
+def test_float16_model_tolerance_path():
+    torch.manual_seed(0)
+    m = RMSBlock(hidden=64).eval().half()
+    x = torch.randn(2, 8, 64).half()
+    model = export(m, (x,))
+    report = check(model, m, (x,))
+    assert report.passed, report.table()
+    (row,) = report.rows
+    assert row.dtype == "float16"
+    assert row.tolerance == pytest.approx(2e-3 * row.max_abs_ref)
+    assert row.ref_err_fp64 > 0 and row.limit <= row.tolerance
+    bad = check(perturb(model, 1e-2), m, (x,))
+    assert not bad.passed and bad.failures[0].max_abs_err > bad.failures[0].limit
+
+
+def test_twice_eager_rule_fails_within_tolerance():
+    """fp16: an error inside the tolerance but beyond 2x eager's own error fails, with the reason."""
+    from normexport.check import Row, _compare
+
+    ref = np.linspace(-4.0, 4.0, 101)
+    eager = ref + 1e-3  # eager's own error 1e-3; limit = max(2e-3, eps16 * 4 = 3.9e-3)
+    tol = tolerance_for(torch.float16, 4.0)  # 8e-3
+    row = _compare(Row("ort", 0, {"x": [101]}, "y", "float16"), ref + 5e-3, ref, eager, torch.float16, 1e-3, None, None)
+    assert row.max_abs_err < tol and not row.passed
+    assert "2 x eager" in row.reason and "worst at index" in row.reason
+    ok = _compare(Row("ort", 0, {"x": [101]}, "y", "float16"), ref + 3e-3, ref, eager, torch.float16, 1e-3, None, None)
+    assert ok.passed
