@@ -63,7 +63,7 @@ def convert_module(module, args: tuple, *, target: str = "trt", opset: int | Non
             from .fold_bn import fold_batchnorm
 
             report["fold_batchnorm"] = []
-            module = fold_batchnorm(module, report["fold_batchnorm"])
+            module = fold_batchnorm(module, report["fold_batchnorm"], example_inputs=args)
         if swap_norms and target == "trt":  # other targets keep standard ops (see rewrite)
             from .prepare import prepare
 
