@@ -1,0 +1,119 @@
+"""LayerNormalization -> Mul(1 + scale) -> Add(shift)  ==>  normexport::AdaLNZero (target trt).
+
+DiT's modulate(norm(x), shift, scale) = x * (1 + scale.unsqueeze(1)) + shift.unsqueeze(1), as the
+torch dynamo exporter writes it, and hand-built variants:
+    ln = LayerNormalization(x, w[, b]) over the last dim
+    s  = Unsqueeze(scale, [1 .. r-2]) | scale (full shape of x, or [B, 1.., H])
+    y  = Add(Mul(ln, Add(s, 1)), t)   with t = Unsqueeze(shift, ..) | shift; Mul / Add either order
+The op contract: shift/scale both [B, H] or both the full shape of x; weight/bias both or neither
+(an all-ones weight with no / all-zero bias is "neither"; a weight alone gets a zero bias).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+from onnxscript.rewriter import pattern
+
+from . import _common as c
+
+TARGETS = frozenset({"trt"})
+
+
+def required_opset(target: str) -> int:
+    return 18
+
+
+def _mod(op, var, name: str):
+    """`var` as Unsqueeze(<name>_2d, <name>_axes) ([B, H] -> [B, 1.., H]), or any value."""
+    return pattern.OrValue([op.Unsqueeze(pattern.Var(name + "_2d"), pattern.Var(name + "_axes")), var])
+
+
+class AdaLNFusion(pattern.RewriteRuleClassBase):
+    def __init__(self, name: str, shift_left: bool):
+        super().__init__(name)
+        self._shift_left = shift_left
+
+    def pattern(self, op, x, w, shift, scale):
+        ln = op.LayerNormalization(x, w, _allow_other_inputs=True, _allow_other_attributes=True, _outputs=["ln"])
+        one_plus = c.plus(op, _mod(op, scale, "scale"), 1.0)
+        m = c.times(op, ln, one_plus)
+        sh = _mod(op, shift, "shift")
+        return op.Add(sh, m) if self._shift_left else op.Add(m, sh)
+
+    def _mod_input(self, x: ir.Value, full, two_d, axes, what: str):
+        """(value to feed, kind 'bh' | 'full' | 'squeeze', squeeze axes) or raise ValueError."""
+        rank = c.rank_of(x)
+        if rank is None or rank < 2:
+            raise ValueError("rank of x unknown")
+        mid = list(range(1, rank - 1))
+        if two_d is not None:
+            ax = c.const(axes)
+            if ax is None:
+                raise ValueError(f"{what}: Unsqueeze axes not constant")
+            out_rank = c.rank_of(two_d)
+            if out_rank != 2:
+                raise ValueError(f"{what}: unsqueezed tensor is not [B, H]")
+            if sorted(int(a) % rank for a in np.asarray(ax).reshape(-1)) != mid:
+                raise ValueError(f"{what}: Unsqueeze axes {np.asarray(ax).tolist()} do not give [B, 1.., H]")
+            return two_d, "bh"
+        if full.shape is None or x.shape is None or len(full.shape) != rank:
+            raise ValueError(f"{what}: shape {full.shape} is neither [B, H] unsqueezed nor the shape of x")
+        fdims, xdims = list(full.shape), list(x.shape)
+        if fdims == xdims:
+            return full, "full"
+        if all(d == 1 for d in fdims[1:-1]) and fdims[0] == xdims[0] and fdims[-1] == xdims[-1]:
+            return full, "squeeze"
+        raise ValueError(f"{what}: shape {fdims} does not fit x {xdims}")
+
+    def check(self, context, x, w, ln, scale, shift, scale_2d=None, scale_axes=None, shift_2d=None,
+              shift_axes=None, **_):
+        r = pattern.MatchResult()
+        node = ln.producer()
+        rank = c.rank_of(x)
+        axis = node.attributes.get("axis")
+        axis = axis.as_int() if axis is not None else -1
+        if rank is None or axis % rank != rank - 1:
+            return r.fail(f"LayerNormalization axis {axis} does not normalize the last dim only", ln)
+        if any(o.uses() or o.is_graph_output() for o in node.outputs[1:]):
+            return r.fail("LayerNormalization mean / inv_std_dev outputs are used", ln)
+        eps = node.attributes.get("epsilon")
+        self._eps = eps.as_float() if eps is not None else 1e-5
+        try:
+            self._scale = self._mod_input(x, scale, scale_2d, scale_axes, "scale")
+            self._shift = self._mod_input(x, shift, shift_2d, shift_axes, "shift")
+        except ValueError as e:
+            return r.fail(str(e), x)
+        if (self._scale[1] == "bh") != (self._shift[1] == "bh"):
+            return r.fail("shift and scale differ in form ([B, H] vs full shape)", x)
+        for v in (self._scale[0], self._shift[0]):
+            if v.dtype is not None and x.dtype is not None and v.dtype != x.dtype:
+                return r.fail(f"{v.name!r} dtype differs from x", v)
+        bias = node.inputs[2] if len(node.inputs) > 2 else None
+        wv, bv = c.const(w), c.const(bias) if bias is not None else None
+        self._affine = not (wv is not None and np.all(wv == 1) and (bias is None or (bv is not None and np.all(bv == 0))))
+        self._bias = bias
+        self._h = c.trailing_dims(x, 1)
+        if self._affine and bias is None and self._h is None:
+            return r.fail("hidden size not static; cannot make a zero bias", x)
+        return r
+
+    def rewrite(self, op, x, w, **_):
+        rank = len(x.shape)
+
+        def feed(v, kind):
+            return op.Squeeze(v, op.Constant(value_ints=list(range(1, rank - 1)))) if kind == "squeeze" else v
+
+        ins = [x, feed(*self._shift), feed(*self._scale)]
+        if self._affine:
+            bias = self._bias
+            if bias is None:
+                name = f"{w.name}__zero_bias"
+                bias = op.initializer(c.unit_tensor(name, self._h, x.dtype or ir.DataType.FLOAT, 0.0), name)
+            ins += [w, bias]
+        return op.AdaLNZero(*ins, _domain="normexport", _version=1, epsilon=self._eps)
+
+
+RULES = [AdaLNFusion.rule("adaln_zero", shift_left=False), AdaLNFusion.rule("adaln_zero_l", shift_left=True)]
+
+__all__ = ["RULES", "TARGETS", "required_opset"]

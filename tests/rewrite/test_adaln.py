@@ -1,0 +1,124 @@
+"""rules/adaln.py: LayerNormalization -> Mul(1 + scale) -> Add(shift) -> normexport::AdaLNZero."""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from normexport.ops import adaln_zero as spec
+from normexport.rewrite import RewriteReport, rewrite
+
+sys.path.insert(0, os.path.dirname(__file__))
+import _graphs as G  # noqa: E402
+
+
+def _fused(model, target="trt"):
+    report = RewriteReport()
+    return rewrite(model, target=target, report=report), report
+
+
+def _mods(form, rank=3, seed=3):
+    rng = np.random.default_rng(seed)
+    shape = {"bh": (2, G.H), "full": (2, 3, G.H) if rank == 3 else (2, 2, 3, G.H), "b1h": (2, 1, G.H)}[form]
+    return (rng.standard_normal(shape).astype(np.float32) * 0.5 + 0.1,
+            rng.standard_normal(shape).astype(np.float32) * 0.5 - 0.2)
+
+
+def _ref(x, shift, scale, w=None, b=None, eps=1e-6):
+    """fp64 formula: LayerNorm(x) * (1 + scale) + shift with [B, H] broadcast over middle dims."""
+    y = G.ln_ref(x, w, b, eps)
+    if shift.ndim == 2:
+        shape = (shift.shape[0],) + (1,) * (x.ndim - 2) + (shift.shape[1],)
+        shift, scale = shift.reshape(shape), scale.reshape(shape)
+    return y * (1.0 + scale.astype(np.float64)) + shift.astype(np.float64)
+
+
+@pytest.mark.parametrize("mul_left,add_left,one_left", [(False, False, False), (True, True, True), (True, False, True)])
+def test_helper_commuted_bh(mul_left, add_left, one_left):
+    model = G.adaln_graph(mul_left=mul_left, add_left=add_left, one_left=one_left)
+    out, rep = _fused(model)
+    assert G.op_types(out) == ["AdaLNZero"] and len(out.graph.node[0].input) == 3  # all-ones LN weight
+    x = G.xin(2, 3, G.H)
+    shift, scale = _mods("bh")
+    (y,) = G.run(out, x=x, shift=shift, scale=scale)
+    G.assert_close(y, _ref(x, shift, scale))
+    G.assert_close(y, spec.reference(x, shift, scale, epsilon=1e-6), "op spec reference")
+
+
+@pytest.mark.parametrize("affine", ["both", "weight"])
+@pytest.mark.parametrize("form", ["bh", "full", "b1h"])
+def test_helper_affine_and_forms(affine, form):
+    model = G.adaln_graph(form=form, affine=affine)
+    out, _ = _fused(model)
+    assert G.count(out, "AdaLNZero", "normexport") == 1
+    node = next(n for n in out.graph.node if n.op_type == "AdaLNZero")
+    assert len(node.input) == 5
+    x = G.xin(2, 3, G.H)
+    shift, scale = _mods(form)
+    (y,) = G.run(out, x=x, shift=shift, scale=scale)
+    G.assert_close(y, _ref(x, shift, scale, G.WEIGHT, G.BIAS if affine == "both" else None))
+
+
+def test_rank4_bh():
+    model = G.adaln_graph(rank=4, affine="both")
+    out, _ = _fused(model)
+    assert G.op_types(out) == ["AdaLNZero"]
+    x = G.xin(2, 2, 3, G.H)
+    shift, scale = _mods("bh")
+    G.assert_close(G.run(out, x=x, shift=shift, scale=scale)[0], _ref(x, shift, scale, G.WEIGHT, G.BIAS))
+
+
+def test_ln_axis_not_last_rejected():
+    model = G.adaln_graph(form="full", ln_axis=-2)
+    out, rep = _fused(model)
+    assert out == model
+    reasons = [r["reason"] for rec in rep.rules.values() for r in rec.rejected]
+    assert any("does not normalize the last dim" in r for r in reasons), reasons
+
+
+def test_not_for_other_targets():
+    model = G.adaln_graph()
+    out, rep = _fused(model, target="onnx")
+    assert out == model and rep.modules["adaln"] == "not for target onnx"
+
+
+class _DiTBlock(torch.nn.Module):
+    def __init__(self, affine):
+        super().__init__()
+        torch.manual_seed(0)
+        self.norm = torch.nn.LayerNorm(G.H, elementwise_affine=affine, eps=1e-6)
+        if affine:
+            with torch.no_grad():
+                self.norm.weight.copy_(torch.from_numpy(G.WEIGHT))
+                self.norm.bias.copy_(torch.from_numpy(G.BIAS))
+        self.ada = torch.nn.Linear(G.H, 2 * G.H)
+
+    def forward(self, x, c):
+        shift, scale = self.ada(c).chunk(2, dim=1)
+        return self.norm(x) * (1 + scale.unsqueeze(1)) + shift.unsqueeze(1)
+
+
+def test_dynamo_exported_dit_modulate():
+    import logging
+
+    logging.disable(logging.WARNING)
+    block = _DiTBlock(affine=True).eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = torch.onnx.export(block, (torch.randn(2, 3, G.H), torch.randn(2, G.H)), dynamo=True,
+                                  opset_version=18, verbose=False).model_proto
+    logging.disable(logging.NOTSET)
+    out, _ = _fused(model)
+    assert G.count(out, "AdaLNZero", "normexport") == 1
+    assert G.count(out, "LayerNormalization") == 0 and G.count(out, "Unsqueeze") == 0
+    x, c = G.xin(2, 3, G.H), G.xin(2, G.H, seed=9)
+    with torch.no_grad():
+        shift, scale = (t.numpy() for t in block.ada(torch.from_numpy(c)).chunk(2, dim=1))
+    names = [i.name for i in out.graph.input]
+    (y,) = G.run(out, **dict(zip(names, (x, c))))
+    G.assert_close(y, _ref(x, shift, scale, G.WEIGHT, G.BIAS))
