@@ -5,7 +5,6 @@ condition). `tiny()` is S=64, H=256; `bench()` is the benchmark size S=4096, H=2
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ._common import randn, randomize_

@@ -30,9 +30,10 @@ visited):
   shift.unsqueeze(1)`` and which owns LayerNorms without affine used in that forward. Since
   `modulate` is a function and not a module there is no module to swap, and fx tracing is
   fragile around attention and would turn the block into a GraphModule (losing its class and
-  attributes). Instead the *instance's* forward is rebuilt from the same code object with a
-  globals mapping in which `modulate` is the fused op, and the LayerNorms are replaced by
-  `DeferredLayerNorm` (identity; its normalisation happens inside the fused op):
+  attributes). Instead the block's class is swapped for a same-named subclass whose forward
+  is the original forward's code object run with a globals mapping in which `modulate` is the
+  fused op (`fused_class`; it pickles and deep-copies), and the LayerNorms are replaced by
+  `DeferredLayerNorm` (identity; the normalisation happens inside the fused op):
   ``modulate(norm1(x), shift, scale)`` then computes ``AdaLNZero(x, shift, scale)``. This
   is only right if every output of those LayerNorms feeds `modulate` and `modulate` is only
   applied to their outputs; rather than trusting a static analysis, the whole block is run
@@ -126,6 +127,51 @@ class DeferredLayerNorm(nn.Module):
         return f"{self.hidden}, eps={self.eps}, fused into modulate -> normexport AdaLNZero"
 
 
+_FUSED_CLASSES: dict[tuple, type] = {}
+
+
+def _fused_forward(fwd: types.FunctionType, names: tuple[str, ...], eps: float) -> types.FunctionType:
+    """`fwd`'s code run with globals in which `names` are the fused normexport AdaLNZero op."""
+
+    def fused(x, shift, scale):
+        return torch.ops.normexport.adaln_zero(x, shift, scale, None, None, eps)
+
+    glb = dict(fwd.__globals__)
+    for g in names:
+        glb[g] = fused
+    fn = types.FunctionType(fwd.__code__, glb, fwd.__name__, fwd.__defaults__, fwd.__closure__)
+    fn.__kwdefaults__ = fwd.__kwdefaults__
+    fn.__qualname__ = fwd.__qualname__
+    fn.__doc__ = fwd.__doc__
+    return fn
+
+
+def fused_class(base: type, names: tuple[str, ...], eps: float) -> type:
+    """A subclass of `base` (same name) whose forward calls normexport AdaLNZero wherever
+    `base.forward` calls one of the module-level functions `names`. Instances pickle and
+    deep-copy as (base instance, names, eps) and get this class back when loaded."""
+    key = (base, tuple(names), float(eps))
+    if key not in _FUSED_CLASSES:
+        def __reduce_ex__(self, protocol):
+            plain = base.__new__(base)
+            plain.__dict__ = self.__dict__  # pickled as a plain `base` instance
+            return _restore_fused, (plain, tuple(names), float(eps))
+
+        _FUSED_CLASSES[key] = type(base.__name__, (base,), {
+            "forward": _fused_forward(base.forward, tuple(names), float(eps)),
+            "__reduce_ex__": __reduce_ex__,
+            "__module__": base.__module__,
+            "__qualname__": base.__qualname__,
+            "_normexport_fused": (tuple(names), float(eps)),
+        })
+    return _FUSED_CLASSES[key]
+
+
+def _restore_fused(plain: nn.Module, names: tuple[str, ...], eps: float) -> nn.Module:
+    plain.__class__ = fused_class(type(plain), names, eps)
+    return plain
+
+
 # ---- numeric check ---------------------------------------------------------------------------
 def _gen(seed: int = 0) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
@@ -148,7 +194,7 @@ def _flatten(out) -> list[torch.Tensor]:
 
 def rel_err(new, ref) -> float:
     """max |new - ref| / max |ref| over all tensor outputs (inf on a structure mismatch)."""
-    a, b = _flatten(new), _flatten(ref)
+    a, b = [t.detach() for t in _flatten(new)], [t.detach() for t in _flatten(ref)]
     if len(a) != len(b) or not b or any(x.shape != y.shape for x, y in zip(a, b)):
         return math.inf
     diff = max(float((x.double() - y.double()).abs().max()) if x.numel() else 0.0 for x, y in zip(a, b))
@@ -316,7 +362,7 @@ def _dit_block(block: nn.Module, name: str, report: list) -> set[str]:
     """Fuse modulate(normN(x), shift, scale) in a DiT-style block in place; returns the names of
     the children that were deferred (empty when the block was left alone)."""
     fwd = getattr(type(block), "forward", None)
-    if not isinstance(fwd, types.FunctionType) or "forward" in vars(block):
+    if not isinstance(fwd, types.FunctionType) or hasattr(type(block), "_normexport_fused"):
         return set()
     code = fwd.__code__
     lns = {n: c for n, c in block.named_children()
@@ -346,21 +392,11 @@ def _dit_block(block: nn.Module, name: str, report: list) -> set[str]:
     if inputs is None:
         return skip(f"DiT-style block {type(block).__name__}: cannot make check inputs for its forward")
 
-    def fused(x, shift, scale):
-        return torch.ops.normexport.adaln_zero(x, shift, scale, None, None, eps)
-
-    glb = dict(fwd.__globals__)
-    for g in mods:
-        glb[g] = fused
-    new_fwd = types.FunctionType(code, glb, fwd.__name__, fwd.__defaults__, fwd.__closure__)
-    new_fwd.__kwdefaults__ = fwd.__kwdefaults__
-    new_fwd.__qualname__ = fwd.__qualname__
-
     ref_block = _float32(block)
     test_block = _float32(block)
     for n in lns:
         setattr(test_block, n, DeferredLayerNorm(hidden, eps))
-    test_block.forward = types.MethodType(new_fwd, test_block)
+    test_block.__class__ = fused_class(type(block), tuple(mods), eps)
     try:
         err = _compare(test_block, ref_block, inputs)
     except Exception as e:  # noqa: BLE001
@@ -372,8 +408,8 @@ def _dit_block(block: nn.Module, name: str, report: list) -> set[str]:
         setattr(block, n, DeferredLayerNorm(hidden, eps))
         report.append(_entry(f"{name}.{n}" if name else n, c, "swapped", "AdaLNZero",
                              f"DiT-style block {type(block).__name__}: {mods[0]}({n}(x), shift, scale) fused "
-                             f"into normexport AdaLNZero (instance forward rebound)", err))
-    block.forward = types.MethodType(new_fwd, block)
+                             f"into normexport AdaLNZero (block class rebound)", err))
+    block.__class__ = fused_class(type(block), tuple(mods), eps)
     return set(lns)
 
 
@@ -463,4 +499,5 @@ def prepare(module: nn.Module, report: list | None = None) -> nn.Module:
     return new.train(was_training)
 
 
-__all__ = ["prepare", "rel_err", "REL_TOL", "AdaLayerNormZeroNE", "DeferredLayerNorm", "RMSNormWithBias", "UpcastRMSNorm"]
+__all__ = ["prepare", "rel_err", "REL_TOL", "AdaLayerNormZeroNE", "DeferredLayerNorm", "fused_class", "RMSNormWithBias",
+           "UpcastRMSNorm"]

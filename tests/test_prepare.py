@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import copy
-import math
+import io
 
 import numpy as np
 import pytest
@@ -117,27 +117,40 @@ def test_half_precision_no_worse_than_eager(kind, dtype):
     assert err_new <= {torch.float16: 2e-3, torch.bfloat16: 1.6e-2}[dtype] * np.abs(ref).max()
 
 
-def test_llama_decoder_layer():
+def _hf_llama_layer():
+    """A transformers LlamaDecoderLayer (tiny config, random weights) with its rotary embedding
+    computed inside forward, so it takes one tensor x [B, S, H]."""
     from transformers.models.llama.modeling_llama import LlamaConfig, LlamaDecoderLayer, LlamaRotaryEmbedding
 
     cfg = LlamaConfig(hidden_size=64, intermediate_size=172, num_attention_heads=4, num_key_value_heads=2,
                       head_dim=16, num_hidden_layers=1, vocab_size=32, rms_norm_eps=1e-6,
                       attn_implementation="sdpa")
-    torch.manual_seed(0)
-    layer = randomize(LlamaDecoderLayer(cfg, layer_idx=0), seed=5)
-    rope = LlamaRotaryEmbedding(cfg)
-    x = randn(2, 9, 64, seed=6, offset=0.0)
-    pos = torch.arange(9)[None].expand(2, -1)
-    cos_sin = rope(x, pos)
 
+    class HFLlamaLayer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rope = LlamaRotaryEmbedding(cfg)
+            self.layer = LlamaDecoderLayer(cfg, layer_idx=0)
+
+        def forward(self, x):
+            pos = torch.arange(x.shape[1], device=x.device).unsqueeze(0)
+            return self.layer(x, position_embeddings=self.rope(x, pos))
+
+    torch.manual_seed(0)
+    return randomize(HFLlamaLayer(), seed=5)
+
+
+def test_llama_decoder_layer():
+    m = _hf_llama_layer()
+    x = randn(2, 9, 64, seed=6, offset=0.0)
     report = []
-    new = prepare(layer, report)
-    assert [e["name"] for e in swapped(report, "RMSNorm")] == ["input_layernorm", "post_attention_layernorm"]
+    new = prepare(m, report)
+    assert [e["name"] for e in swapped(report, "RMSNorm")] == ["layer.input_layernorm",
+                                                                "layer.post_attention_layernorm"]
+    assert {e["kind"] for e in swapped(report)} == {"LlamaRMSNorm"}
     assert count_modules(new, nenn.RMSNorm) == 2
-    want = layer(x, position_embeddings=cos_sin)
-    got = new(x, position_embeddings=cos_sin)
-    assert rel_err(got, want) <= REL_TOL
-    assert type(layer.input_layernorm).__name__ == "LlamaRMSNorm"  # input not mutated
+    assert rel_err(new(x), m(x)) <= REL_TOL
+    assert type(m.layer.input_layernorm).__name__ == "LlamaRMSNorm"  # input not mutated
 
 
 # ---- diffusers ---------------------------------------------------------------------------------
@@ -208,10 +221,17 @@ def test_reference_dit_block():
     x = m.example_inputs()
     assert rel_err(new(*x), m(*x)) <= REL_TOL
     assert rel_err(new(*m.example_inputs(3, 5)), m(*m.example_inputs(3, 5))) <= REL_TOL
-    assert isinstance(m.norm1, nn.LayerNorm) and "forward" not in vars(m)  # input not mutated
-    assert new.input_names == m.input_names and hasattr(new, "example_inputs")
-    # a copy of the prepared block still calls the fused op
-    copied = copy.deepcopy(new)
+    assert isinstance(m.norm1, nn.LayerNorm) and type(m) is dit.DiTBlock  # input not mutated
+    assert isinstance(new, dit.DiTBlock) and new.input_names == m.input_names
+    assert prepare(new) is not new and rel_err(prepare(new)(*x), m(*x)) <= REL_TOL  # idempotent
+    # a pickled / deep-copied prepared block still calls the fused op
+    buf = io.BytesIO()
+    torch.save(new, buf)
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=False)
+    assert type(loaded) is type(new) and rel_err(loaded(*x), m(*x)) <= REL_TOL
+    copied = copy.deepcopy(loaded)
+    assert type(copied) is type(new) and rel_err(copied(*x), m(*x)) <= REL_TOL
     ep = torch.export.export(copied, x)
     targets = [n.target for n in ep.graph.nodes if n.op == "call_function"]
     assert targets.count(torch.ops.normexport.adaln_zero.default) == 2
@@ -356,3 +376,17 @@ def test_onnx_export(name, op):
         y = _ort_run(model, m.input_names, x)
         want = m(*x).double().numpy()
         assert np.abs(y - want).max() <= 1e-5 * np.abs(want).max() + 1e-6
+
+
+def test_onnx_export_hf_llama_decoder_layer():
+    from torch.export import Dim
+
+    m = _hf_llama_layer()
+    new = prepare(m)
+    model = _export(new, (randn(2, 9, 64, seed=19),), {"x": {0: Dim("batch", min=1, max=64),
+                                                            1: Dim("seq", min=1, max=512)}})
+    assert [n.op_type for n in model.graph.node if n.domain == "normexport"] == ["RMSNorm", "RMSNorm"]
+    for shape in ((2, 9), (3, 5)):
+        x = randn(*shape, 64, seed=20)
+        want = m(x).double().numpy()
+        assert np.abs(_ort_run(model, ["x"], (x,)) - want).max() <= 1e-5 * np.abs(want).max() + 1e-6
