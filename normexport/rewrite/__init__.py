@@ -428,8 +428,9 @@ def rewrite_file(in_path: str | os.PathLike, out_path: str | os.PathLike, target
             if big:
                 data_name = base + ".data"
                 onnx.save_model(result, tmp_model, save_as_external_data=True, all_tensors_to_one_file=True,
-                                location=data_name, size_threshold=1024)
-                os.replace(os.path.join(tmpdir, data_name), os.path.join(out_dir, data_name))
+                                location=data_name, size_threshold=0 if external else 1024)
+                if os.path.exists(os.path.join(tmpdir, data_name)):
+                    os.replace(os.path.join(tmpdir, data_name), os.path.join(out_dir, data_name))
             else:
                 onnx.save_model(result, tmp_model)
             os.replace(tmp_model, os.path.abspath(out_path))

@@ -176,3 +176,21 @@ def as_dtype(op, v, dtype):
 
 def unit_tensor(name: str, dims: list[int], dtype: ir.DataType, value: float) -> ir.Tensor:
     return ir.tensor(np.full(dims, value, dtype=dtype.numpy()), name=name)
+
+
+def absorb_cast(context, x: ir.Value) -> ir.Value:
+    """The value to feed a fused op in place of `x`: when `x` = Cast(src) to an equal or higher
+    precision (the HF upcast) and only the matched nodes use `x`, `src` (the Cast then dies);
+    otherwise `x` itself (the Cast stays, e.g. when a residual also reads it)."""
+    node = x.producer()
+    if node is None or node.op_type != "Cast" or node.domain not in ("", "ai.onnx") or x.is_graph_output():
+        return x
+    src = node.inputs[0]
+    if src is None or src.dtype is None or x.dtype is None:
+        return x
+    if _PRECISION.get(x.dtype, 0) < _PRECISION.get(src.dtype, 0):
+        return x
+    matched = set(context.nodes)
+    if all(user in matched for user, _ in x.uses()):
+        return src
+    return x

@@ -31,7 +31,7 @@ class LayerNormFusion(pattern.RewriteRuleClassBase):
         self._root, self._form, self._left = root, form, left
 
     def pattern(self, op, x, eps, weight, bias):
-        xc = c.maybe_cast(op, x, "compute_dtype")
+        xc = x  # an upcast Cast(x) feeding this is absorbed in check when nothing else reads it
         mean = op.ReduceMean(xc, _allow_other_inputs=True, _allow_other_attributes=True, _outputs=["mean"])
         d = op.Sub(xc, mean)
         var = op.ReduceMean(c.square(op, d), _allow_other_inputs=True, _allow_other_attributes=True, _outputs=["var"])
@@ -50,6 +50,7 @@ class LayerNormFusion(pattern.RewriteRuleClassBase):
     def check(self, context, x, eps, mean, var, weight=None, bias=None, **_):
         r = pattern.MatchResult()
         self._out = context.output_values[0] if context.output_values else None
+        self._src = c.absorb_cast(context, x)
         if x.dtype is not None and x.dtype not in c.FLOAT_TYPES:
             return r.fail(f"input dtype {x.dtype} is not a float type", x)
         self._eps = c.const_scalar(eps)
@@ -83,6 +84,7 @@ class LayerNormFusion(pattern.RewriteRuleClassBase):
 
     def rewrite(self, op, x, weight=None, bias=None, **_):
         out = self._out
+        x = self._src
         xin, dt, cast_out = c.fused_io(op, x, out) if out is not None else (x, x.dtype, None)
         dt = dt or ir.DataType.FLOAT
         if weight is None:

@@ -34,7 +34,7 @@ class RMSNormFusion(pattern.RewriteRuleClassBase):
         self._root, self._form, self._scale_left, self._target = root, form, scale_left, target
 
     def pattern(self, op, x, eps, scale):
-        xc = c.maybe_cast(op, x, "compute_dtype")
+        xc = x  # an upcast Cast(x) feeding this is absorbed in check when nothing else reads it
         ms = op.ReduceMean(c.square(op, xc), _allow_other_inputs=True, _allow_other_attributes=True, _outputs=["ms"])
         v = c.plus(op, ms, eps)
         if self._root == "bare":
@@ -49,6 +49,7 @@ class RMSNormFusion(pattern.RewriteRuleClassBase):
     def check(self, context, x, eps, ms, scale=None, **_):
         r = pattern.MatchResult()
         self._out = context.output_values[0] if context.output_values else None
+        self._src = c.absorb_cast(context, x)
         if self._target != "trt" and c.opset(context) < _RMSNORMALIZATION_OPSET:
             return r.fail(f"RMSNormalization needs opset >= {_RMSNORMALIZATION_OPSET} (model has "
                           f"{c.opset(context)}); decomposed form kept for target {self._target}")
@@ -80,6 +81,7 @@ class RMSNormFusion(pattern.RewriteRuleClassBase):
 
     def rewrite(self, op, x, scale=None, **_):
         out = self._out
+        x = self._src
         xin, dt, cast_out = c.fused_io(op, x, out) if out is not None else (x, x.dtype, None)
         if scale is None:
             name = f"{(out.name if out is not None else 'rms')}__unit_scale"

@@ -1,0 +1,156 @@
+"""normexport.rewrite driver: per-rule verification, report, idempotence, files, CLI handler."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import numpy as np
+import onnx
+import pytest
+
+import normexport.rewrite as rw
+from normexport.errors import UsageError
+from normexport.rewrite import RewriteReport, cli, rewrite, rewrite_file
+from normexport.rewrite.rules import rms_norm
+
+sys.path.insert(0, os.path.dirname(__file__))
+import _graphs as G  # noqa: E402
+
+
+class _Mixed(__import__("torch").nn.Module):
+    """LayerNorm + LLaMA-style RMSNorm blocks in one graph."""
+
+    def __init__(self):
+        super().__init__()
+        self.ln = G.torch_layer_norm()
+        self.rms = G.Stack(G.LlamaLikeRMSNorm, n=2)
+
+    def forward(self, x):
+        return self.rms(self.ln(x))
+
+
+@pytest.fixture(scope="module")
+def mixed():
+    return G.legacy_export(_Mixed(), 11)
+
+
+def test_input_not_mutated_and_idempotent(mixed):
+    before = mixed.SerializeToString()
+    rep = RewriteReport()
+    once = rewrite(mixed, report=rep)
+    assert mixed.SerializeToString() == before
+    assert G.count(once, "LayerNormalization") == 1 and G.count(once, "RMSNorm", "normexport") == 2
+    assert rep.fused_ops()["layer_norm"] == 1 and rep.fused_ops()["rms_norm"] == 2
+    rep2 = RewriteReport()
+    twice = rewrite(once, report=rep2)
+    assert twice == once and rep2.applied == 0
+    x = G.xin(2, 3, G.H)
+    G.assert_close(G.run(once, x=x)[0], G.run(mixed, x=x)[0], "mixed")
+
+
+def test_report_dict_and_summary(mixed):
+    rep = RewriteReport()
+    rewrite(mixed, report=rep)
+    d = rep.to_dict()
+    assert d["command"] == "rewrite" and d["normexport_version"] and d["target"] == "trt"
+    assert d["inputs"] == [{"name": "x", "shape": [2, 3, G.H], "dtype": "float"}]
+    assert d["opset"] == {"before": 11, "after": 18}
+    by_name = {r["name"]: r for r in d["rules"]}
+    assert by_name["layer_norm_affine"]["applied"] == 1 and by_name["rms_norm_scale_left"]["applied"] == 2
+    assert all({"name", "module", "matched", "applied", "rejected"} <= set(r) for r in d["rules"])
+    out = d["backends"]["ort"]["y"]
+    assert out["passed"] and {"max_abs_err", "max_rel_err", "mean_abs_err", "tolerance", "ref_err_fp64"} <= set(out)
+    json.dumps(d)
+    s = rep.summary()
+    assert "3 fusion(s)" in s and "rms_norm_scale_left: matched 2, applied 2" in s
+
+
+class _WrongEps(rms_norm.RMSNormFusion):
+    def check(self, context, **kw):
+        r = super().check(context, **kw)
+        self._eps = 0.5  # a wrong fusion: verification must catch it
+        return r
+
+
+def test_numeric_verification_reverts_a_bad_rule(monkeypatch):
+    bad = [_WrongEps.rule("rms_norm_scale_right", root="scale")]
+    monkeypatch.setattr(rms_norm, "rules_for", lambda target: bad)
+    model = G.rms_graph(scale="right")
+    rep = RewriteReport()
+    out = rewrite(model, report=rep)
+    assert out == model and G.count(out, "RMSNorm") == 0
+    rec = rep.rules["rms_norm_scale_right"]
+    assert rec.matched == 1 and rec.applied == 0
+    assert rec.rejected[0]["reason"].startswith("numeric verification: output")
+    # without verification the bad rewrite is kept (and is wrong)
+    out2 = rewrite(model, verify=False)
+    assert G.count(out2, "RMSNorm", "normexport") == 1
+    x = G.xin(2, 3, G.H)
+    assert np.abs(G.run(out2, x=x)[0] - G.rms_ref(x, G.WEIGHT)).max() > 1e-2
+
+
+def test_missing_rule_module_reported(monkeypatch):
+    monkeypatch.setattr(rw, "RULE_MODULES", ("no_such_rule_module",) + tuple(rw.RULE_MODULES))
+    rep = RewriteReport()
+    out = rewrite(G.rms_graph(), report=rep)
+    assert rep.modules["no_such_rule_module"] == "not installed"
+    assert G.count(out, "RMSNorm") == 1
+    assert "module no_such_rule_module: not installed" in rep.summary()
+
+
+def test_bad_target():
+    with pytest.raises(ValueError, match="unknown target"):
+        rewrite(G.rms_graph(), target="tensorrt")
+
+
+def test_rewrite_file_external_data(tmp_path, mixed):
+    src = tmp_path / "in" / "m.onnx"
+    src.parent.mkdir()
+    copy = onnx.ModelProto()
+    copy.CopyFrom(mixed)  # onnx.save_model moves the data of the proto it saves
+    onnx.save_model(copy, str(src), save_as_external_data=True, location="m.weights", size_threshold=0)
+    assert (src.parent / "m.weights").exists()
+    dst = tmp_path / "out.onnx"
+    rep = rewrite_file(src, dst, report_path=tmp_path / "r.json")
+    assert rep.applied == 3
+    assert (tmp_path / "out.onnx.data").exists()
+    assert not [p for p in os.listdir(tmp_path) if p.startswith(".normexport-")]
+    out = onnx.load(str(dst))
+    assert G.count(out, "RMSNorm", "normexport") == 2 and G.count(out, "LayerNormalization") == 1
+    x = G.xin(2, 3, G.H)
+    G.assert_close(G.run(out, x=x)[0], G.run(mixed, x=x)[0])
+    assert json.loads((tmp_path / "r.json").read_text())["rules"]
+
+
+def _args(*argv):
+    p = argparse.ArgumentParser()
+    cli.add_arguments(p)
+    return p.parse_args(list(argv))
+
+
+def test_cli_default_output_and_report(tmp_path, capsys):
+    src = tmp_path / "ln.onnx"
+    onnx.save(G.ln_graph(), str(src))
+    assert cli.run(_args(str(src), "--report", str(tmp_path / "rep.json"))) == 0
+    out = onnx.load(str(tmp_path / "ln.trt.onnx"))
+    assert G.op_types(out) == ["LayerNormalization"]
+    assert "1 fusion(s)" in capsys.readouterr().out
+    assert json.loads((tmp_path / "rep.json").read_text())["command"] == "rewrite"
+    assert cli.run(_args(str(src), "--target", "onnx", "--no-verify")) == 0
+    std = onnx.load(str(tmp_path / "ln.onnx.onnx"))  # <stem>.<target>.onnx
+    assert G.op_types(std) == ["LayerNormalization"] and not std.functions
+
+
+@pytest.mark.parametrize("problem", ["missing", "corrupt", "unwritable"])
+def test_cli_usage_errors(tmp_path, problem):
+    src = tmp_path / "m.onnx"
+    if problem != "missing":
+        src.write_bytes(b"not an onnx file" if problem == "corrupt" else G.ln_graph().SerializeToString())
+    out = tmp_path / "no_such_dir" / "o.onnx" if problem == "unwritable" else tmp_path / "o.onnx"
+    with pytest.raises(UsageError) as e:
+        cli.run(_args(str(src), "-o", str(out)))
+    assert "\n" not in str(e.value)
+    assert not out.exists()
