@@ -1,0 +1,230 @@
+#!/usr/bin/env python3
+"""Benchmark the normexport CUDA kernels against PyTorch eager and torch.compile.
+
+RMSNorm and AdaLNZero ([B,H] modulation, B = tokens / seq) over tokens x hidden x dtype.
+Bandwidth counts one read of x, one write of y and one read of every parameter tensor; it is
+also given as a percentage of a device-to-device copy (torch copy_ of an x-sized buffer)
+measured in the same run. CUDA events, warm-up, median of --iters launches.
+
+Writes benchmarks/results/<date>_<device-slug>.{json,png} and prints a table.
+
+    python tools/bench_kernels.py [--lib build/plugins/libnormexport_kernels.so] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import datetime as dt
+import json
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+DTYPE_CODE = {"float32": 0, "float16": 1, "bfloat16": 2}
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--lib", default=os.environ.get("NORMEXPORT_KERNELS_LIB"),
+                   help="libnormexport_kernels.so (default: build/plugins/, built with CMake if missing)")
+    p.add_argument("--tokens", type=int, nargs="+", default=[1024, 16384])
+    p.add_argument("--hidden", type=int, nargs="+", default=[1024, 4096, 8192])
+    p.add_argument("--dtypes", nargs="+", default=["bfloat16", "float16", "float32"], choices=list(DTYPE_CODE))
+    p.add_argument("--seq", type=int, default=256, help="tokens per sequence for AdaLNZero ([B,H] modulation)")
+    p.add_argument("--iters", type=int, default=50)
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--no-compile", action="store_true", help="skip torch.compile")
+    p.add_argument("--quick", action="store_true", help="fewer iterations, no torch.compile")
+    p.add_argument("--out-dir", default=str(REPO / "benchmarks" / "results"))
+    return p.parse_args()
+
+
+def ensure_lib(path: str | None) -> Path:
+    if path:
+        return Path(path)
+    build = REPO / "build" / "plugins"
+    lib = build / "libnormexport_kernels.so"
+    if not lib.exists():
+        print(f"building kernels into {build} ...", flush=True)
+        subprocess.run(["cmake", "-S", str(REPO / "plugins"), "-B", str(build)], check=True)
+        subprocess.run(["cmake", "--build", str(build), "-j", str(os.cpu_count() or 2)], check=True)
+    return lib
+
+
+def load_lib(path: Path):
+    so = ctypes.CDLL(str(path))
+    i64, p, f32, c_int = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes.c_int
+    so.normexport_rms_norm.argtypes = [p, p, p, i64, i64, c_int, f32, p]
+    so.normexport_adaln_zero.argtypes = [p, p, p, p, p, p, i64, i64, i64, c_int, c_int, f32, p]
+    so.normexport_rms_norm.restype = c_int
+    so.normexport_adaln_zero.restype = c_int
+    return so
+
+
+def time_fn(torch, fn, iters: int, warmup: int) -> float:
+    """Median milliseconds of one call (CUDA events around each call)."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    for s, e in zip(starts, ends):
+        s.record()
+        fn()
+        e.record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
+
+
+def main() -> int:
+    args = parse_args()
+    try:
+        import torch
+        import torch.nn.functional as F
+    except ImportError:
+        print("bench_kernels: torch is not installed", file=sys.stderr)
+        return 2
+    if not torch.cuda.is_available():
+        print("bench_kernels: no CUDA GPU (torch.cuda.is_available() is False); nothing to measure", file=sys.stderr)
+        return 2
+    if args.quick:
+        args.iters, args.warmup, args.no_compile = 20, 5, True
+
+    lib = load_lib(ensure_lib(args.lib))
+    dev = torch.device("cuda")
+    name = torch.cuda.get_device_name(0)
+    slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+    eps = 1e-6
+    results = []
+
+    def rms_eager(x, w):
+        return F.rms_norm(x, (x.shape[-1],), w, eps)
+
+    def adaln_eager(x, shift, scale):
+        y = F.layer_norm(x, (x.shape[-1],), None, None, eps)
+        return y * (1 + scale[:, None]) + shift[:, None]
+
+    compiled = {}
+    if not args.no_compile:
+        compiled["rms"] = torch.compile(rms_eager, dynamic=False)
+        compiled["adaln"] = torch.compile(adaln_eager, dynamic=False)
+
+    for dtype_name in args.dtypes:
+        dtype = getattr(torch, dtype_name)
+        code = DTYPE_CODE[dtype_name]
+        esize = torch.empty((), dtype=dtype).element_size()
+        for tokens in args.tokens:
+            for hidden in args.hidden:
+                seq = min(args.seq, tokens)
+                batch = tokens // seq
+                x = torch.randn(batch, seq, hidden, device=dev, dtype=dtype)
+                y = torch.empty_like(x)
+                w = torch.rand(hidden, device=dev, dtype=dtype) + 0.5
+                shift = torch.randn(batch, hidden, device=dev, dtype=dtype) * 0.1
+                scale = torch.randn(batch, hidden, device=dev, dtype=dtype) * 0.1
+                stream = torch.cuda.current_stream().cuda_stream
+                n = x.numel()
+
+                copy_ms = time_fn(torch, lambda: y.copy_(x), args.iters, args.warmup)
+                copy_gbs = 2 * n * esize / copy_ms / 1e6
+
+                def ours_rms():
+                    lib.normexport_rms_norm(x.data_ptr(), w.data_ptr(), y.data_ptr(), tokens, hidden, code, eps, stream)
+
+                def ours_adaln():
+                    lib.normexport_adaln_zero(x.data_ptr(), shift.data_ptr(), scale.data_ptr(), None, None,
+                                              y.data_ptr(), batch, seq, hidden, 0, code, eps, stream)
+
+                cases = {
+                    "RMSNorm": (
+                        (2 * n + hidden) * esize,
+                        {"normexport": ours_rms, "torch eager": lambda: rms_eager(x, w)}
+                        | ({"torch.compile": lambda: compiled["rms"](x, w)} if compiled else {}),
+                    ),
+                    "AdaLNZero": (
+                        (2 * n + 2 * batch * hidden) * esize,
+                        {"normexport": ours_adaln, "torch eager": lambda: adaln_eager(x, shift, scale)}
+                        | ({"torch.compile": lambda: compiled["adaln"](x, shift, scale)} if compiled else {}),
+                    ),
+                }
+                for op, (nbytes, impls) in cases.items():
+                    for impl, fn in impls.items():
+                        try:
+                            ms = time_fn(torch, fn, args.iters, args.warmup)
+                        except Exception as exc:  # torch.compile may be unavailable (no triton)
+                            print(f"  {op} {impl} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+                            ms = None
+                        gbs = nbytes / ms / 1e6 if ms else None
+                        results.append({
+                            "op": op, "impl": impl, "dtype": dtype_name, "tokens": tokens, "hidden": hidden,
+                            "batch": batch, "seq": seq, "ms": ms, "bytes": nbytes, "gb_per_s": gbs,
+                            "copy_gb_per_s": copy_gbs, "pct_of_copy": (100 * gbs / copy_gbs) if gbs else None,
+                        })
+                del x, y, w, shift, scale
+                torch.cuda.empty_cache()
+
+    # table
+    header = f"{'op':<10} {'dtype':<9} {'tokens':>6} {'hidden':>6} {'impl':<14} {'ms':>8} {'GB/s':>8} {'%copy':>6}"
+    print(f"\n{name}  (copy bandwidth measured per shape; median of {args.iters})")
+    print(header)
+    print("-" * len(header))
+    for r in results:
+        ms = f"{r['ms']:.4f}" if r["ms"] else "-"
+        gbs = f"{r['gb_per_s']:.0f}" if r["gb_per_s"] else "-"
+        pct = f"{r['pct_of_copy']:.0f}" if r["pct_of_copy"] else "-"
+        print(f"{r['op']:<10} {r['dtype']:<9} {r['tokens']:>6} {r['hidden']:>6} {r['impl']:<14} {ms:>8} {gbs:>8} {pct:>6}")
+
+    out_dir = Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = out_dir / f"{dt.date.today().isoformat()}_{slug}"
+    meta = {
+        "device": name, "torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
+        "iters": args.iters, "warmup": args.warmup, "eps": eps, "seq": args.seq,
+        "bytes_model": "read x + write y + read params (RMSNorm: scale [H]; AdaLNZero: shift, scale [B,H])",
+    }
+    stem.with_suffix(".json").write_text(json.dumps({"meta": meta, "results": results}, indent=2))
+    try:
+        plot(results, name, stem.with_suffix(".png"))
+    except Exception as exc:  # matplotlib missing: JSON is still written
+        print(f"plot skipped: {exc}", file=sys.stderr)
+    print(f"\nwrote {stem.with_suffix('.json')} and {stem.with_suffix('.png')}")
+    return 0
+
+
+def plot(results, device: str, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ops = sorted({r["op"] for r in results})
+    impls = list(dict.fromkeys(r["impl"] for r in results))
+    fig, axes = plt.subplots(len(ops), 1, figsize=(14, 4.5 * len(ops)), squeeze=False)
+    for ax, op in zip(axes[:, 0], ops):
+        rows = [r for r in results if r["op"] == op]
+        configs = list(dict.fromkeys((r["dtype"], r["tokens"], r["hidden"]) for r in rows))
+        width = 0.8 / max(len(impls), 1)
+        for k, impl in enumerate(impls):
+            vals = []
+            for cfg in configs:
+                hit = [r for r in rows if (r["dtype"], r["tokens"], r["hidden"]) == cfg and r["impl"] == impl]
+                vals.append((hit[0]["pct_of_copy"] or 0) if hit else 0)
+            ax.bar([i + k * width for i in range(len(configs))], vals, width, label=impl)
+        ax.set_xticks([i + width * (len(impls) - 1) / 2 for i in range(len(configs))])
+        ax.set_xticklabels([f"{d[:4]}\n{t}x{h}" for d, t, h in configs], fontsize=7)
+        ax.axhline(100, color="grey", lw=0.8, ls="--")
+        ax.set_ylabel("% of copy bandwidth")
+        ax.set_title(f"{op} on {device}")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

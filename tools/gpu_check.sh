@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# One command for a GPU machine, run from the repository root:
+#   bash tools/gpu_check.sh
+#
+# 1. Python: uses the system python3 if it already imports torch (GPU machines often have no
+#    internet); else .venv (created as the README does: python3 -m venv .venv, pip install
+#    torch==2.13.0, pip install -e '.[test]').
+# 2. Builds plugins/ with CMake into build/plugins (TensorRT plugin too when TensorRT_ROOT or
+#    system TensorRT is found).
+# 3. pytest tests/test_kernels_gpu.py tests/test_plugins_build.py (+ tests/test_trt.py).
+# 4. tools/bench_kernels.py; results in benchmarks/results/ (copied to $OUT when set).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+if python3 -c 'import torch' >/dev/null 2>&1; then
+    PY=python3
+elif [ -x .venv/bin/python ] && .venv/bin/python -c 'import torch' >/dev/null 2>&1; then
+    PY=.venv/bin/python
+else
+    echo "== creating .venv (needs internet)"
+    python3 -m venv .venv && .venv/bin/pip install -q torch==2.13.0 && .venv/bin/pip install -q -e '.[test]' || {
+        echo "gpu_check: could not set up Python with torch" >&2; exit 2; }
+    PY=.venv/bin/python
+fi
+echo "== python: $($PY -c 'import sys, torch; print(sys.executable, "torch", torch.__version__, "cuda", torch.version.cuda, "gpu", torch.cuda.is_available())')"
+$PY -c 'import pytest' >/dev/null 2>&1 || $PY -m pip install -q pytest numpy || true
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || true
+
+NVCC=${CUDACXX:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
+echo "== building plugins with $NVCC"
+CMAKE_ARGS=(-S plugins -B build/plugins -DCMAKE_CUDA_COMPILER="$NVCC")
+[ -n "${TensorRT_ROOT:-}" ] && CMAKE_ARGS+=(-DTensorRT_ROOT="$TensorRT_ROOT")
+command -v ninja >/dev/null && CMAKE_ARGS+=(-G Ninja)
+start=$(date +%s)
+cmake "${CMAKE_ARGS[@]}" && cmake --build build/plugins -j "$(nproc)" || { echo "gpu_check: build failed" >&2; exit 1; }
+echo "== build took $(( $(date +%s) - start )) s"
+export NORMEXPORT_KERNELS_LIB=$PWD/build/plugins/libnormexport_kernels.so
+[ -f build/plugins/libnormexport_plugins.so ] && export NORMEXPORT_PLUGIN_LIB=$PWD/build/plugins/libnormexport_plugins.so
+
+status=0
+echo "== pytest"
+$PY -m pytest tests/test_kernels_gpu.py tests/test_plugins_build.py tests/test_trt.py -v -rs 2>&1 | tee /tmp/normexport_gpu_pytest.log
+[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+
+echo "== benchmark"
+$PY tools/bench_kernels.py --lib "$NORMEXPORT_KERNELS_LIB" ${BENCH_ARGS:-} 2>&1 | tee /tmp/normexport_bench.log
+[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+
+if [ -n "${OUT:-}" ]; then
+    mkdir -p "$OUT"
+    cp /tmp/normexport_gpu_pytest.log /tmp/normexport_bench.log "$OUT"/ 2>/dev/null || true
+    latest_json=$(ls -t benchmarks/results/*.json 2>/dev/null | head -1)
+    [ -n "$latest_json" ] && cp "$latest_json" "${latest_json%.json}.png" "$OUT"/ 2>/dev/null
+fi
+exit $status
