@@ -411,27 +411,40 @@ class _OrtBackend:
 
 
 class _TrtBackend:
-    def __init__(self, source: _ModelSource, plugin: str | None, shapes: list[dict[str, list[int]]], names: list[str]):
+    """normexport.trt: one engine per input shape set (its optimisation profiles are min = opt =
+    max), built on first use; fp16 / bf16 builder flags when the model has such tensors."""
+
+    def __init__(self, source: _ModelSource, plugin: str | None, first_shape: dict[str, list[int]], names: list[str]):
         from . import trt as ntrt
 
-        build = ntrt.build_engine
-        params = inspect.signature(build).parameters
-        kwargs: dict[str, Any] = {}
-        profile = {}
-        for n in names:
-            sizes = [s[n] for s in shapes if n in s]
-            if sizes:
-                profile[n] = (tuple(min(d) for d in zip(*sizes)), tuple(sizes[0]), tuple(max(d) for d in zip(*sizes)))
-        for key in ("shapes", "profile", "input_shapes", "profiles"):
-            if key in params:
-                kwargs[key] = profile
-                break
-        self.engine = build(source.file(), plugin, **kwargs)
-        self._run = ntrt.run_engine
+        self._ntrt = ntrt
+        self.path = source.file()
+        self.plugin = plugin
         self.names = names
+        types = {vi.type.tensor_type.elem_type for vi in list(source.proto.graph.input) + list(source.proto.graph.output)}
+        params = inspect.signature(ntrt.build_engine).parameters
+        self.kwargs: dict[str, Any] = {}
+        if "fp16" in params and onnx.TensorProto.FLOAT16 in types:
+            self.kwargs["fp16"] = True
+        if "bf16" in params and onnx.TensorProto.BFLOAT16 in types:
+            self.kwargs["bf16"] = True
+        self._shape_kw = "input_shapes" if "input_shapes" in params else None
+        self.engines: dict[tuple, Any] = {}
+        self._engine(first_shape)  # parse / build errors surface as "cannot load the model"
+
+    def _engine(self, shape: dict[str, list[int]]):
+        key = tuple(tuple(shape[n]) for n in self.names)
+        if key not in self.engines:
+            kwargs = dict(self.kwargs)
+            if self._shape_kw:
+                kwargs[self._shape_kw] = {n: tuple(shape[n]) for n in self.names}
+            self.engines[key] = self._ntrt.build_engine(self.path, self.plugin, **kwargs)
+        return self.engines[key]
 
     def run(self, inputs: Sequence[torch.Tensor]) -> list:
-        out = self._run(self.engine, dict(zip(self.names, inputs)))
+        engine = self._engine({n: list(t.shape) for n, t in zip(self.names, inputs)})
+        feed = {n: _to_numpy(t) for n, t in zip(self.names, inputs)}  # bfloat16 goes as float32
+        out = self._ntrt.run_engine(engine, feed)
         if isinstance(out, dict):
             return list(out.values())
         return list(out)
@@ -721,7 +734,7 @@ def _check(source: _ModelSource, reference, inputs, *, backends, dynamic_axes, e
             elif b == "ort-cuda":
                 runner = _OrtBackend(source, "CUDAExecutionProvider")
             else:
-                runner = _TrtBackend(source, plugin, [c[1] for c in cases], names)
+                runner = _TrtBackend(source, plugin, cases[0][1], names)
         except Exception as e:
             report.backend_errors[b] = f"cannot load the model: {type(e).__name__}: {_short(e)}"
             continue
