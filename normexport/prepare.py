@@ -209,8 +209,15 @@ def _compare(new: Callable, old: Callable, inputs: tuple) -> float:
         return rel_err(new(*inputs), old(*inputs))
 
 
+def _eval(module: nn.Module) -> nn.Module:
+    try:
+        return module.eval()
+    except NotImplementedError:  # e.g. ExportedProgram.module() refuses eval()
+        return module
+
+
 def _float32(module: nn.Module) -> nn.Module:
-    return copy.deepcopy(module).float().eval()
+    return _eval(copy.deepcopy(module).float())
 
 
 def _param_dtype(module: nn.Module) -> torch.dtype:
@@ -451,12 +458,12 @@ def _try_swap(name: str, m: nn.Module, report: list) -> nn.Module | None:
     best, fails = (math.inf, None), []
     for op, build, inputs_fn, reason in cands:
         try:
-            err = _compare(build(torch.float32).eval(), ref, inputs_fn())
+            err = _compare(_eval(build(torch.float32)), ref, inputs_fn())
         except Exception as e:  # noqa: BLE001
             fails.append(f"{reason}: check failed ({type(e).__name__}: {e})")
             continue
         if err <= REL_TOL:
-            new = build(dtype).to(device).eval()
+            new = build(dtype).to(device).train(m.training)
             report.append(_entry(name, m, "swapped", op, reason, err))
             return new
         fails.append(f"{reason}: rel err {err:.3g} > {REL_TOL:g}")
@@ -489,14 +496,13 @@ def prepare(module: nn.Module, report: list | None = None) -> nn.Module:
     torch norms). The input module is not modified."""
     if report is None:
         report = []
-    was_training = module.training
-    new = copy.deepcopy(module).eval()
+    new = copy.deepcopy(module)
     root = _try_swap("", new, report)
     if root is not None:
         new = root
     else:
         _walk(new, "", report)
-    return new.train(was_training)
+    return new
 
 
 __all__ = ["prepare", "rel_err", "REL_TOL", "AdaLayerNormZeroNE", "DeferredLayerNorm", "fused_class", "RMSNormWithBias",
