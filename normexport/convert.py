@@ -114,7 +114,7 @@ def run(args) -> int:
     sections: dict = {}
     try:
         model = convert_module(module, inputs, target=args.target, opset=args.opset, input_names=names,
-                               dynamic_axes=dynamic, report=sections)
+                               output_names=loaded.output_names, dynamic_axes=dynamic, report=sections)
         onnx.checker.check_model(model, full_check=True)
     except UsageError:
         raise

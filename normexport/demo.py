@@ -53,7 +53,7 @@ def run(args) -> int:
         inputs = module.example_inputs()
         sections: dict = {}
         model = convert_module(module, inputs, target=args.target, input_names=module.input_names,
-                               dynamic_axes=module.dynamic_axes, report=sections)
+                               output_names=module.output_names, dynamic_axes=module.dynamic_axes, report=sections)
         onnx.checker.check_model(model, full_check=True)
         result = check(model, module, inputs, dynamic_axes=module.dynamic_axes, command="demo")
         path = io.save_onnx(model, out / f"{name}.onnx")

@@ -45,7 +45,8 @@ def to_exportable(module, args: tuple):
 
 
 def convert_module(module, args: tuple, *, target: str = "trt", opset: int | None = None,
-                   input_names: list[str] | None = None, dynamic_axes: dict[str, list[int]] | None = None,
+                   input_names: list[str] | None = None, output_names: list[str] | None = None,
+                   dynamic_axes: dict[str, list[int]] | None = None,
                    report: dict | None = None, fold_bn: bool = True, swap_norms: bool = True,
                    rewrite: bool = True, verify: bool = True) -> onnx.ModelProto:
     """Export `module` called with `args` to ONNX for `target` (DESIGN §3).
@@ -70,7 +71,7 @@ def convert_module(module, args: tuple, *, target: str = "trt", opset: int | Non
             report["prepare"] = []
             module = prepare(module, report["prepare"])
     names = list(input_names) if input_names else [f"input_{i}" for i in range(len(args))]
-    model = _torch_onnx_export(module, args, names, dynamic_axes, opset)
+    model = _torch_onnx_export(module, args, names, output_names, dynamic_axes, opset)
     ops.attach_functions(model)
     if target != "trt":  # a model that calls normexport ops itself
         model = inline_custom_ops(model)
@@ -83,12 +84,12 @@ def convert_module(module, args: tuple, *, target: str = "trt", opset: int | Non
     return model
 
 
-def _torch_onnx_export(module, args, names, dynamic_axes, opset) -> onnx.ModelProto:
+def _torch_onnx_export(module, args, names, output_names, dynamic_axes, opset) -> onnx.ModelProto:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         logging.getLogger("torch.onnx").setLevel(logging.ERROR)
         program = torch.onnx.export(
-            module, args, dynamo=True, opset_version=opset, input_names=names,
+            module, args, dynamo=True, opset_version=opset, input_names=names, output_names=output_names,
             dynamic_shapes=dynamic_shapes_for(args, names, dynamic_axes),
             custom_translation_table=ops.TRANSLATION_TABLE, optimize=True, verbose=False,
         )

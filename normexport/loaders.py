@@ -33,6 +33,7 @@ class LoadedModel:
     input_names: list[str] | None = None
     dynamic_axes: dict[str, list[int]] | None = None
     exported_program: Any = None  # torch.export.ExportedProgram for .pt2
+    output_names: list[str] | None = None
 
 
 def is_factory(model: str) -> bool:
@@ -109,7 +110,7 @@ def _load_torch_file(path: Path, trust_pickle: bool) -> LoadedModel:
         raise UsageError(f"cannot unpickle '{path}' ({_short(e)}): make the model's classes importable (PYTHONPATH) or save it with torch.export.save") from None
     if not isinstance(obj, nn.Module):
         raise UsageError(f"'{path}' holds a {type(obj).__name__}, not an nn.Module: save the model itself")
-    return LoadedModel(obj.eval(), "pickle", *_declared_inputs(obj))
+    return LoadedModel(obj.eval(), "pickle", *_declared_inputs(obj), output_names=getattr(obj, "output_names", None))
 
 
 _UNSAFE = object()
@@ -136,7 +137,7 @@ def _load_factory(model: str, weights: str | None) -> LoadedModel:
         raise UsageError(f"'{model}' returned a {type(obj).__name__}, not an nn.Module")
     if weights:
         _load_weights(obj, weights)
-    return LoadedModel(obj.eval(), "factory", *_declared_inputs(obj))
+    return LoadedModel(obj.eval(), "factory", *_declared_inputs(obj), output_names=getattr(obj, "output_names", None))
 
 
 def _load_weights(module: nn.Module, weights: str) -> None:
