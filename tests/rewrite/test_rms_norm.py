@@ -131,3 +131,30 @@ def test_target_std_below_23_keeps_decomposed(target):
     assert out == model
     reasons = [r["reason"] for rec in rep.rules.values() for r in rec.rejected]
     assert any("needs opset >= 23" in r for r in reasons), reasons
+
+
+def test_fp16_llama_upcast_graph():
+    """x fp16 -> Cast fp32 -> RMS -> Cast fp16 -> Mul(w fp16): one RMSNorm on the fp16 input."""
+    from onnx import TensorProto as T
+    from onnx import helper
+    from onnx import numpy_helper as nh
+
+    nodes = [helper.make_node("Cast", ["x"], ["xf"], to=T.FLOAT), helper.make_node("Mul", ["xf", "xf"], ["sq"]),
+             helper.make_node("ReduceMean", ["sq", "ax"], ["ms"]), helper.make_node("Add", ["ms", "eps"], ["v"]),
+             helper.make_node("Sqrt", ["v"], ["r"]), helper.make_node("Reciprocal", ["r"], ["ir"]),
+             helper.make_node("Mul", ["xf", "ir"], ["n"]), helper.make_node("Cast", ["n"], ["nh"], to=T.FLOAT16),
+             helper.make_node("Mul", ["w", "nh"], ["y"])]
+    w16 = G.WEIGHT.astype(np.float16)
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", T.FLOAT16, ["B", "S", G.H])],
+                          [helper.make_tensor_value_info("y", T.FLOAT16, None)],
+                          [nh.from_array(w16, "w"), nh.from_array(np.array([-1], np.int64), "ax"),
+                           nh.from_array(np.array(1e-6, np.float32), "eps")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 8
+    out, _ = _fused(model)
+    assert [(n.op_type, list(n.input)) for n in out.graph.node] == [("RMSNorm", ["x", "w"])]
+    x = G.xin(2, 3, G.H).astype(np.float16)
+    (y,) = G.run(out, x=x)
+    assert y.dtype == np.float16
+    ref = G.rms_ref(x, w16.astype(np.float64))
+    assert np.abs(y - ref).max() <= 2e-3 * np.abs(ref).max()  # DESIGN §7 fp16

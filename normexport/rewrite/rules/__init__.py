@@ -4,6 +4,11 @@ Each module listed here defines
     RULES: list[onnxscript.rewriter.pattern.RewriteRule]   (each rule has a unique `name`)
     TARGETS: frozenset[str]  subset of {"trt", "ort", "onnx"} the rules run for
 and has its test beside the others in tests/rewrite/test_<module>.py.
+Optional hooks the driver honours when a module defines them:
+    rules_for(target) -> list[RewriteRule]   the rules for that target (default: RULES)
+    required_opset(target) -> int            default-domain opset the replacements need; the
+                                             driver upgrades the model (verified) before applying
+A module listed here but not present is reported as "not installed" and skipped.
 The driver (normexport.rewrite) applies them in this order.
 """
 

@@ -1,6 +1,6 @@
 """Decomposed LayerNorm -> LayerNormalization (opset >= 17; the driver upgrades the model).
 
-Matched forms (x optionally Cast to a compute type first):
+Matched forms (an upcast Cast(x) in front is absorbed when nothing else reads it):
     m  = ReduceMean(x, trailing axes, keepdims=1)          axes as attribute (< 18) or input
     d  = Sub(x, m)
     vr = ReduceMean(Pow(d, 2) | Mul(d, d), same axes)
