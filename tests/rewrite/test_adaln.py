@@ -122,3 +122,26 @@ def test_dynamo_exported_dit_modulate():
     names = [i.name for i in out.graph.input]
     (y,) = G.run(out, **dict(zip(names, (x, c))))
     G.assert_close(y, _ref(x, shift, scale, G.WEIGHT, G.BIAS))
+
+
+def test_mixed_affine_and_plain_in_one_model_get_one_form():
+    """attach_functions needs one arity per op: the plain one gets weight = 1, bias = 0."""
+    import onnx
+
+    a, b = G.adaln_graph(affine="both"), G.adaln_graph(affine="none")
+    b = onnx.compose.add_prefix(b, "p_")
+    g = a.graph
+    g.node.extend(b.graph.node)
+    g.initializer.extend(b.graph.initializer)
+    g.input.extend(b.graph.input)
+    g.output.extend(b.graph.output)
+    del g.value_info[:]
+    model = onnx.shape_inference.infer_shapes(a)
+    out, rep = _fused(model)
+    nodes = [n for n in out.graph.node if n.op_type == "AdaLNZero"]
+    assert len(nodes) == 2 and {len(n.input) for n in nodes} == {5}
+    x, x2 = G.xin(2, 3, G.H), G.xin(2, 3, G.H, seed=4)
+    (s1, c1), (s2, c2) = _mods("bh"), _mods("bh", seed=7)
+    y1, y2 = G.run(out, x=x, shift=s1, scale=c1, p_x=x2, p_shift=s2, p_scale=c2)
+    G.assert_close(y1, _ref(x, s1, c1, G.WEIGHT, G.BIAS))
+    G.assert_close(y2, _ref(x2, s2, c2))

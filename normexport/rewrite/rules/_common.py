@@ -34,11 +34,6 @@ def inv_sqrt_any(op, num, v):
     return pattern.OrValue([inv_sqrt(op, num, v, f) for f in INV_FORMS])
 
 
-def maybe_cast(op, v, attr_name: str):
-    """`v` or Cast(v, to=<attr var>)."""
-    return pattern.OrValue([op.Cast(v, to=pattern.AttrVar(attr_name)), v])
-
-
 def plus(op, a, b):
     return pattern.OrValue([op.Add(a, b), op.Add(b, a)])
 
