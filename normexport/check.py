@@ -267,22 +267,42 @@ def _to_fp64(x):
     return x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x
 
 
-def _run_fp64(reference: nn.Module, inputs: tuple):
-    """(flat outputs, None) or (None, reason)."""
-    try:
-        ref64 = copy.deepcopy(reference).double()
-    except Exception as e:  # TorchScript / exotic modules
-        return None, f"cannot make a float64 copy of the reference ({_short(e)})"
-    args = tuple(_to_fp64(t) for t in inputs)
-    errors = []
-    for mode in (_Float64Mode, contextlib.nullcontext):
+#: a float64 copy larger than this is not made (the reference is then eager itself)
+FP64_COPY_LIMIT_BYTES = 4 * 2**30
+
+
+class _Float64Reference:
+    """A float64 deep copy of the reference, made once, run per input shape."""
+
+    def __init__(self, reference: nn.Module):
+        self.module = None
+        self.reason: str | None = None
         try:
-            with torch.no_grad(), mode():
-                out = _flatten(ref64(*args))
-            return [o.double() if o.is_floating_point() else o for o in out], None
-        except Exception as e:
-            errors.append(_short(e))
-    return None, f"the reference does not run in float64 ({errors[-1]})"
+            n = sum(t.numel() for t in list(reference.parameters()) + list(reference.buffers()) if t.is_floating_point())
+        except Exception:
+            n = 0
+        if n * 8 > FP64_COPY_LIMIT_BYTES:
+            self.reason = f"the model is too large for a float64 copy ({n * 8 / 2**30:.1f} GiB)"
+            return
+        try:
+            self.module = copy.deepcopy(reference).double()
+        except Exception as e:  # exotic modules
+            self.reason = f"cannot make a float64 copy of the reference ({_short(e)})"
+
+    def __call__(self, inputs: tuple):
+        """(flat float64 outputs, None) or (None, reason)."""
+        if self.module is None:
+            return None, self.reason
+        args = tuple(_to_fp64(t) for t in inputs)
+        errors = []
+        for mode in (_Float64Mode, contextlib.nullcontext):
+            try:
+                with torch.no_grad(), mode():
+                    out = _flatten(self.module(*args))
+                return [o.double() if o.is_floating_point() else o for o in out], None
+            except Exception as e:
+                errors.append(_short(e))
+        return None, f"the reference does not run in float64 ({errors[-1]})"
 
 
 # ---- helpers -----------------------------------------------------------------------------------
@@ -692,6 +712,7 @@ def _check(source: _ModelSource, reference, inputs, *, backends, dynamic_axes, e
     # eager and float64 reference per shape
     cases = []  # (index, shape, inputs, eager outputs, reference outputs (float64), eager errors)
     fp64_reasons = []
+    run_fp64 = _Float64Reference(reference)
     for k, shape in enumerate(shape_sets):
         entry: dict[str, Any] = {"index": k, "inputs": shape}
         report.shapes.append(entry)
@@ -708,7 +729,7 @@ def _check(source: _ModelSource, reference, inputs, *, backends, dynamic_axes, e
         if len(eager) != len(out_names):
             raise UsageError(f"the reference returns {len(eager)} tensor(s) but the ONNX model has {len(out_names)} "
                              f"output(s) ({', '.join(out_names)}): check that they are the same model")
-        ref64, why = _run_fp64(reference, tuple(xs))
+        ref64, why = run_fp64(tuple(xs))
         if ref64 is not None and [tuple(r.shape) for r in ref64] != [tuple(e.shape) for e in eager]:
             ref64, why = None, "the float64 run gives outputs of other shapes"
         if ref64 is None:

@@ -339,3 +339,19 @@ def test_trt_backend_plumbing_with_a_fake_engine(rms, monkeypatch):
     assert report.passed, report.table()
     assert [s["x"] for s in built] == [tuple(s["inputs"]["x"]) for s in report.shapes]
     assert {r.backend for r in report.rows} == {"trt"} and len(report.rows) == 3
+
+
+def test_float64_reference_keeps_float32_casts_in_float64():
+    """`.float()` / dtype=float32 inside forward stay float64 in the reference run, so eager's
+    float32 rounding shows as its own error instead of hiding in the reference."""
+
+    class Casts(nn.Module):
+        def forward(self, x):
+            third = torch.full(x.shape, 1.0, dtype=torch.float32) / 3
+            return x.float() * 3.1 + third
+
+    m = Casts().eval()
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(0))
+    report = check(export(m, (x,)), m, (x,))
+    assert report.passed and report.fp64_reference["available"]
+    assert report.rows[0].ref_err_fp64 > 0
