@@ -333,7 +333,9 @@ def print_table(results: dict, floor: dict | None) -> str:
                          f"{'opset ' + str(x['opset']) if 'opset' in x else ''}")
         if model == "norm_heavy" and floor:
             lines.append(f"{'':<11} {'floor':<8} {floor['floor_ms_numpy_best_bw']:>10.2f}   memory floor: "
-                         f"{floor['bytes_total'] / 1e6:.0f} MB moved at the best numpy copy bandwidth")
+                         f"{floor['bytes_total'] / 1e6:.0f} MB moved at the best numpy copy bandwidth (1 thread)")
+            lines.append(f"{'':<11} {'floor-2t':<8} {floor['floor_ms_torch_2threads_best_bw']:>10.2f}   the same at "
+                         f"the best 2-thread torch copy bandwidth")
     text = "\n".join(lines)
     print(text)
     return text
