@@ -15,11 +15,11 @@ __version__ = "0.1.0"
 
 _API = {
     "load": ("normexport.loaders", "load"),
-    "prepare": ("normexport.prepare", "prepare"),
+    "prepare": ("normexport.swap", "prepare"),
     "fold_batchnorm": ("normexport.fold_bn", "fold_batchnorm"),
     "convert_module": ("normexport.export", "convert_module"),
-    "rewrite": ("normexport.rewrite", "rewrite"),
-    "check": ("normexport.check", "check"),
+    "rewrite": ("normexport.rewriter", "rewrite"),
+    "check": ("normexport.parity", "check"),
 }
 
 

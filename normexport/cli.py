@@ -15,10 +15,10 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from . import check as check_cmd
+    from . import parity as check_cmd
     from . import convert as convert_cmd
     from . import demo as demo_cmd
-    from .rewrite import cli as rewrite_cmd
+    from .rewriter import cli as rewrite_cmd
 
     parser = _Parser(prog="normexport", description="Export PyTorch models to ONNX / TensorRT with "
                      "normalization layers done right.")

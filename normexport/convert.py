@@ -99,7 +99,7 @@ def _arity(module) -> tuple[int, int] | None:
 
 def run(args) -> int:
     from . import __version__
-    from .check import check
+    from .parity import check
 
     out = io.check_writable(args.output or default_output(args.model))
     if args.report:

@@ -39,7 +39,7 @@ def fused_ops(counts: dict[str, int], sections: dict) -> str:
 
 
 def run(args) -> int:
-    from .check import check
+    from .parity import check
 
     out = Path(args.out)
     try:

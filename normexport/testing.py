@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from .check import CheckReport, check
+from .parity import CheckReport, check
 
 
 def assert_parity(module, onnx_path_or_model, inputs, *, rtol=None, atol=None, backends=("ort",),
                   dynamic_axes=None, extra_shapes: int = 2, dtype=None) -> CheckReport:
-    """Check `onnx_path_or_model` against `module` (see normexport.check.check for the rules)
+    """Check `onnx_path_or_model` against `module` (see normexport.parity.check for the rules)
     and raise AssertionError with a readable diff when any backend that ran fails, or when no
     backend could run. Returns the report when parity holds."""
     report = check(onnx_path_or_model, module, inputs, backends=backends, dynamic_axes=dynamic_axes,

@@ -16,8 +16,8 @@ import torch
 from torch import nn
 
 import normexport.nn as nnn
-from normexport import check as check_cmd
-from normexport.check import check, limit_for, tolerance_for
+from normexport import parity as check_cmd
+from normexport.parity import check, limit_for, tolerance_for
 from normexport.errors import UsageError
 from normexport.ops import TRANSLATION_TABLE, attach_functions
 from normexport.testing import assert_parity
@@ -300,7 +300,7 @@ def test_float16_model_tolerance_path():
 
 def test_twice_eager_rule_fails_within_tolerance():
     """fp16: an error inside the tolerance but beyond 2x eager's own error fails, with the reason."""
-    from normexport.check import Row, _compare
+    from normexport.parity import Row, _compare
 
     ref = np.linspace(-4.0, 4.0, 101)
     eager = ref + 1e-3  # eager's own error 1e-3; limit = max(2e-3, eps16 * 4 = 3.9e-3)
@@ -317,7 +317,7 @@ def test_trt_backend_plumbing_with_a_fake_engine(rms, monkeypatch):
     onnxruntime standing in for TensorRT."""
     import onnxruntime as ort
 
-    import normexport.check as ck
+    import normexport.parity as ck
     import normexport.trt as ntrt
 
     built = []

@@ -13,7 +13,7 @@ from torch import nn
 from normexport import nn as nenn
 from normexport.ops import adaln_zero as A
 from normexport.ops import rms_norm as R
-from normexport.prepare import REL_TOL, prepare, rel_err
+from normexport.swap import REL_TOL, prepare, rel_err
 from models.dit import modulate  # module-level, so DiT-style blocks below use it like models.dit
 
 torch.set_grad_enabled(False)

@@ -8,8 +8,6 @@ Variants, for each model:
   (d) ne-trt    normexport convert_module(..., target="trt"), run by onnxruntime through the
                 custom ops' function bodies
   (e) eager     PyTorch, torch.set_num_threads(2)
-  extra: ne-ort23  convert_module(..., target="ort", opset=23), to show what the ort target
-                gains where RMSNormalization is a standard op
 
 Models: the LLaMA and DiT reference blocks at a moderate size (hidden 512, seq 256, batch 1)
 and the norm-heavy graph at benchmark size (models.norm_heavy.bench(): 4096 x 2048 fp32).
@@ -57,14 +55,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 THREADS = 2
-VARIANTS = ("default", "opset23", "ne-ort", "ne-trt", "eager", "ne-ort23")
+VARIANTS = ("default", "opset23", "ne-ort", "ne-trt", "eager")
 LABELS = {
     "default": "(a) torch.onnx default",
     "opset23": "(b) torch.onnx opset 23",
     "ne-ort": "(c) normexport --target ort",
     "ne-trt": "(d) normexport --target trt (ORT, function bodies)",
     "eager": "(e) eager PyTorch",
-    "ne-ort23": "(extra) normexport --target ort --opset 23",
 }
 
 
@@ -112,7 +109,7 @@ def export_variant(variant: str, m: torch.nn.Module, args: tuple) -> onnx.ModelP
                                                        verbose=False).model_proto)
     from normexport.export import convert_module
 
-    target, opset = {"ne-ort": ("ort", None), "ne-trt": ("trt", None), "ne-ort23": ("ort", 23)}[variant]
+    target, opset = {"ne-ort": ("ort", None), "ne-trt": ("trt", None)}[variant]
     return _quiet_export(lambda: convert_module(m, args, target=target, opset=opset, input_names=names))
 
 
@@ -348,8 +345,7 @@ def plot(results: dict, floor: dict | None, path: Path, title: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, len(results), figsize=(5.5 * len(results), 4.4), squeeze=False)
-    colors = {"default": "#9e9e9e", "opset23": "#607d8b", "ne-ort": "#2e7d32", "ne-trt": "#66bb6a", "eager": "#ef6c00",
-              "ne-ort23": "#1b5e20"}
+    colors = {"default": "#9e9e9e", "opset23": "#607d8b", "ne-ort": "#2e7d32", "ne-trt": "#66bb6a", "eager": "#ef6c00"}
     for ax, (model, r) in zip(axes[0], results.items()):
         vs = [v for v in VARIANTS if v in r["variants"] and "error" not in r["variants"][v]]
         med = [r["variants"][v]["median_ms"] for v in vs]

@@ -93,7 +93,7 @@ def timed(fn, repeat):
 def bench_rewrite(layers, hidden, repeat):
     import onnxscript.optimizer
 
-    import normexport.rewrite as rw
+    import normexport.rewriter as rw
 
     rows = []
     for n in layers:

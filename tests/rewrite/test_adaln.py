@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from normexport.ops import adaln_zero as spec
-from normexport.rewrite import RewriteReport, rewrite
+from normexport.rewriter import RewriteReport, rewrite
 
 sys.path.insert(0, os.path.dirname(__file__))
 import _graphs as G  # noqa: E402

@@ -19,7 +19,7 @@ from torch import nn
 sys.path.insert(0, os.path.dirname(__file__))
 import _bn_graphs as G  # noqa: E402
 
-from normexport.rewrite.rules import bn_fold  # noqa: E402
+from normexport.rewriter.rules import bn_fold  # noqa: E402
 
 
 def test_contract():

@@ -11,10 +11,10 @@ import numpy as np
 import onnx
 import pytest
 
-import normexport.rewrite as rw
+import normexport.rewriter as rw
 from normexport.errors import UsageError
-from normexport.rewrite import RewriteReport, cli, rewrite, rewrite_file
-from normexport.rewrite.rules import rms_norm
+from normexport.rewriter import RewriteReport, cli, rewrite, rewrite_file
+from normexport.rewriter.rules import rms_norm
 
 sys.path.insert(0, os.path.dirname(__file__))
 import _graphs as G  # noqa: E402

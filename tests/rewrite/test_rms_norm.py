@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from normexport.ops import rms_norm as rms_spec
-from normexport.rewrite import RewriteReport, rewrite
-from normexport.rewrite.rules._common import INV_FORMS
+from normexport.rewriter import RewriteReport, rewrite
+from normexport.rewriter.rules._common import INV_FORMS
 
 sys.path.insert(0, os.path.dirname(__file__))
 import _graphs as G  # noqa: E402

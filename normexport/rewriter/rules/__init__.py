@@ -9,7 +9,7 @@ Optional hooks the driver honours when a module defines them:
     required_opset(target) -> int            default-domain opset the replacements need; the
                                              driver upgrades the model (verified) before applying
 A module listed here but not present is reported as "not installed" and skipped.
-The driver (normexport.rewrite) applies them in this order.
+The driver (normexport.rewriter.rewrite) applies them in this order.
 """
 
 RULE_MODULES = (

@@ -1,6 +1,6 @@
 """`normexport rewrite IN.onnx [-o OUT.onnx] [--target trt|ort|onnx] [--no-verify] [--report FILE.json]`
 
-Registered by normexport/cli.py (`from normexport.rewrite import cli as rewrite_cli`). Bad input
+Registered by normexport/cli.py (`from normexport.rewriter import cli as rewrite_cli`). Bad input
 raises normexport.errors.UsageError (the main CLI prints it on one line and exits 2).
 """
 
@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Standalone entry (python -m normexport.rewrite.cli) for when the main CLI is absent."""
+    """Standalone entry (python -m normexport.rewriter.cli) for when the main CLI is absent."""
     parser = argparse.ArgumentParser(prog="normexport rewrite", description=HELP)
     add_arguments(parser)
     args = parser.parse_args(argv)

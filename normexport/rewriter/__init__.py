@@ -1,4 +1,4 @@
-"""normexport.rewrite — fuse decomposed normalisation patterns in any ONNX file.
+"""normexport.rewriter — the engine behind normexport.rewrite(): fuse decomposed normalisation patterns in any ONNX file.
 
 The driver loads every module named in `rules.RULE_MODULES` (in that order) and, per rule:
 apply it (onnxscript rewriter) -> run original and rewritten graphs in onnxruntime on random
