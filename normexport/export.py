@@ -15,9 +15,9 @@ from .errors import UsageError
 
 TARGETS = ("trt", "ort", "onnx")
 #: TensorRT 10 and most runtimes take opset 20. For target ort the rewriter raises the opset to 23
-#: where it fuses RMSNorm into the standard RMSNormalization (measured faster by tools/bench_ort.py;
-#: exporting the whole model at 23 was slower: torch emits an Attention op that onnxruntime CPU
-#: runs 1.6x slower than the opset-20 MatMul/Softmax graph on the LLaMA block).
+#: where it fuses RMSNorm into the standard RMSNormalization, which onnxruntime runs faster than
+#: the decomposed form (tools/bench_ort.py, benchmarks/results/ort_*); the rest of the graph keeps
+#: the opset-20 export.
 DEFAULT_OPSET = 20
 
 
