@@ -117,19 +117,8 @@ def test_training_mode_bn_is_skipped():
     assert isinstance(folded[1], nn.BatchNorm2d) and folded.training
 
 
-class _TwoConsumers(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.conv = nn.Conv2d(3, 4, 3)
-        self.bn = nn.BatchNorm2d(4)
-
-    def forward(self, x):
-        y = self.conv(x)
-        return self.bn(y) + y
-
-
 def test_producer_with_two_consumers_not_folded():
-    model = G.randomize_(_TwoConsumers()).eval()
+    model = G.randomize_(G.TwoConsumers()).eval()
     folded, report, _ = _check(model, torch.randn(2, 3, 8, 8))
     assert report[0]["action"] == "affine" and "2 consumers" in report[0]["reason"]
     torch.testing.assert_close(folded.conv.weight, model.conv.weight)

@@ -46,6 +46,19 @@ def randomize_(model: nn.Module, seed: int = 0) -> nn.Module:
     return model
 
 
+class TwoConsumers(nn.Module):
+    """Conv -> BN where the conv output is also read by the residual add: nothing may fold."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+        self.bn = nn.BatchNorm2d(4)
+
+    def forward(self, x):
+        y = self.conv(x)
+        return self.bn(y) + y
+
+
 def reference64(model: nn.Module, *inputs: torch.Tensor) -> np.ndarray:
     m = copy.deepcopy(model).double()
     with torch.no_grad():
@@ -120,6 +133,14 @@ def rejection_reasons(proto: onnx.ModelProto, rules) -> dict[str, list[str]]:
     RewriteRuleSet(list(rules)).apply_to_model(model, tracer=tracer)
     return {rule.name: [m.match_result.reason for m in infos]
             for rule, infos in tracer.best_matches_map.items()}
+
+
+def bn_kept(proto: onnx.ModelProto, rules, rule_name: str) -> tuple[onnx.ModelProto, list[str]]:
+    """Apply `rules` to a model with one BatchNormalization, assert it is still there, and return
+    (the rewritten model, the reasons `rule_name` gave for its failed matches)."""
+    out = apply_rules(proto, rules)
+    assert op_counts(out).get("BatchNormalization") == 1, op_counts(out)
+    return out, rejection_reasons(proto, rules)[rule_name]
 
 
 def infer_shapes(proto: onnx.ModelProto) -> onnx.ModelProto:

@@ -124,13 +124,44 @@ def _cast(a: np.ndarray, like: np.ndarray) -> np.ndarray:
     return a.astype(like.dtype)
 
 
+def _check_bias(result: MatchResult, b: np.ndarray | None, n: int, what: str) -> MatchResult:
+    """A bias added to an [M, N] product must broadcast to N features with rank <= 2."""
+    if b is not None:
+        try:
+            shape = np.broadcast_shapes(b.shape, (n,))
+        except ValueError:
+            return result.fail(f"{what} shape {b.shape} does not broadcast to N={n}")
+        if len(shape) > 2:
+            return result.fail(f"{what} has rank > 2")
+    return result
+
+
 # ---------------------------------------------------------------------------------------------
 # rules
 
 
 class _FoldBase(RewriteRuleClassBase):
     """Common check: BN form/params, producer weight (and bias) constant, producer output read by the
-    BN only.  Subclasses implement ``_fold(producer, weight, bias, s, t)``."""
+    BN only.  Rules whose pattern binds the producer output as ``prod_out`` (weight at input 1, bias
+    at input 2) implement only ``_check_producer``; the MatMul rules override ``check``."""
+
+    def check(self, context, prod_out: ir.Value, bn_out: ir.Value, **_):
+        st = self._check_common(context, prod_out, bn_out)
+        if isinstance(st, MatchResult):
+            return st
+        result = MatchResult()
+        node = prod_out.producer()
+        wb = self._resolve(node, result)
+        if isinstance(wb, MatchResult):
+            return wb
+        w, b = wb
+        return self._check_producer(node, w, b, st[0].shape[0], result)
+
+    def _check_producer(self, node: ir.Node, w: np.ndarray, b: np.ndarray | None, channels: int,
+                        result: MatchResult) -> MatchResult:
+        """The rule's own checks of the producer ``node`` with constant weight ``w`` and bias ``b``
+        (None when absent) against the BN's ``channels``; ``result``, failed or not."""
+        raise NotImplementedError
 
     def _check_common(self, context, producer_out: ir.Value, bn_out: ir.Value):
         result = MatchResult()
@@ -167,21 +198,12 @@ class FoldConvBN(_FoldBase):
         y = op.Conv(x, _allow_other_inputs=True, _outputs=["prod_out"])
         return op.BatchNormalization(y, _allow_other_inputs=True, _outputs=["bn_out"])
 
-    def check(self, context, x, prod_out, bn_out):
-        st = self._check_common(context, prod_out, bn_out)
-        if isinstance(st, MatchResult):
-            return st
-        result = MatchResult()
-        node = prod_out.producer()
-        wb = self._resolve(node, result)
-        if isinstance(wb, MatchResult):
-            return wb
-        w, b = wb
+    def _check_producer(self, node, w, b, channels, result):
         c_out = self._out_channels(node, w)
         if c_out is None:
             return result.fail(f"{self.op_type} weight shape / group inconsistent")
-        if c_out != st[0].shape[0]:
-            return result.fail(f"{self.op_type} output channels {c_out} != BN channels {st[0].shape[0]}")
+        if c_out != channels:
+            return result.fail(f"{self.op_type} output channels {c_out} != BN channels {channels}")
         if b is not None and b.shape != (c_out,):
             return result.fail(f"{self.op_type} bias shape {b.shape} != ({c_out},)")
         return result
@@ -252,29 +274,13 @@ class FoldGemmBN(_FoldBase):
         tb = node.attributes.get("transB")
         return bool(tb.as_int()) if tb is not None else False
 
-    def check(self, context, a, prod_out, bn_out):
-        st = self._check_common(context, prod_out, bn_out)
-        if isinstance(st, MatchResult):
-            return st
-        result = MatchResult()
-        node = prod_out.producer()
-        wb = self._resolve(node, result)
-        if isinstance(wb, MatchResult):
-            return wb
-        w, c = wb
+    def _check_producer(self, node, w, c, channels, result):
         if w.ndim != 2:
             return result.fail("Gemm B is not 2-D")
         n = w.shape[0] if self._trans_b(node) else w.shape[1]
-        if n != st[0].shape[0]:
-            return result.fail(f"Gemm output features {n} != BN channels {st[0].shape[0]}")
-        if c is not None:
-            try:
-                shape = np.broadcast_shapes(c.shape, (n,))
-            except ValueError:
-                return result.fail(f"Gemm C shape {c.shape} does not broadcast to N={n}")
-            if len(shape) > 2:
-                return result.fail("Gemm C has rank > 2")
-        return result
+        if n != channels:
+            return result.fail(f"Gemm output features {n} != BN channels {channels}")
+        return _check_bias(result, c, n, "Gemm C")
 
     def rewrite(self, op, a, prod_out, bn_out):
         bn_node, node = bn_out.producer(), prod_out.producer()
@@ -320,12 +326,7 @@ def _matmul_check(context, rule, x, w_val, b_val, prod_out, bn_out):
         b = const_array(b_val)
         if b is None:
             return result.fail("non-constant bias of MatMul+Add")
-        try:
-            shape = np.broadcast_shapes(b.shape, (n,))
-        except ValueError:
-            return result.fail(f"bias shape {b.shape} does not broadcast to N={n}")
-        if len(shape) > 2:
-            return result.fail("bias has rank > 2")
+        return _check_bias(result, b, n, "bias")
     return result
 
 
