@@ -164,8 +164,8 @@ std::string AdaLNZeroPlugin::checkShapes(Dims const* in, int32_t nbInputs, Layou
     return {};
 }
 
-int32_t AdaLNZeroPlugin::configurePlugin(
-    DynamicPluginTensorDesc const* in, int32_t nbInputs, DynamicPluginTensorDesc const* out, int32_t nbOutputs) noexcept
+template <typename Desc>
+int32_t AdaLNZeroPlugin::checkAndRecordIO(Desc const* in, int32_t nbInputs, Desc const* out, int32_t nbOutputs) noexcept
 {
     try
     {
@@ -177,7 +177,7 @@ int32_t AdaLNZeroPlugin::configurePlugin(
         Dims dims[5];
         for (int32_t i = 0; i < nbInputs; ++i)
         {
-            dims[i] = in[i].desc.dims;
+            dims[i] = dimsOf(in[i]);
         }
         std::string const err = checkShapes(dims, nbInputs, nullptr);
         if (!err.empty())
@@ -193,6 +193,12 @@ int32_t AdaLNZeroPlugin::configurePlugin(
         logError(kADALN_ZERO_NAME, e.what());
     }
     return -1;
+}
+
+int32_t AdaLNZeroPlugin::configurePlugin(
+    DynamicPluginTensorDesc const* in, int32_t nbInputs, DynamicPluginTensorDesc const* out, int32_t nbOutputs) noexcept
+{
+    return checkAndRecordIO(in, nbInputs, out, nbOutputs);
 }
 
 int32_t AdaLNZeroPlugin::getOutputDataTypes(
@@ -247,31 +253,7 @@ size_t AdaLNZeroPlugin::getWorkspaceSize(DynamicPluginTensorDesc const* /*inputs
 int32_t AdaLNZeroPlugin::onShapeChange(
     PluginTensorDesc const* in, int32_t nbInputs, PluginTensorDesc const* out, int32_t nbOutputs) noexcept
 {
-    try
-    {
-        if (in == nullptr || out == nullptr || nbOutputs != 1 || (nbInputs != 3 && nbInputs != 5))
-        {
-            return -1;
-        }
-        Dims dims[5];
-        for (int32_t i = 0; i < nbInputs; ++i)
-        {
-            dims[i] = in[i].dims;
-        }
-        std::string const err = checkShapes(dims, nbInputs, nullptr);
-        if (!err.empty())
-        {
-            logError(kADALN_ZERO_NAME, err);
-            return -1;
-        }
-        mNbInputs = nbInputs;
-        return 0;
-    }
-    catch (std::exception const& e)
-    {
-        logError(kADALN_ZERO_NAME, e.what());
-    }
-    return -1;
+    return checkAndRecordIO(in, nbInputs, out, nbOutputs);
 }
 
 int32_t AdaLNZeroPlugin::enqueue(PluginTensorDesc const* inputDesc, PluginTensorDesc const* outputDesc,

@@ -70,6 +70,11 @@ private:
     //! Validate the input dims (unknown dims, -1, are accepted at build time) and derive the
     //! layout; returns an error message, empty when fine.
     static std::string checkShapes(nvinfer1::Dims const* in, int32_t nbInputs, Layout* layout);
+    //! configurePlugin (Desc = DynamicPluginTensorDesc, dims may be -1) and onShapeChange
+    //! (Desc = PluginTensorDesc): check the I/O counts and shapes and record the input count;
+    //! 0 when fine, else logs and -1.
+    template <typename Desc>
+    int32_t checkAndRecordIO(Desc const* in, int32_t nbInputs, Desc const* out, int32_t nbOutputs) noexcept;
 
     float mEpsilon;
     //! 3 (X, shift, scale) or 5 (+ weight, bias). enqueue() is not told the input count, so it is

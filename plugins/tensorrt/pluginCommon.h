@@ -49,6 +49,17 @@ inline bool supportsLinearSameType(int32_t pos, nvinfer1::DynamicPluginTensorDes
     return pos == 0 || d.type == inOut[0].desc.type;
 }
 
+//! Dims of a build-time (configurePlugin) or runtime (onShapeChange) tensor description, so that one
+//! template can validate both.
+inline nvinfer1::Dims const& dimsOf(nvinfer1::DynamicPluginTensorDesc const& d) noexcept
+{
+    return d.desc.dims;
+}
+inline nvinfer1::Dims const& dimsOf(nvinfer1::PluginTensorDesc const& d) noexcept
+{
+    return d.dims;
+}
+
 //! Product of dims [begin, end); -1 if any of them is unknown (< 0).
 inline int64_t volume(nvinfer1::Dims const& dims, int32_t begin, int32_t end) noexcept
 {

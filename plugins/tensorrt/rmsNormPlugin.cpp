@@ -87,8 +87,8 @@ std::string RMSNormPlugin::checkShapes(Dims const& x, Dims const& scale) const
     return {};
 }
 
-int32_t RMSNormPlugin::configurePlugin(
-    DynamicPluginTensorDesc const* in, int32_t nbInputs, DynamicPluginTensorDesc const* out, int32_t nbOutputs) noexcept
+template <typename Desc>
+int32_t RMSNormPlugin::checkIO(Desc const* in, int32_t nbInputs, Desc const* out, int32_t nbOutputs) const noexcept
 {
     try
     {
@@ -97,7 +97,7 @@ int32_t RMSNormPlugin::configurePlugin(
             logError(kRMS_NORM_NAME, "expects 2 inputs (X, scale) and 1 output");
             return -1;
         }
-        std::string const err = checkShapes(in[0].desc.dims, in[1].desc.dims);
+        std::string const err = checkShapes(dimsOf(in[0]), dimsOf(in[1]));
         if (!err.empty())
         {
             logError(kRMS_NORM_NAME, err);
@@ -110,6 +110,12 @@ int32_t RMSNormPlugin::configurePlugin(
         logError(kRMS_NORM_NAME, e.what());
     }
     return -1;
+}
+
+int32_t RMSNormPlugin::configurePlugin(
+    DynamicPluginTensorDesc const* in, int32_t nbInputs, DynamicPluginTensorDesc const* out, int32_t nbOutputs) noexcept
+{
+    return checkIO(in, nbInputs, out, nbOutputs);
 }
 
 int32_t RMSNormPlugin::getOutputDataTypes(
@@ -162,16 +168,37 @@ size_t RMSNormPlugin::getWorkspaceSize(DynamicPluginTensorDesc const* /*inputs*/
 int32_t RMSNormPlugin::onShapeChange(
     PluginTensorDesc const* in, int32_t nbInputs, PluginTensorDesc const* out, int32_t nbOutputs) noexcept
 {
+    return checkIO(in, nbInputs, out, nbOutputs);
+}
+
+int32_t RMSNormPlugin::enqueue(PluginTensorDesc const* inputDesc, PluginTensorDesc const* /*outputDesc*/,
+    void const* const* inputs, void* const* outputs, void* /*workspace*/, cudaStream_t stream) noexcept
+{
     try
     {
-        if (in == nullptr || out == nullptr || nbInputs != 2 || nbOutputs != 1)
+        if (inputDesc == nullptr || inputs == nullptr || outputs == nullptr)
         {
             return -1;
         }
-        std::string const err = checkShapes(in[0].dims, in[1].dims);
-        if (!err.empty())
+        Dims const& x = inputDesc[0].dims;
+        int32_t const first = firstNormDim(x.nbDims);
+        int32_t const dtype = toKernelDtype(inputDesc[0].type);
+        if (first < 0 || dtype < 0 || inputDesc[1].type != inputDesc[0].type)
         {
-            logError(kRMS_NORM_NAME, err);
+            logError(kRMS_NORM_NAME, "unsupported axis or data type at enqueue");
+            return -1;
+        }
+        int64_t const rows = volume(x, 0, first);
+        int64_t const hidden = volume(x, first, x.nbDims);
+        if (rows == 0 || hidden == 0)
+        {
+            return 0; // empty tensor: nothing to do
+        }
+        cudaError_t const status
+            = normexport_rms_norm(inputs[0], inputs[1], outputs[0], rows, hidden, dtype, mEpsilon, stream);
+        if (status != cudaSuccess)
+        {
+            logError(kRMS_NORM_NAME, std::string("kernel launch failed: ") + cudaGetErrorString(status));
             return -1;
         }
         return 0;
@@ -181,37 +208,6 @@ int32_t RMSNormPlugin::onShapeChange(
         logError(kRMS_NORM_NAME, e.what());
     }
     return -1;
-}
-
-int32_t RMSNormPlugin::enqueue(PluginTensorDesc const* inputDesc, PluginTensorDesc const* /*outputDesc*/,
-    void const* const* inputs, void* const* outputs, void* /*workspace*/, cudaStream_t stream) noexcept
-{
-    if (inputDesc == nullptr || inputs == nullptr || outputs == nullptr)
-    {
-        return -1;
-    }
-    Dims const& x = inputDesc[0].dims;
-    int32_t const first = firstNormDim(x.nbDims);
-    int32_t const dtype = toKernelDtype(inputDesc[0].type);
-    if (first < 0 || dtype < 0 || inputDesc[1].type != inputDesc[0].type)
-    {
-        logError(kRMS_NORM_NAME, "unsupported axis or data type at enqueue");
-        return -1;
-    }
-    int64_t const rows = volume(x, 0, first);
-    int64_t const hidden = volume(x, first, x.nbDims);
-    if (rows == 0 || hidden == 0)
-    {
-        return 0; // empty tensor: nothing to do
-    }
-    cudaError_t const status
-        = normexport_rms_norm(inputs[0], inputs[1], outputs[0], rows, hidden, dtype, mEpsilon, stream);
-    if (status != cudaSuccess)
-    {
-        logError(kRMS_NORM_NAME, std::string("kernel launch failed: ") + cudaGetErrorString(status));
-        return -1;
-    }
-    return 0;
 }
 
 IPluginV3* RMSNormPlugin::attachToContext(IPluginResourceContext* /*context*/) noexcept

@@ -60,6 +60,10 @@ private:
     int32_t firstNormDim(int32_t rank) const noexcept;
     //! Check x and scale dims (unknown dims, -1, are accepted); empty string when fine.
     std::string checkShapes(nvinfer1::Dims const& x, nvinfer1::Dims const& scale) const;
+    //! configurePlugin (Desc = DynamicPluginTensorDesc, dims may be -1) and onShapeChange
+    //! (Desc = PluginTensorDesc): check the I/O counts and shapes; 0 when fine, else logs and -1.
+    template <typename Desc>
+    int32_t checkIO(Desc const* in, int32_t nbInputs, Desc const* out, int32_t nbOutputs) const noexcept;
 
     float mEpsilon;
     int32_t mAxis;
