@@ -43,7 +43,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import onnx

@@ -7,6 +7,7 @@ folder (memoised here, so several test modules share one build), and finds the C
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import glob
 import os
@@ -170,3 +171,17 @@ def demangle(names: list[str]) -> dict[str, str]:
     if out.returncode != 0 or len(lines) != len(names):
         return {n: n for n in names}
     return dict(zip(names, lines))
+
+
+def load_kernels(path: str | os.PathLike) -> ctypes.CDLL:
+    """The kernel library with the C ABI's argument and return types declared
+    (plugins/include/normexport_kernels.h)."""
+    so = ctypes.CDLL(str(path))
+    i64, p, f32, c_int = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes.c_int
+    so.normexport_rms_norm.argtypes = [p, p, p, i64, i64, c_int, f32, p]
+    so.normexport_layer_norm.argtypes = [p, p, p, p, i64, i64, c_int, f32, p]
+    so.normexport_adaln_zero.argtypes = [p, p, p, p, p, p, i64, i64, i64, c_int, c_int, f32, p]
+    for fn in (so.normexport_rms_norm, so.normexport_layer_norm, so.normexport_adaln_zero,
+               so.normexport_kernels_abi_version):
+        fn.restype = c_int
+    return so

@@ -21,9 +21,9 @@ if not torch.cuda.is_available():
     pytest.skip("CUDA GPU not available (torch.cuda.is_available() is False)", allow_module_level=True)
 
 try:
-    from tests._plugin_build import build_plugins, find_nvcc
+    from tests._plugin_build import build_plugins, find_nvcc, load_kernels
 except ImportError:
-    from _plugin_build import build_plugins, find_nvcc
+    from _plugin_build import build_plugins, find_nvcc, load_kernels
 
 DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 DTYPE_IDS = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
@@ -40,14 +40,7 @@ def lib():
         if find_nvcc() is None:
             pytest.skip("nvcc not found and NORMEXPORT_KERNELS_LIB not set")
         path = str(build_plugins().kernels_lib)
-    so = ctypes.CDLL(path)
-    i64, p, f32, c_int = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes.c_int
-    so.normexport_rms_norm.argtypes = [p, p, p, i64, i64, c_int, f32, p]
-    so.normexport_layer_norm.argtypes = [p, p, p, p, i64, i64, c_int, f32, p]
-    so.normexport_adaln_zero.argtypes = [p, p, p, p, p, p, i64, i64, i64, c_int, c_int, f32, p]
-    for fn in (so.normexport_rms_norm, so.normexport_layer_norm, so.normexport_adaln_zero):
-        fn.restype = c_int
-    return so
+    return load_kernels(path)
 
 
 # ------------------------------------------------------------------------------------------

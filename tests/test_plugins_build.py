@@ -21,11 +21,13 @@ try:
         find_cmake,
         find_cuobjdump,
         find_nvcc,
+        load_kernels,
         resource_usage,
         sass_by_function,
     )
 except ImportError:  # tests/ not importable as a package: it is on sys.path itself
-    from _plugin_build import build_plugins, find_cmake, find_cuobjdump, find_nvcc, resource_usage, sass_by_function
+    from _plugin_build import (build_plugins, find_cmake, find_cuobjdump, find_nvcc, load_kernels, resource_usage,
+                               sass_by_function)
 
 if find_nvcc() is None:
     pytest.skip("nvcc not found (set CUDACXX or CUDA_HOME, or put nvcc on PATH)", allow_module_level=True)
@@ -170,15 +172,7 @@ def test_register_counts_sm90(build, cuobjdump):
 # ------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def lib(build):
-    so = ctypes.CDLL(str(build.kernels_lib))
-    i64, p, f32, c_int = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes.c_int
-    so.normexport_rms_norm.argtypes = [p, p, p, i64, i64, c_int, f32, p]
-    so.normexport_layer_norm.argtypes = [p, p, p, p, i64, i64, c_int, f32, p]
-    so.normexport_adaln_zero.argtypes = [p, p, p, p, p, p, i64, i64, i64, c_int, c_int, f32, p]
-    for fn in (so.normexport_rms_norm, so.normexport_layer_norm, so.normexport_adaln_zero):
-        fn.restype = c_int
-    so.normexport_kernels_abi_version.restype = c_int
-    return so
+    return load_kernels(build.kernels_lib)
 
 
 def test_abi_version(lib):

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import sys
 
-import numpy as np
 import onnx
 import pytest
 import torch

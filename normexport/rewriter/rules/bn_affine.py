@@ -20,7 +20,6 @@ DESIGN §3 asks for no BatchNormalization in trt graphs: trt gets Mul + Add.
 
 from __future__ import annotations
 
-import numpy as np
 import onnx_ir as ir
 from onnxscript.rewriter._basics import MatchResult
 from onnxscript.rewriter._rewrite_rule import RewriteRuleClassBase
