@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 
 from .errors import ExportError, ParityError, UsageError
 
@@ -42,6 +43,9 @@ def _version() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # torch's own warnings (tracing, exporter internals) are not the user's business here:
+    # problems with the user's input surface as one-line errors, parity as the table.
+    warnings.filterwarnings("ignore", module=r"torch(\.|$)")
     try:
         args = build_parser().parse_args(argv)
         code = args.run(args)
