@@ -10,6 +10,8 @@ Optional hooks a rule module may define besides RULES / TARGETS (rules/__init__.
     rules_for(target) -> list[RewriteRule]   rules for that target (default: RULES)
     required_opset(target) -> int            default-domain opset the replacements need; the
                                              driver upgrades the model first when a rule matches
+    explain_unapplied(ir.Model) -> [(node, reason)]   after the module ran: the nodes it is about
+                                             that are still there, and why (reported as skipped)
 """
 
 from __future__ import annotations
@@ -308,7 +310,13 @@ def rewrite(model: onnx.ModelProto, target: str = "trt", verify: bool = True,
     verifier = _Verifier(model, report)
     changed = False
 
-    for mod_name in RULE_MODULES:
+    explain = None  # the previous module's explain_unapplied hook, run on the model it left
+    for mod_name in [*RULE_MODULES, None]:
+        if explain is not None:
+            _record_unapplied(explain, work, report)
+            explain = None
+        if mod_name is None:
+            break
         mod = _load_module(mod_name)
         if mod is None:
             report.modules[mod_name] = "not installed"
@@ -317,6 +325,8 @@ def rewrite(model: onnx.ModelProto, target: str = "trt", verify: bool = True,
             report.modules[mod_name] = f"not for target {target}"
             continue
         report.modules[mod_name] = "ok"
+        if hasattr(mod, "explain_unapplied"):
+            explain = (mod_name, mod.explain_unapplied)
         rules = list(mod.rules_for(target)) if hasattr(mod, "rules_for") else list(mod.RULES)
         if not rules:
             continue
@@ -380,6 +390,20 @@ def rewrite(model: onnx.ModelProto, target: str = "trt", verify: bool = True,
     report.opset_after = _ops.default_opset(work)
     report.nodes_after = len(work.graph.node)
     return work
+
+
+def _record_unapplied(explain, work: onnx.ModelProto, report: RewriteReport) -> None:
+    """Nodes a module left in place, with its reason, unless a rule of it already said why."""
+    mod_name, hook = explain
+    said = {r["node"] for rec in report.rules.values() if rec.module == mod_name for r in rec.rejected
+            if r["reason"] != "pattern near-miss"}
+    rec = None
+    for node, why in hook(ir.serde.deserialize_model(work)):
+        where = _where(node)
+        if where in said:
+            continue
+        rec = rec or report.record("skipped", mod_name)
+        rec.reject(f"skipped: {why}", where)
 
 
 def _record_diagnostics(tracer: _Tracer, records: dict[str, RuleRecord], successes: bool = False) -> None:

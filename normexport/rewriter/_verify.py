@@ -8,6 +8,9 @@ import os
 import tempfile
 from typing import Any
 
+import ctypes
+
+import ml_dtypes
 import numpy as np
 import onnx
 
@@ -19,13 +22,19 @@ _TOL = {
     np.dtype(np.float16): (2e-3, 0.0),
 }
 _BF16_TOL = (1.6e-2, 0.0)
+#: numpy has no bfloat16: onnx's own dependency ml_dtypes provides it; onnxruntime takes and gives
+#: it as raw 16-bit OrtValues
+_BF16 = np.dtype(ml_dtypes.bfloat16)
 
 
 def _np_dtype(elem_type: int) -> np.dtype | None:
+    if elem_type == onnx.TensorProto.BFLOAT16:
+        return _BF16
     try:
-        return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type))
-    except Exception:  # bfloat16 and friends
+        dt = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type))
+    except Exception:  # float8 and friends
         return None
+    return dt if dt.kind in "fiub" else None
 
 
 def input_specs(model: onnx.ModelProto) -> list[dict[str, Any]]:
@@ -61,7 +70,7 @@ def random_inputs(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray
         shape = spec["shape"]
         if dt is None:
             raise ValueError(f"input {spec['name']!r}: dtype {spec['dtype']} not supported by the verifier")
-        if dt.kind == "f":
+        if dt.kind == "f" or dt == _BF16:
             feeds[spec["name"]] = rng.standard_normal(shape).astype(dt)
         elif dt.kind in "iu":
             feeds[spec["name"]] = rng.integers(0, 2, size=shape).astype(dt)
@@ -87,7 +96,25 @@ def run(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[str, np.nd
             onnx.save(model, path, save_as_external_data=True, location="m.data")
             sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
     names = [o.name for o in sess.get_outputs()]
-    return dict(zip(names, sess.run(names, feeds)))
+    if not any(a.dtype == _BF16 for a in feeds.values()) and all(o.type != "tensor(bfloat16)" for o in sess.get_outputs()):
+        return dict(zip(names, sess.run(names, feeds)))
+    import onnxruntime as ort
+
+    values = {k: ort.OrtValue.ortvalue_from_numpy_with_onnx_type(a.view(np.uint16), onnx.TensorProto.BFLOAT16)
+              if a.dtype == _BF16 else ort.OrtValue.ortvalue_from_numpy(a) for k, a in feeds.items()}
+    return {n: _from_ort(v) for n, v in zip(names, sess.run_with_ort_values(names, values))}
+
+
+def _from_ort(v) -> np.ndarray:
+    """A CPU OrtValue as numpy; bfloat16 copied out bit for bit as ml_dtypes.bfloat16."""
+    if v.data_type() != "tensor(bfloat16)":
+        return v.numpy()
+    shape = tuple(v.shape())
+    n = int(np.prod(shape, dtype=np.int64))
+    if n == 0:
+        return np.zeros(shape, dtype=_BF16)
+    raw = np.ctypeslib.as_array((ctypes.c_uint16 * n).from_address(v.data_ptr()))
+    return raw.copy().view(_BF16).reshape(shape)
 
 
 @dataclasses.dataclass
@@ -115,7 +142,7 @@ def compare(ref: dict[str, np.ndarray], got: dict[str, np.ndarray]) -> list[Comp
         if g.shape != r.shape or g.dtype != r.dtype:
             out.append(Comparison(name, float("inf"), float("inf"), float("inf"), 0.0, False))
             continue
-        if r.dtype.kind not in "fc":
+        if r.dtype.kind not in "fc" and r.dtype != _BF16:
             ok = bool(np.array_equal(r, g))
             e = 0.0 if ok else float("inf")
             out.append(Comparison(name, e, e, e, 0.0, ok))

@@ -261,18 +261,20 @@ def ln_graph(opset=13, form="div", square="pow", affine="both", left=False, cast
 
 
 def adaln_graph(form="bh", affine="none", mul_left=False, add_left=False, one_left=False, eps=1e-6,
-                rank=3, opset=18, ln_axis=-1):
+                rank=3, opset=18, ln_axis=-1, shift_shape=None, scale_shape=None, stash_type=None):
     """LayerNormalization -> Mul(1 + scale) -> Add(shift), hand-built (the dynamo form with
-    form='bh', one_left=False)."""
+    form='bh', one_left=False). shift_shape / scale_shape override the shapes `form` implies."""
     g = G(opset)
     if rank == 4:
         g.inputs[0] = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", 2, "S", H])
     mod_shape = {"bh": ["B", H], "full": ["B", "S", H] if rank == 3 else ["B", 2, "S", H],
                  "b1h": ["B", 1, H]}[form]
-    g.inputs += [helper.make_tensor_value_info(n, TensorProto.FLOAT, mod_shape) for n in ("shift", "scale")]
+    shapes = {"shift": shift_shape or mod_shape, "scale": scale_shape or mod_shape}
+    g.inputs += [helper.make_tensor_value_info(n, TensorProto.FLOAT, shapes[n]) for n in ("shift", "scale")]
     w = g.init(WEIGHT if affine != "none" else np.ones(H, np.float32), "w")
     ln_in = ["x", w] + ([g.init(BIAS, "b")] if affine == "both" else [])
-    ln = g.node("LayerNormalization", *ln_in, axis=ln_axis, epsilon=eps)
+    extra = {} if stash_type is None else {"stash_type": stash_type}
+    ln = g.node("LayerNormalization", *ln_in, axis=ln_axis, epsilon=eps, **extra)
     sc, sh = "scale", "shift"
     if form == "bh":
         axes = g.init(np.arange(1, rank - 1, dtype=np.int64), "uaxes")
@@ -282,3 +284,22 @@ def adaln_graph(form="bh", affine="none", mul_left=False, add_left=False, one_le
     m = g.node("Mul", op1, ln) if mul_left else g.node("Mul", ln, op1)
     y = g.node("Add", sh, m) if add_left else g.node("Add", m, sh)
     return g.model(y)
+
+
+def to_dtype(model: onnx.ModelProto, elem: int) -> onnx.ModelProto:
+    """The same graph with every float32 input, output, initializer and Cast target as `elem`."""
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    np_dt = onnx.helper.tensor_dtype_to_np_dtype(elem)
+    for vi in list(m.graph.input) + list(m.graph.output):
+        if vi.type.tensor_type.elem_type == TensorProto.FLOAT:
+            vi.type.tensor_type.elem_type = elem
+    for i, t in enumerate(m.graph.initializer):
+        if t.data_type == TensorProto.FLOAT:
+            m.graph.initializer[i].CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t).astype(np_dt), t.name))
+    for n in m.graph.node:
+        for a in n.attribute:
+            if a.name == "to" and a.i == TensorProto.FLOAT:
+                a.i = elem
+    del m.graph.value_info[:]
+    return onnx.shape_inference.infer_shapes(m)

@@ -7,6 +7,7 @@ import sys
 import warnings
 
 import numpy as np
+import onnx
 import pytest
 import torch
 
@@ -145,3 +146,82 @@ def test_mixed_affine_and_plain_in_one_model_get_one_form():
     y1, y2 = G.run(out, x=x, shift=s1, scale=c1, p_x=x2, p_shift=s2, p_scale=c2)
     G.assert_close(y1, _ref(x, s1, c1, G.WEIGHT, G.BIAS))
     G.assert_close(y2, _ref(x2, s2, c2))
+
+
+def _reasons(rep):
+    return [r["reason"] for rec in rep.rules.values() for r in rec.rejected]
+
+
+@pytest.mark.parametrize("shift_shape,scale_shape", [
+    (None, ["B", 1]),            # [B, 1] unsqueezed: not [B, H]
+    (None, [1, G.H]),            # [1, H] unsqueezed: broadcast over batch, not the op's [B, H]
+    (["B", 1, G.H], ["B", "S", G.H]),  # shift [B, 1, H] beside a full-shape scale
+])
+def test_mod_shapes_that_do_not_fit_fail_the_check(shift_shape, scale_shape):
+    form = "bh" if shift_shape is None else "full"
+    if form == "bh":
+        shift_shape = [2 if d == "B" else d for d in scale_shape] if scale_shape[0] == 1 else ["B", G.H]
+    model = G.adaln_graph(form=form, shift_shape=shift_shape, scale_shape=scale_shape)
+    for verify in (True, False):
+        out = rewrite(model, target="trt", verify=verify, report=(rep := RewriteReport()))
+        assert G.count(out, "AdaLNZero", "normexport") == 0, (shift_shape, scale_shape)
+        assert not any(r.startswith("numeric verification") for r in _reasons(rep)), _reasons(rep)
+
+
+def test_float64_graph_is_not_fused_into_float32_only_op():
+    model = G.to_dtype(G.adaln_graph(affine="both"), onnx.TensorProto.DOUBLE)
+    out, rep = _fused(model)
+    assert G.count(out, "AdaLNZero", "normexport") == 0
+    assert any("not DOUBLE" in r or "not FLOAT64" in r or "float32/float16/bfloat16" in r for r in _reasons(rep)), _reasons(rep)
+    onnx.checker.check_model(out, full_check=True)
+
+
+def test_stash_type_not_float_is_kept():
+    out, rep = _fused(G.adaln_graph(stash_type=0))
+    assert G.count(out, "AdaLNZero", "normexport") == 0
+    assert any("stash_type" in r for r in _reasons(rep)), _reasons(rep)
+
+
+def test_ln_output_used_elsewhere_is_kept():
+    model = G.adaln_graph()
+    ln = next(n for n in model.graph.node if n.op_type == "LayerNormalization").output[0]
+    model.graph.output.append(onnx.helper.make_tensor_value_info(ln, onnx.TensorProto.FLOAT, None))
+    out, _ = _fused(model)
+    assert G.count(out, "AdaLNZero", "normexport") == 0 and G.count(out, "LayerNormalization") == 1
+
+
+def test_fp16_fuses_and_stays_within_fp16_tolerance():
+    model = G.to_dtype(G.adaln_graph(affine="both"), onnx.TensorProto.FLOAT16)
+    out, rep = _fused(model)
+    assert G.count(out, "AdaLNZero", "normexport") == 1, rep.summary()
+    onnx.checker.check_model(out, full_check=True)
+    x = G.xin(2, 3, G.H).astype(np.float16)
+    shift, scale = (a.astype(np.float16) for a in _mods("bh"))
+    (y,) = G.run(out, x=x, shift=shift, scale=scale)
+    ref = _ref(x, shift, scale, G.WEIGHT.astype(np.float16), G.BIAS.astype(np.float16))
+    assert y.dtype == np.float16
+    assert np.max(np.abs(y.astype(np.float64) - ref)) <= 2e-3 * np.max(np.abs(ref))
+
+
+@pytest.mark.parametrize("opset", [11, 14, 16])
+def test_legacy_export_decomposed_ln_modulate(opset):
+    """the legacy exporter writes LayerNorm decomposed below opset 17: the layer_norm rule makes
+    LayerNormalization (opset raised) and this rule takes the modulation."""
+    block = _DiTBlock(affine=True).eval()
+    import io as _io
+
+    f = _io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(block, (torch.randn(2, 3, G.H), torch.randn(2, G.H)), f, dynamo=False,
+                          opset_version=opset, input_names=["x", "c"], output_names=["y"])
+    model = onnx.load_from_string(f.getvalue())
+    out, rep = _fused(model)
+    assert G.count(out, "AdaLNZero", "normexport") == 1, rep.summary()
+    x, c = G.xin(2, 3, G.H), G.xin(2, G.H, seed=9)
+    with torch.no_grad():
+        shift, scale = (t.numpy() for t in block.ada(torch.from_numpy(c)).chunk(2, dim=1))
+    (y,) = G.run(out, x=x, c=c)
+    G.assert_close(y, _ref(x, shift, scale, G.WEIGHT, G.BIAS))
+    again, rep2 = _fused(out)
+    assert rep2.applied == 0 and G.op_types(again) == G.op_types(out)

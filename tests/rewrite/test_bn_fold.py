@@ -248,3 +248,43 @@ def test_conv_bn_reference_model():
     before, after, err = _fold_and_compare(model, x, "conv_bn.tiny")
     assert before["BatchNormalization"] == 4
     assert "BatchNormalization" not in after, after
+
+
+def _skips(rep):
+    return {r["node"]: r["reason"] for rec in rep.rules.values() if rec.module == "bn_fold" for r in rec.rejected}
+
+
+@pytest.mark.parametrize("target", ["trt", "ort"])
+def test_driver_reports_every_bn_folded_or_skipped(target):
+    """normexport.rewrite: each BN is folded (counted in applied) or reported skipped with its
+    reason, also where no rule got near it (BN after Relu, producer read twice); outputs verified."""
+    from normexport.rewriter import RewriteReport, rewrite
+
+    torch.manual_seed(0)
+    relu = G.randomize_(nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(),
+                                      nn.BatchNorm2d(8, eps=1e-3))).eval()
+    x = torch.randn(2, 3, 8, 8)
+    for model, applied, why in ((relu, 1, "producer Relu is not Conv"),
+                                (G.randomize_(G.TwoConsumers()).eval(), 0, "output also feeds other nodes")):
+        proto = G.export_legacy(model, (x,))
+        rep = RewriteReport()
+        out = rewrite(proto, target=target, report=rep)
+        assert sum(r.applied for r in rep.rules.values() if r.module == "bn_fold") == applied
+        skips = _skips(rep)
+        assert len(skips) == 1 and why in next(iter(skips.values())), (skips, rep.summary())
+        assert "skipped" in rep.summary()
+        ref = G.reference64(model, x)
+        G.assert_parity(G.run_ort(out, x.numpy()), ref, G.max_err(G.eager32(model, x), ref))
+
+
+def test_driver_reports_training_mode_bn():
+    from normexport.rewriter import RewriteReport, rewrite
+
+    model = G.randomize_(nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4))).eval()
+    proto = G.export_legacy(model, (torch.randn(2, 3, 8, 8),))
+    bn = next(n for n in proto.graph.node if n.op_type == "BatchNormalization")
+    bn.attribute.append(onnx.helper.make_attribute("training_mode", 1))
+    rep = RewriteReport()
+    rewrite(proto, target="ort", verify=False, report=rep)
+    assert any("training" in r for r in _skips(rep).values()) or any(
+        "training" in r["reason"] for rec in rep.rules.values() for r in rec.rejected), rep.summary()

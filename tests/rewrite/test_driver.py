@@ -154,3 +154,30 @@ def test_cli_usage_errors(tmp_path, problem):
         cli.run(_args(str(src), "-o", str(out)))
     assert "\n" not in str(e.value)
     assert not out.exists()
+
+
+def test_bfloat16_model_is_verified_and_fused():
+    """numpy has no bfloat16: the verifier feeds and reads it as raw 16-bit OrtValues
+    (ml_dtypes), so a bf16 model's rewrites are verified, not rejected as unrunnable."""
+    import ml_dtypes
+
+    g = G.G(18)
+    g.inputs[0] = onnx.helper.make_tensor_value_info("x", onnx.TensorProto.BFLOAT16, ["B", "S", G.H])
+    xf = g.node("Cast", "x", to=onnx.TensorProto.FLOAT)
+    m = g.reduce_mean(xf, [-1])
+    d = g.node("Sub", xf, m)
+    var = g.reduce_mean(g.node("Mul", d, d), [-1])
+    n = g.node("Div", d, g.node("Sqrt", g.node("Add", var, g.init(np.array(1e-5, np.float32)))))
+    y = g.node("Cast", g.node("Mul", n, g.init(G.WEIGHT, "w")), to=onnx.TensorProto.BFLOAT16)
+    g.nodes[-1].output[0] = "y"
+    model = g.model()
+    model.graph.output.append(onnx.helper.make_tensor_value_info("y", onnx.TensorProto.BFLOAT16, None))
+    rep = RewriteReport()
+    out = rewrite(model, target="trt", report=rep)
+    assert G.count(out, "LayerNormalization") == 1, rep.summary()
+    assert rep.verification and all(c.passed for c in rep.verification)
+    x = G.xin(2, 3, G.H).astype(ml_dtypes.bfloat16)
+    got = rw._verify.run(out, {"x": x})["y"]
+    assert got.dtype == ml_dtypes.bfloat16
+    ref = G.ln_ref(x.astype(np.float32), G.WEIGHT, None, 1e-5)
+    assert np.max(np.abs(got.astype(np.float64) - ref)) <= 1.6e-2 * np.max(np.abs(ref))

@@ -6,6 +6,7 @@ import os
 import sys
 
 import numpy as np
+import onnx
 import pytest
 
 from normexport.ops import rms_norm as rms_spec
@@ -167,3 +168,21 @@ def test_fp16_llama_upcast_graph():
     assert y.dtype == np.float16
     ref = G.rms_ref(x, w16.astype(np.float64))
     assert np.abs(y - ref).max() <= 2e-3 * np.abs(ref).max()  # DESIGN §7 fp16
+
+
+def test_float64_graph_not_fused_into_custom_op_but_into_standard_op():
+    """normexport::RMSNorm's schema has no float64 (DESIGN §2): target trt keeps a double graph,
+    target onnx at opset 23 fuses it into RMSNormalization, which takes double."""
+    model = G.to_dtype(G.rms_graph(opset=23), onnx.TensorProto.DOUBLE)
+    rep = RewriteReport()
+    out = rewrite(model, target="trt", report=rep)
+    assert G.count(out, "RMSNorm", "normexport") == 0
+    reasons = [r["reason"] for rec in rep.rules.values() for r in rec.rejected]
+    assert any("float32/float16/bfloat16" in r for r in reasons), reasons
+    onnx.checker.check_model(out, full_check=True)
+    out = rewrite(model, target="onnx")
+    assert G.count(out, "RMSNormalization") == 1
+    x = G.xin(2, 3, G.H).astype(np.float64)
+    (y,) = G.run(out, x=x)
+    assert y.dtype == np.float64
+    np.testing.assert_allclose(y, G.rms_ref(x, G.WEIGHT), rtol=1e-6, atol=1e-9)

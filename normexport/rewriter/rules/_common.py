@@ -9,6 +9,8 @@ import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
 FLOAT_TYPES = frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.DataType.DOUBLE})
+#: the types the normexport custom ops accept (their schema: DESIGN §2); no float64
+CUSTOM_OP_TYPES = frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16})
 
 #: how `num / sqrt(v)` is spelled: Div by Sqrt, Mul by Reciprocal(Sqrt), Mul by Div(1, Sqrt),
 #: Mul by Pow(v, -0.5) (rsqrt-style); the Mul forms in both operand orders

@@ -24,6 +24,16 @@ def required_opset(target: str) -> int:
     return 18
 
 
+def _same_dim(a, b) -> bool:
+    """Whether dim `a` of shift/scale can be dim `b` of x: not when both are known and differ,
+    and not a literal 1 against a dim that is not (a broadcast is not the op's [B, H] contract,
+    which the plugin kernel reads row by row). Unknown / differently named symbolic dims pass:
+    the numeric verification runs them."""
+    if isinstance(a, int) and isinstance(b, int):
+        return a == b
+    return not (a == 1 or b == 1)
+
+
 def _mod(op, var, name: str):
     """`var` as Unsqueeze(<name>_2d, <name>_axes) ([B, H] -> [B, 1.., H]), or any value."""
     return pattern.OrValue([op.Unsqueeze(pattern.Var(name + "_2d"), pattern.Var(name + "_axes")), var])
@@ -56,13 +66,16 @@ class AdaLNFusion(pattern.RewriteRuleClassBase):
                 raise ValueError(f"{what}: unsqueezed tensor is not [B, H]")
             if sorted(int(a) % rank for a in np.asarray(ax).reshape(-1)) != mid:
                 raise ValueError(f"{what}: Unsqueeze axes {np.asarray(ax).tolist()} do not give [B, 1.., H]")
+            bdims, xdims = list(two_d.shape), list(x.shape)
+            if not (_same_dim(bdims[0], xdims[0]) and _same_dim(bdims[1], xdims[-1])):
+                raise ValueError(f"{what}: shape {bdims} is not [B, H] = {[xdims[0], xdims[-1]]} of x")
             return two_d, "bh"
         if full.shape is None or x.shape is None or len(full.shape) != rank:
             raise ValueError(f"{what}: shape {full.shape} is neither [B, H] unsqueezed nor the shape of x")
         fdims, xdims = list(full.shape), list(x.shape)
-        if fdims == xdims:
+        if all(_same_dim(f, d) for f, d in zip(fdims, xdims)):
             return full, "full"
-        if all(d == 1 for d in fdims[1:-1]) and fdims[0] == xdims[0] and fdims[-1] == xdims[-1]:
+        if all(d == 1 for d in fdims[1:-1]) and _same_dim(fdims[0], xdims[0]) and _same_dim(fdims[-1], xdims[-1]):
             return full, "squeeze"
         raise ValueError(f"{what}: shape {fdims} does not fit x {xdims}")
 
@@ -84,8 +97,13 @@ class AdaLNFusion(pattern.RewriteRuleClassBase):
             self._shift = self._mod_input(x, shift, shift_2d, shift_axes, "shift")
         except ValueError as e:
             return r.fail(str(e), x)
-        if (self._scale[1] == "bh") != (self._shift[1] == "bh"):
+        if x.dtype is not None and x.dtype not in c.CUSTOM_OP_TYPES:
+            return r.fail(f"normexport::AdaLNZero takes float32/float16/bfloat16, not {x.dtype}", x)
+        if (self._scale[1] == "full") != (self._shift[1] == "full"):
             return r.fail("shift and scale differ in form ([B, H] vs full shape)", x)
+        stash = node.attributes.get("stash_type")
+        if stash is not None and stash.as_int() != 1:
+            return r.fail(f"LayerNormalization stash_type {stash.as_int()} (AdaLNZero keeps float32 statistics)", ln)
         for v in (self._scale[0], self._shift[0]):
             if v.dtype is not None and x.dtype is not None and v.dtype != x.dtype:
                 return r.fail(f"{v.name!r} dtype differs from x", v)

@@ -377,6 +377,39 @@ class FoldMatMulBN(_FoldBase):
         return _matmul_rewrite(op, x, w, None, bn_out)
 
 
+_PRODUCERS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
+
+
+def explain_unapplied(model: ir.Model) -> list[tuple[ir.Node, str]]:
+    """Why each BatchNormalization still in the graph was not folded (the driver's report hook):
+    every BN is reported folded or skipped with a reason, including those no rule got near."""
+    out = []
+    for node in model.graph:
+        if node.op_type != "BatchNormalization" or node.domain not in _ONNX:
+            continue
+        attr = node.attributes.get("training_mode")
+        x = node.inputs[0]
+        producer = x.producer() if x is not None else None
+        if (attr is not None and attr.as_int() != 0) or len(node.outputs) != 1:
+            why = "training-mode BN computes batch statistics: not an affine map, left as is"
+        elif any(const_array(v) is None for v in node.inputs[1:5]):
+            why = "BN scale / bias / running stats are not constants"
+        elif producer is None:
+            why = "BN input is a graph input: no producer to fold into"
+        elif producer.op_type == "Add" and any(
+                v is not None and v.producer() is not None and v.producer().op_type == "MatMul" for v in producer.inputs):
+            why = ("MatMul+Add output feeds other nodes too" if len(x.uses()) > 1 or x.is_graph_output()
+                   else "MatMul+Add not foldable (see the bn_fold rule rejections)")
+        elif producer.op_type not in _PRODUCERS:
+            why = f"producer {producer.op_type} is not Conv / ConvTranspose / Gemm / MatMul(+Add)"
+        elif len(x.uses()) > 1 or x.is_graph_output():
+            why = f"{producer.op_type} output also feeds other nodes (or is a graph output): folding would change them"
+        else:
+            why = f"{producer.op_type} not foldable (see the bn_fold rule rejections)"
+        out.append((node, why))
+    return out
+
+
 RULES = [
     FoldConvBN.rule(),
     FoldConvTransposeBN.rule(),

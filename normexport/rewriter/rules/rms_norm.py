@@ -64,6 +64,8 @@ class RMSNormFusion(pattern.RewriteRuleClassBase):
                           f"{c.opset(context)}); decomposed form kept for target {self._target}")
         if x.dtype is not None and x.dtype not in c.FLOAT_TYPES:
             return r.fail(f"input dtype {x.dtype} is not a float type", x)
+        if self._target == "trt" and x.dtype is not None and x.dtype not in c.CUSTOM_OP_TYPES:
+            return r.fail(f"normexport::RMSNorm takes float32/float16/bfloat16, not {x.dtype}", x)
         src = x.producer()
         if (src is not None and src.op_type == "Sub" and len(src.inputs) == 2 and src.inputs[1] is not None
                 and src.inputs[1].producer() is not None and src.inputs[1].producer().op_type == "ReduceMean"):
