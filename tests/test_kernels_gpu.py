@@ -29,7 +29,9 @@ DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 DTYPE_IDS = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 REL_TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 ABS_TOL = {torch.float32: 1e-6, torch.float16: 0.0, torch.bfloat16: 0.0}
-HIDDEN = [1, 3, 7, 8, 64, 127, 128, 256, 1000, 1024, 1032, 2048, 4095, 4096, 8192, 8200, 16384]
+# 6001: scalar block kernel (8 per thread) for every op; 32768: the half-precision vector block
+# kernel at 1024 threads (its 64-register configuration)
+HIDDEN = [1, 3, 7, 8, 64, 127, 128, 256, 1000, 1024, 1032, 2048, 4095, 4096, 6001, 8192, 8200, 16384, 32768]
 ROWS = 37  # not a multiple of the rows per block
 
 
@@ -163,12 +165,13 @@ def test_adaln_zero(lib, dtype, hidden, mod_full, affine):
     _check(y, ref, dtype, f"adaln hidden={hidden} mod_full={mod_full} affine={affine}")
 
 
+@pytest.mark.parametrize("hidden", [1024, 8192])
 @pytest.mark.parametrize("dtype", list(DTYPES), ids=list(DTYPE_IDS.values()))
 @pytest.mark.parametrize("which", ["x", "y", "shift", "scale", "weight"])
-def test_adaln_zero_unaligned(lib, dtype, which):
+def test_adaln_zero_unaligned(lib, dtype, which, hidden):
     """Scalar path: one pointer offset by one element (hidden a multiple of the vector width)."""
     g = torch.Generator().manual_seed(5)
-    eps, batch, seq, hidden = 1e-6, 2, 9, 1024
+    eps, batch, seq = 1e-6, 2, 9
     x = _tensor((batch, seq, hidden), dtype, unaligned=which == "x", gen=g, mean=0.5, std=2.0)
     shift = _tensor((batch, hidden), dtype, unaligned=which == "shift", gen=g, std=0.5)
     scale = _tensor((batch, hidden), dtype, unaligned=which == "scale", gen=g, std=0.5)
@@ -188,7 +191,8 @@ def test_adaln_zero_unaligned(lib, dtype, which):
 @pytest.mark.parametrize("hidden", [20000, 40000])
 @pytest.mark.parametrize("dtype", list(DTYPES), ids=list(DTYPE_IDS.values()))
 def test_beyond_register_capacity(lib, dtype, hidden):
-    """Hidden sizes past the register-resident kernels run the looped multi-pass kernel."""
+    """40000 (and 20000 in fp32) are past the register-resident kernels and run the looped
+    multi-pass kernel; fp16/bf16 at 20000 run the vector block kernel with 640 threads."""
     g = torch.Generator().manual_seed(hidden)
     rows, eps = 5, 1e-6
     x = _tensor((rows, hidden), dtype, gen=g, mean=1.0, std=2.0)
@@ -206,6 +210,11 @@ def test_beyond_register_capacity(lib, dtype, hidden):
     torch.cuda.synchronize()
     ref = ref_adaln(_np64(x)[None], _np64(shift), _np64(scale), _np64(s), None, eps, False)[0]
     _check(y, ref, dtype, f"adaln looped hidden={hidden}")
+    b = _tensor((hidden,), dtype, gen=g, std=0.3)
+    rc = lib.normexport_layer_norm(_ptr(x), _ptr(s), _ptr(b), _ptr(y), rows, hidden, DTYPES[dtype], eps, _stream())
+    assert rc == 0
+    torch.cuda.synchronize()
+    _check(y, ref_ln(_np64(x), _np64(s), _np64(b), eps), dtype, f"layernorm looped hidden={hidden}")
 
 
 def test_many_rows_and_side_stream(lib):

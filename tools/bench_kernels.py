@@ -122,6 +122,9 @@ def main() -> int:
         for tokens in args.tokens:
             for hidden in args.hidden:
                 seq = min(args.seq, tokens)
+                if tokens % seq:
+                    print(f"skip tokens={tokens}: not a multiple of --seq {seq}", file=sys.stderr)
+                    continue
                 batch = tokens // seq
                 x = torch.randn(batch, seq, hidden, device=dev, dtype=dtype)
                 y = torch.empty_like(x)
@@ -135,11 +138,16 @@ def main() -> int:
                 copy_gbs = 2 * n * esize / copy_ms / 1e6
 
                 def ours_rms():
-                    lib.normexport_rms_norm(x.data_ptr(), w.data_ptr(), y.data_ptr(), tokens, hidden, code, eps, stream)
+                    rc = lib.normexport_rms_norm(x.data_ptr(), w.data_ptr(), y.data_ptr(), batch * seq, hidden, code,
+                                                 eps, stream)
+                    if rc != 0:
+                        raise RuntimeError(f"normexport_rms_norm returned cudaError {rc}")
 
                 def ours_adaln():
-                    lib.normexport_adaln_zero(x.data_ptr(), shift.data_ptr(), scale.data_ptr(), None, None,
-                                              y.data_ptr(), batch, seq, hidden, 0, code, eps, stream)
+                    rc = lib.normexport_adaln_zero(x.data_ptr(), shift.data_ptr(), scale.data_ptr(), None, None,
+                                                   y.data_ptr(), batch, seq, hidden, 0, code, eps, stream)
+                    if rc != 0:
+                        raise RuntimeError(f"normexport_adaln_zero returned cudaError {rc}")
 
                 cases = {
                     "RMSNorm": (
