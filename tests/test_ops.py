@@ -196,3 +196,25 @@ def test_export_with_dynamic_batch_and_sequence(affine):
                                None if m.mod.weight is None else f64(m.mod.weight.data),
                                None if m.mod.bias is None else f64(m.mod.bias.data), 1e-6)
     assert rel_err(torch.from_numpy(got), ref) < 1e-5
+
+
+def test_plugin_header_generated_from_the_specs():
+    """plugins/tensorrt/opSpecs.h (names, fields, defaults of the TensorRT plugins) is what the op
+    specs generate, and the plugin sources take every name from it instead of spelling it."""
+    import pathlib
+    import re
+
+    from normexport.ops import SPECS, plugin_fields
+
+    assert plugin_fields.HEADER.read_text() == plugin_fields.render(), (
+        "plugins/tensorrt/opSpecs.h is stale: run python -m normexport.ops.plugin_fields")
+    assert plugin_fields.main(["--check"]) == 0
+    header = plugin_fields.render()
+    for spec in SPECS.values():
+        assert f'kNAME{{"{spec.name}"}}' in header
+        for a in spec.attributes:
+            assert f'k{a.name.upper()}{{"{a.name}"}}' in header
+    sources = "".join(p.read_text() for p in (pathlib.Path(plugin_fields.HEADER).parent).glob("*.cpp"))
+    spelled = {a.name for s in SPECS.values() for a in s.attributes} | set(SPECS) | {"normexport"}
+    for name in spelled:
+        assert not re.search(rf'"{name}"', sources), f'plugin sources spell "{name}": use opSpecs.h'

@@ -11,7 +11,13 @@ namespace plugin
 {
 namespace
 {
-constexpr char const* kADALN_ZERO_NAME{"AdaLNZero"};
+namespace field = spec::adaln_zero;
+constexpr char const* kADALN_ZERO_NAME{field::kNAME};
+//! X, shift, scale (no affine) or X, shift, scale, weight, bias
+constexpr bool validNbInputs(int64_t n) noexcept
+{
+    return n == field::kMIN_INPUTS || n == field::kMAX_INPUTS;
+}
 
 //! Equal, or at least one side unknown (build time, -1).
 bool compatible(int64_t a, int64_t b) noexcept
@@ -82,7 +88,7 @@ char const* AdaLNZeroPlugin::getPluginNamespace() const noexcept
 
 std::string AdaLNZeroPlugin::checkShapes(Dims const* in, int32_t nbInputs, Layout* layout)
 {
-    if (nbInputs != 3 && nbInputs != 5)
+    if (!validNbInputs(nbInputs))
     {
         return "expects 3 or 5 inputs (X, shift, scale[, weight, bias])";
     }
@@ -169,7 +175,7 @@ int32_t AdaLNZeroPlugin::checkAndRecordIO(Desc const* in, int32_t nbInputs, Desc
 {
     try
     {
-        if (in == nullptr || out == nullptr || nbOutputs != 1 || (nbInputs != 3 && nbInputs != 5))
+        if (in == nullptr || out == nullptr || nbOutputs != 1 || !validNbInputs(nbInputs))
         {
             logError(kADALN_ZERO_NAME, "expects 3 or 5 inputs (X, shift, scale[, weight, bias]) and 1 output");
             return -1;
@@ -204,7 +210,7 @@ int32_t AdaLNZeroPlugin::configurePlugin(
 int32_t AdaLNZeroPlugin::getOutputDataTypes(
     DataType* outputTypes, int32_t nbOutputs, DataType const* inputTypes, int32_t nbInputs) const noexcept
 {
-    if (outputTypes == nullptr || inputTypes == nullptr || nbOutputs != 1 || (nbInputs != 3 && nbInputs != 5))
+    if (outputTypes == nullptr || inputTypes == nullptr || nbOutputs != 1 || !validNbInputs(nbInputs))
     {
         return -1;
     }
@@ -215,7 +221,7 @@ int32_t AdaLNZeroPlugin::getOutputDataTypes(
 int32_t AdaLNZeroPlugin::getOutputShapes(DimsExprs const* inputs, int32_t nbInputs, DimsExprs const* /*shapeInputs*/,
     int32_t /*nbShapeInputs*/, DimsExprs* outputs, int32_t nbOutputs, IExprBuilder& /*exprBuilder*/) noexcept
 {
-    if (inputs == nullptr || outputs == nullptr || nbOutputs != 1 || (nbInputs != 3 && nbInputs != 5))
+    if (inputs == nullptr || outputs == nullptr || nbOutputs != 1 || !validNbInputs(nbInputs))
     {
         return -1;
     }
@@ -231,7 +237,7 @@ int32_t AdaLNZeroPlugin::getOutputShapes(DimsExprs const* inputs, int32_t nbInpu
 bool AdaLNZeroPlugin::supportsFormatCombination(
     int32_t pos, DynamicPluginTensorDesc const* inOut, int32_t nbInputs, int32_t nbOutputs) noexcept
 {
-    if (inOut == nullptr || (nbInputs != 3 && nbInputs != 5) || nbOutputs != 1 || pos < 0
+    if (inOut == nullptr || !validNbInputs(nbInputs) || nbOutputs != 1 || pos < 0
         || pos >= nbInputs + nbOutputs)
     {
         return false;
@@ -266,7 +272,7 @@ int32_t AdaLNZeroPlugin::enqueue(PluginTensorDesc const* inputDesc, PluginTensor
             return -1;
         }
         int32_t const nbInputs = mNbInputs;
-        if (nbInputs != 3 && nbInputs != 5)
+        if (!validNbInputs(nbInputs))
         {
             logError(kADALN_ZERO_NAME, "number of inputs unknown at enqueue (plugin not configured)");
             return -1;
@@ -288,8 +294,8 @@ int32_t AdaLNZeroPlugin::enqueue(PluginTensorDesc const* inputDesc, PluginTensor
         {
             return 0; // empty tensor
         }
-        void const* weight = nbInputs == 5 ? inputs[3] : nullptr;
-        void const* bias = nbInputs == 5 ? inputs[4] : nullptr;
+        void const* weight = nbInputs == field::kMAX_INPUTS ? inputs[3] : nullptr;
+        void const* bias = nbInputs == field::kMAX_INPUTS ? inputs[4] : nullptr;
         cudaError_t const status = normexport_adaln_zero(inputs[0], inputs[1], inputs[2], weight, bias, outputs[0],
             layout.batch, layout.seq, layout.hidden, layout.modFull, dtype, mEpsilon, stream);
         if (status != cudaSuccess)
@@ -315,7 +321,7 @@ IPluginV3* AdaLNZeroPlugin::attachToContext(IPluginResourceContext* /*context*/)
 PluginFieldCollection const* AdaLNZeroPlugin::getFieldsToSerialize() noexcept
 {
     mDataToSerialize.clear();
-    mDataToSerialize.emplace_back("epsilon", &mEpsilon, PluginFieldType::kFLOAT32, 1);
+    mDataToSerialize.emplace_back(field::kEPSILON, &mEpsilon, PluginFieldType::kFLOAT32, 1);
     mDataToSerialize.emplace_back("nb_inputs", &mNbInputs, PluginFieldType::kINT32, 1);
     mFCToSerialize.nbFields = static_cast<int32_t>(mDataToSerialize.size());
     mFCToSerialize.fields = mDataToSerialize.data();
@@ -327,7 +333,7 @@ PluginFieldCollection const* AdaLNZeroPlugin::getFieldsToSerialize() noexcept
 // ---------------------------------------------------------------------------------------------
 AdaLNZeroPluginCreator::AdaLNZeroPluginCreator()
 {
-    mPluginAttributes.emplace_back("epsilon", nullptr, PluginFieldType::kFLOAT32, 1);
+    mPluginAttributes.emplace_back(field::kEPSILON, nullptr, PluginFieldType::kFLOAT32, 1);
     mFC.nbFields = static_cast<int32_t>(mPluginAttributes.size());
     mFC.fields = mPluginAttributes.data();
 }
@@ -357,18 +363,18 @@ IPluginV3* AdaLNZeroPluginCreator::createPlugin(
 {
     try
     {
-        float epsilon = kDEFAULT_EPSILON;
+        float epsilon = field::kEPSILON_DEFAULT;
         int64_t nbInputs = 0;
         for (int32_t i = 0; fc != nullptr && i < fc->nbFields; ++i)
         {
             PluginField const& f = fc->fields[i];
-            if (fieldIs(f, "epsilon") && !readFloatField(f, epsilon))
+            if (fieldIs(f, field::kEPSILON) && !readFloatField(f, epsilon))
             {
-                logError(kADALN_ZERO_NAME, "field 'epsilon' must be a float32/float64 scalar");
+                logError(kADALN_ZERO_NAME, std::string("field '") + field::kEPSILON + "' must be a float32/float64 scalar");
                 return nullptr;
             }
             // Serialised by getFieldsToSerialize (absent when the plugin comes from an ONNX node).
-            if (fieldIs(f, "nb_inputs") && (!readIntField(f, nbInputs) || (nbInputs != 0 && nbInputs != 3 && nbInputs != 5)))
+            if (fieldIs(f, "nb_inputs") && (!readIntField(f, nbInputs) || (nbInputs != 0 && !validNbInputs(nbInputs))))
             {
                 logError(kADALN_ZERO_NAME, "field 'nb_inputs' must be 3 or 5");
                 return nullptr;

@@ -7,6 +7,7 @@
 
 #include "NvInferRuntime.h"
 #include "normexport_kernels.h"
+#include "opSpecs.h"
 
 #include <cstdint>
 #include <cstring>
@@ -17,9 +18,9 @@ namespace normexport
 namespace plugin
 {
 
-constexpr char const* kPLUGIN_NAMESPACE{"normexport"};
-constexpr char const* kPLUGIN_VERSION{"1"};
-constexpr float kDEFAULT_EPSILON{1e-6F};
+// Names, fields and defaults come from opSpecs.h, generated from the op specs (normexport/ops/).
+constexpr char const* kPLUGIN_NAMESPACE{spec::kNAMESPACE};
+constexpr char const* kPLUGIN_VERSION{spec::kVERSION};
 
 //! Logger handed over by TensorRT through setLoggerFinder() (may be null).
 void setLoggerFinder(nvinfer1::ILoggerFinder* finder) noexcept;

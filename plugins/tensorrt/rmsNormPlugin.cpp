@@ -11,7 +11,8 @@ namespace plugin
 {
 namespace
 {
-constexpr char const* kRMS_NORM_NAME{"RMSNorm"};
+namespace field = spec::rms_norm;
+constexpr char const* kRMS_NORM_NAME{field::kNAME};
 } // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -219,8 +220,8 @@ IPluginV3* RMSNormPlugin::attachToContext(IPluginResourceContext* /*context*/) n
 PluginFieldCollection const* RMSNormPlugin::getFieldsToSerialize() noexcept
 {
     mDataToSerialize.clear();
-    mDataToSerialize.emplace_back("epsilon", &mEpsilon, PluginFieldType::kFLOAT32, 1);
-    mDataToSerialize.emplace_back("axis", &mAxis, PluginFieldType::kINT32, 1);
+    mDataToSerialize.emplace_back(field::kEPSILON, &mEpsilon, PluginFieldType::kFLOAT32, 1);
+    mDataToSerialize.emplace_back(field::kAXIS, &mAxis, PluginFieldType::kINT32, 1);
     mFCToSerialize.nbFields = static_cast<int32_t>(mDataToSerialize.size());
     mFCToSerialize.fields = mDataToSerialize.data();
     return &mFCToSerialize;
@@ -231,8 +232,8 @@ PluginFieldCollection const* RMSNormPlugin::getFieldsToSerialize() noexcept
 // ---------------------------------------------------------------------------------------------
 RMSNormPluginCreator::RMSNormPluginCreator()
 {
-    mPluginAttributes.emplace_back("epsilon", nullptr, PluginFieldType::kFLOAT32, 1);
-    mPluginAttributes.emplace_back("axis", nullptr, PluginFieldType::kINT32, 1);
+    mPluginAttributes.emplace_back(field::kEPSILON, nullptr, PluginFieldType::kFLOAT32, 1);
+    mPluginAttributes.emplace_back(field::kAXIS, nullptr, PluginFieldType::kINT32, 1);
     mFC.nbFields = static_cast<int32_t>(mPluginAttributes.size());
     mFC.fields = mPluginAttributes.data();
 }
@@ -262,24 +263,24 @@ IPluginV3* RMSNormPluginCreator::createPlugin(
 {
     try
     {
-        float epsilon = kDEFAULT_EPSILON;
-        int64_t axis = -1;
+        float epsilon = field::kEPSILON_DEFAULT;
+        int64_t axis = field::kAXIS_DEFAULT;
         for (int32_t i = 0; fc != nullptr && i < fc->nbFields; ++i)
         {
             PluginField const& f = fc->fields[i];
-            if (fieldIs(f, "epsilon"))
+            if (fieldIs(f, field::kEPSILON))
             {
                 if (!readFloatField(f, epsilon))
                 {
-                    logError(kRMS_NORM_NAME, "field 'epsilon' must be a float32/float64 scalar");
+                    logError(kRMS_NORM_NAME, std::string("field '") + field::kEPSILON + "' must be a float32/float64 scalar");
                     return nullptr;
                 }
             }
-            else if (fieldIs(f, "axis"))
+            else if (fieldIs(f, field::kAXIS))
             {
                 if (!readIntField(f, axis) || axis < -8 || axis > 8)
                 {
-                    logError(kRMS_NORM_NAME, "field 'axis' must be an integer scalar in [-8, 8]");
+                    logError(kRMS_NORM_NAME, std::string("field '") + field::kAXIS + "' must be an integer scalar in [-8, 8]");
                     return nullptr;
                 }
             }
