@@ -98,11 +98,21 @@ def test_hf_rmsnorm(kind, hidden):
     assert report[0]["kind"] == type(m).__name__
 
 
+def _rms_module(kind, hidden):
+    if kind == "torch":
+        return nn.RMSNorm(hidden, eps=1e-6)
+    if kind == "diffusers":
+        from diffusers.models.normalization import RMSNorm
+
+        return RMSNorm(hidden, eps=1e-6)
+    return _hf_norms()[kind](hidden, eps=1e-6)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("kind", ["llama", "t5", "gemma", "torch"])
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "mistral", "t5", "gemma", "torch", "diffusers"])
 def test_half_precision_no_worse_than_eager(kind, dtype):
     hidden = 37
-    m = nn.RMSNorm(hidden, eps=1e-6) if kind == "torch" else _hf_norms()[kind](hidden, eps=1e-6)
+    m = _rms_module(kind, hidden)
     m = randomize(m, seed=3).to(dtype)
     new = prepare(m)
     assert all(p.dtype == dtype for p in new.parameters()) or kind == "gemma"  # Gemma keeps 1 + w in fp32
@@ -191,6 +201,27 @@ def test_diffusers_adaln_zero(num_embeddings):
     shift, scale = emb.chunk(6, dim=1)[:2]
     np.testing.assert_allclose(got[0].numpy(), A.reference(x.numpy(), shift.numpy(), scale.numpy()),
                                rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_diffusers_adaln_zero_half_precision_no_worse_than_eager(dtype):
+    """fp16 / bf16 AdaLayerNormZero: the swapped op (fp32 statistics) is no further from the
+    float64 reference than diffusers' own module in the same dtype."""
+    from diffusers.models.normalization import AdaLayerNormZero
+
+    torch.manual_seed(0)
+    m = randomize(AdaLayerNormZero(48), seed=21).to(dtype)
+    new = prepare(m)
+    assert count_modules(new, nenn.AdaLNZero) == 1
+    x, emb = randn(4, 33, 48, seed=22).to(dtype), randn(4, 48, seed=23).to(dtype)
+    y_new, y_eager = new(x, emb=emb)[0], m(x, emb=emb)[0]
+    assert y_new.dtype == y_eager.dtype == dtype
+    shift, scale = m.linear(m.silu(emb)).chunk(6, dim=1)[:2]  # the module's own modulation, in dtype
+    ref = A.reference(x.double().numpy(), shift.double().numpy(), scale.double().numpy(), epsilon=1e-6)
+    err_new = np.abs(y_new.double().numpy() - ref).max()
+    err_eager = np.abs(y_eager.double().numpy() - ref).max()
+    assert err_new <= err_eager * (1 + 1e-6), (err_new, err_eager)
+    assert err_new <= {torch.float16: 2e-3, torch.bfloat16: 1.6e-2}[dtype] * np.abs(ref).max()
 
 
 def test_diffusers_adaln_zero_inside_model():
