@@ -15,19 +15,28 @@ How a result is judged (one row = one backend x one input shape x one output):
 * `tolerance` (DESIGN §7) = rtol x max|ref| + atol with, unless `rtol` / `atol` are given:
   float32 rtol 1e-5, atol 1e-6; float16 rtol 2e-3; bfloat16 rtol 1.6e-2 (atol 0); float64
   rtol 1e-10, atol 1e-12. Integer and bool outputs must match exactly.
-* `limit` = min(tolerance, max(2 x ref_err_fp64, floor)): the backend may not be more than 2x
-  worse than eager in the same dtype, but an eager error near zero does not make the bound
-  zero. The floor is
-    - float32 / float64: the tolerance itself, i.e. only the tolerance applies. Eager's fp32
-      error is ~1e-7 relative; a 2x rule at that level flags benign differences in reduction
-      order between runtimes, which the 1e-5 tolerance is there to absorb;
-    - float16 / bfloat16: one unit in the last place at the output's largest magnitude
-      (eps(dtype) x max|ref|): two correct implementations may round one element differently.
+* `limit` = min(tolerance, max(2 x ref_err_fp64, floor)) (DESIGN §7: within tolerance *and* not
+  more than 2x eager's own error in the same dtype). The floor keeps an eager that happens to be
+  nearly exact from making the bound ~0 (two correct implementations may round differently):
+    - float32 / float64: floor = 4 x eps(dtype) x max|ref| (eps = machine epsilon, 2**-23 for
+      float32; 4 eps x max|ref| is 4 to 8 units in the last place at the largest output);
+    - float16 / bfloat16: floor = 1 x eps(dtype) x max|ref| (1 to 2 ulp there). Their DESIGN
+      tolerances (2e-3, 1.6e-2) are only ~2 eps x max|ref|, so a 4 eps floor would switch the
+      2x rule off; eager's own error in these dtypes includes the rounding of its output to
+      the dtype, so 2 x eager is rarely below this floor anyway.
   Without a float64 reference the 2x rule cannot be applied and limit = tolerance.
+* The dtype: the reference module and the floating inputs are cast to `dtype` (`--dtype`); when
+  it is not given, the ONNX model's first floating input decides (a float16 ONNX file is judged
+  against eager float16), applied when the given inputs are of another float dtype. The float64
+  reference is computed from the cast module and inputs, in float64.
+* Shapes: the given shape, plus `extra_shapes` more along the dynamic axes. An extra shape the
+  reference module rejects is skipped (listed with the reason); the summary line says how many
+  shapes were checked and skipped, and why no extra shape was checked when there are none.
 * A row passes when max_abs_err <= limit, the shapes match and non-finite values (nan, inf)
   sit at the same places with the same values as in the reference.
 * A backend that cannot run here is listed under `skipped` with the reason, never as passed;
-  the report passes when every backend that ran passed every row and at least one ran.
+  the report passes when at least one backend ran, and every backend that ran passed every row
+  and actually compared at least one row with elements (zero comparisons is a failure).
 """
 
 from __future__ import annotations
@@ -73,6 +82,14 @@ _ONNX_TO_TORCH = {
 }
 _LOW_FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
+#: the floor of the 2x-eager limit, in eps(dtype) x max|ref| (module docstring)
+FLOOR_EPS: dict[torch.dtype, float] = {
+    torch.float32: 4.0, torch.float64: 4.0, torch.float16: 1.0, torch.bfloat16: 1.0,
+}
+LIMIT_RULE = ("limit = min(tolerance, max(2 x ref_err_fp64, floor)); floor = 4 x eps x max|ref| "
+              "(float32, float64), 1 x eps x max|ref| (float16, bfloat16); limit = tolerance without "
+              "a float64 reference")
+
 
 def _dtype_name(dtype) -> str:
     return str(dtype).replace("torch.", "")
@@ -100,7 +117,12 @@ class Row:
     worst_value: float | None = None
     worst_ref: float | None = None
     worst_eager: float | None = None
+    elements: int = 0  # elements compared (0: nothing was compared)
     reason: str | None = None  # why it failed, or how it was judged
+
+    @property
+    def compared(self) -> bool:
+        return self.max_abs_err is not None and self.elements > 0
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
@@ -126,14 +148,22 @@ class CheckReport:
     skipped: dict[str, str] = dataclasses.field(default_factory=dict)
     fp64_reference: dict = dataclasses.field(default_factory=dict)  # {"available": bool, "reason"?}
     backend_errors: dict[str, str] = dataclasses.field(default_factory=dict)
+    dtype: str | None = None  # the dtype eager ran in when cast (None: as given)
+    dtype_source: str | None = None  # "--dtype" / "argument", or "ONNX input '<name>'"
+    no_extra_shapes: str | None = None  # why only the given shape was checked
 
     @property
     def ran(self) -> list[str]:
         return [b for b in self.backends if b not in self.skipped]
 
+    def compared(self, backend: str) -> int:
+        """Rows of `backend` where outputs were actually compared (elements > 0)."""
+        return sum(1 for r in self.rows if r.backend == backend and r.compared)
+
     def backend_passed(self, backend: str) -> bool:
         rows = [r for r in self.rows if r.backend == backend]
-        return bool(rows) and backend not in self.backend_errors and all(r.passed for r in rows)
+        return (bool(rows) and backend not in self.backend_errors and all(r.passed for r in rows)
+                and self.compared(backend) > 0)
 
     @property
     def passed(self) -> bool:
@@ -154,16 +184,23 @@ class CheckReport:
             if b in self.skipped:
                 status[b] = {"status": "skipped", "reason": self.skipped[b]}
             else:
-                status[b] = {"status": "passed" if self.backend_passed(b) else "failed"}
+                status[b] = {"status": "passed" if self.backend_passed(b) else "failed",
+                             "rows_compared": self.compared(b)}
                 if b in self.backend_errors:
                     status[b]["error"] = self.backend_errors[b]
+                elif not self.compared(b):
+                    status[b]["error"] = "nothing was compared"
         return {
             "normexport_version": __version__,
             "command": self.command,
             "onnx_model": self.onnx_model,
             "reference": self.reference,
             "inputs": self.inputs,
+            "dtype": self.dtype,
+            "dtype_source": self.dtype_source,
             "shapes": self.shapes,
+            "shapes_summary": self.shapes_summary(),
+            "limit_rule": LIMIT_RULE,
             "fp64_reference": self.fp64_reference,
             "backends": status,
             "results": results,
@@ -188,8 +225,10 @@ class CheckReport:
                           _fmt(r.mean_abs_err), _fmt(r.ref_err_fp64), _fmt(r.limit), _fmt(r.tolerance),
                           "PASS" if r.passed else "FAIL"))
         widths = [max(len(str(x)) for x in col) for col in zip(head, *lines)]
+        in_dtype = f", eager in {self.dtype} ({self.dtype_source})" if self.dtype else ""
         out = [f"parity check: {self.onnx_model} vs {self.reference} "
-               f"(errors against the float64 reference{'' if self.fp64_reference.get('available') else ' -- unavailable, against eager'})"]
+               f"(errors against the float64 reference{'' if self.fp64_reference.get('available') else ' -- unavailable, against eager'}"
+               f"{in_dtype})"]
         out.append("  ".join(h.ljust(w) for h, w in zip(head, widths)))
         out.extend("  ".join(str(x).ljust(w) for x, w in zip(line, widths)) for line in lines)
         for r in self.rows:
@@ -204,13 +243,30 @@ class CheckReport:
             out.append(f"  no float64 reference: {self.fp64_reference.get('reason')}")
         for b, why in self.skipped.items():
             out.append(f"  skipped {b}: {why}")
-        n_shapes = sum(1 for s in self.shapes if not s.get("skipped"))
         verdict = "PASSED" if self.passed else "FAILED"
         if not self.ran:
             verdict += " (no backend could run)"
-        out.append(f"{verdict}: {len(self.ran)} backend(s) x {n_shapes} shape(s), "
+        nothing = [b for b in self.ran if not self.compared(b)]
+        if nothing:
+            verdict += f" (nothing compared in {', '.join(nothing)})"
+        out.append(f"{verdict}: {len(self.ran)} backend(s) x {self.shapes_summary()}, "
                    f"{len(self.rows) - len(self.failures)}/{len(self.rows)} rows within limits")
         return "\n".join(out)
+
+    def shapes_summary(self) -> str:
+        """'3 shape(s) checked (0 skipped)', '1 shape(s) checked (2 skipped: ...)', or why only one."""
+        checked = sum(1 for s in self.shapes if not s.get("skipped"))
+        skipped = [s["skipped"] for s in self.shapes if s.get("skipped")]
+        text = f"{checked} shape(s) checked"
+        if skipped:
+            whys = sorted(set(skipped))
+            why = whys[0] if len(whys) == 1 else "the reference model rejects them, reasons listed above"
+            text += f" ({len(skipped)} skipped: {why})"
+        elif self.no_extra_shapes:
+            text += f" (no extra shapes: {self.no_extra_shapes})"
+        else:
+            text += " (0 skipped)"
+        return text
 
 
 def _fmt(v) -> str:
@@ -306,6 +362,21 @@ class _Float64Reference:
 
 
 # ---- helpers -----------------------------------------------------------------------------------
+def _cast_reference(reference, dtype: torch.dtype):
+    """`reference` with its floating parameters and buffers in `dtype` (a copy when any differ)."""
+    try:
+        tensors = list(reference.parameters()) + list(reference.buffers())
+    except Exception:
+        tensors = []
+    if all(t.dtype == dtype for t in tensors if t.is_floating_point()):
+        return reference
+    try:
+        return copy.deepcopy(reference).to(dtype)
+    except Exception as e:
+        raise UsageError(f"cannot cast the reference model to {_dtype_name(dtype)} ({_short(e)}): "
+                         "pass a reference in that dtype, or --dtype matching it") from None
+
+
 def _short(e: BaseException) -> str:
     text = str(e).strip().splitlines()
     return (text[0] if text else type(e).__name__)[:200]
@@ -586,15 +657,18 @@ def tolerance_for(dtype: torch.dtype, max_abs_ref: float, rtol: float | None = N
     return r * max_abs_ref + a
 
 
+def floor_for(dtype: torch.dtype, max_abs_ref: float) -> float:
+    """The least limit the 2x-eager rule gives: FLOOR_EPS[dtype] x eps(dtype) x max|ref|."""
+    if not dtype.is_floating_point:
+        return 0.0
+    return FLOOR_EPS.get(dtype, 4.0) * torch.finfo(dtype).eps * max_abs_ref
+
+
 def limit_for(dtype: torch.dtype, tolerance: float, max_abs_ref: float, eager_err: float | None) -> float:
-    """min(tolerance, max(2 x eager's own error, floor)); see the module docstring."""
+    """min(tolerance, max(2 x eager's own error, floor)) (DESIGN §7); see the module docstring."""
     if eager_err is None or not dtype.is_floating_point:
         return tolerance
-    if dtype in (torch.float16, torch.bfloat16):
-        floor = torch.finfo(dtype).eps * max_abs_ref
-    else:
-        floor = tolerance
-    return min(tolerance, max(2.0 * eager_err, floor))
+    return min(tolerance, max(2.0 * eager_err, floor_for(dtype, max_abs_ref)))
 
 
 def _compare(row: Row, got, ref64: np.ndarray, eager64: np.ndarray, dtype: torch.dtype,
@@ -612,7 +686,9 @@ def _compare(row: Row, got, ref64: np.ndarray, eager64: np.ndarray, dtype: torch
     if got.size == 0:
         row.max_abs_err = row.max_rel_err = row.mean_abs_err = 0.0
         row.passed = True
+        row.reason = "empty output: nothing to compare"
         return row
+    row.elements = int(got.size)
     with np.errstate(invalid="ignore", over="ignore"):
         diff = np.abs(got - ref64)
     # matching non-finite values (same nan / same inf at the same place) are not errors
@@ -640,8 +716,9 @@ def _compare(row: Row, got, ref64: np.ndarray, eager64: np.ndarray, dtype: torch
         if row.max_abs_err > row.tolerance:
             why = f"max_abs_err {row.max_abs_err:.3g} > tolerance {row.tolerance:.3g}"
         else:
-            why = (f"max_abs_err {row.max_abs_err:.3g} > 2 x eager's own error "
-                   f"({eager_err:.3g}, limit {row.limit:.3g}) though within tolerance {row.tolerance:.3g}")
+            why = (f"max_abs_err {row.max_abs_err:.3g} > limit {row.limit:.3g} = max(2 x eager's own error "
+                   f"{eager_err:.3g}, floor {floor_for(dtype, max_ref):.3g}): more than 2 x eager's error "
+                   f"though within tolerance {row.tolerance:.3g}")
         row.reason = (f"{why}; worst at index {tuple(row.worst_index)}: got {row.worst_value:.7g}, "
                       f"reference {row.worst_ref:.7g}, eager {row.worst_eager if row.worst_eager is None else format(row.worst_eager, '.7g')}")
     return row
@@ -654,6 +731,8 @@ def check(onnx_model, reference: nn.Module, inputs, *, backends=("ort",), dynami
     """Compare `onnx_model` (path or ModelProto) with `reference` on `inputs` (positional tuple in
     the order of the ONNX graph inputs, or a dict keyed by ONNX input name) in each backend, on
     the given shape plus `extra_shapes` more when `dynamic_axes` ({input name: [axes]}) is given.
+    `dtype` ("float32" / "float16" / "bfloat16" or a torch dtype) casts the reference and the float
+    inputs; None: the ONNX model's first floating input decides when the inputs differ from it.
 
     Raises UsageError for bad input (unreadable model, input count mismatch, a reference that
     rejects the inputs); a failed comparison is a report with passed False."""
@@ -684,8 +763,15 @@ def _check(source: _ModelSource, reference, inputs, *, backends, dynamic_axes, e
                          "give one input per ONNX input, in order")
     if not all(isinstance(t, torch.Tensor) for t in inputs):
         raise UsageError("inputs must be tensors")
+    dtype_source = "argument" if dtype is not None else None
+    if dtype is None:  # judge in the ONNX file's dtype (module docstring)
+        first = next((vi for vi in graph_inputs if (_elem_dtype(vi) or torch.int64).is_floating_point), None)
+        given = next((t.dtype for t in inputs if t.is_floating_point()), None)
+        onnx_dtype = _elem_dtype(first) if first is not None else None
+        if onnx_dtype in _LOW_FLOATS and given is not None and given != onnx_dtype:
+            dtype, dtype_source = onnx_dtype, f"ONNX input '{first.name}'"
     if dtype is not None:
-        reference = copy.deepcopy(reference).to(dtype)
+        reference = _cast_reference(reference, dtype)
         inputs = [t.to(dtype) if t.is_floating_point() else t for t in inputs]
     if isinstance(reference, torch.nn.Module) and reference.training:
         try:
@@ -698,11 +784,16 @@ def _check(source: _ModelSource, reference, inputs, *, backends, dynamic_axes, e
     dynamic = _normalise_dynamic(dynamic_axes, names, [t.dim() for t in inputs])
     base = {n: list(t.shape) for n, t in zip(names, inputs)}
     shape_sets = [base] + _extra_shapes(inputs, names, graph_inputs, dynamic, extra_shapes if dynamic else 0)
+    no_extra = None
+    if len(shape_sets) == 1:
+        no_extra = ("no dynamic axes (static shapes)" if not dynamic
+                    else "extra_shapes is 0" if extra_shapes == 0 else "none could be made")
 
     report = CheckReport(
         command=command, onnx_model=source.label, reference=type(reference).__name__,
         inputs=[{"name": n, "shape": list(t.shape), "dtype": _dtype_name(t.dtype)} for n, t in zip(names, inputs)],
-        shapes=[], backends=list(backends),
+        shapes=[], backends=list(backends), dtype=_dtype_name(dtype) if dtype is not None else None,
+        dtype_source=dtype_source, no_extra_shapes=no_extra,
     )
     for b in backends:
         why = _availability(b)
@@ -792,6 +883,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="dynamic axes of input NAME, e.g. x:0,1; default: the symbolic dims of the ONNX inputs")
     p.add_argument("--backend", choices=("ort", "ort-cuda", "trt", "all"), default="ort")
     p.add_argument("--plugin", metavar="LIB.so", help="TensorRT plugin library (libnormexport_plugins.so)")
+    p.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default=None,
+                   help="run the eager reference and the inputs in this dtype (the float64 reference stays float64); "
+                        "default: the dtype of the ONNX model's first floating input")
     p.add_argument("--rtol", type=float, default=None, help="relative tolerance (x max|ref|); default per dtype, DESIGN §7")
     p.add_argument("--atol", type=float, default=None, help="absolute tolerance; default per dtype, DESIGN §7")
     p.add_argument("--extra-shapes", type=int, default=2, metavar="N", help="extra shapes to check along dynamic axes (default 2)")
@@ -858,8 +952,12 @@ def run(args) -> int:
     else:
         dynamic = _onnx_dynamic(graph_inputs)
 
+    dtype = getattr(args, "dtype", None)
     report = check(source.path, loaded.module, tuple(inputs), backends=(args.backend,), dynamic_axes=dynamic,
-                   extra_shapes=args.extra_shapes, rtol=args.rtol, atol=args.atol, plugin=args.plugin, command="check")
+                   extra_shapes=args.extra_shapes, rtol=args.rtol, atol=args.atol, plugin=args.plugin, dtype=dtype,
+                   command="check")
+    if dtype:
+        report.dtype_source = "--dtype"
     print(report.table())
     if args.json:
         report.write_json(args.json)
@@ -867,5 +965,5 @@ def run(args) -> int:
     return 0 if report.passed else 1
 
 
-__all__ = ["check", "CheckReport", "Row", "tolerance_for", "limit_for", "add_arguments", "run", "BACKENDS",
-           "DEFAULT_TOLERANCES"]
+__all__ = ["check", "CheckReport", "Row", "tolerance_for", "limit_for", "floor_for", "add_arguments", "run",
+           "BACKENDS", "DEFAULT_TOLERANCES", "FLOOR_EPS", "LIMIT_RULE"]

@@ -23,6 +23,9 @@ def format_failure(report: CheckReport) -> str:
         lines.append("no backend could run: " + "; ".join(f"{b}: {why}" for b, why in report.skipped.items()))
     for b, err in report.backend_errors.items():
         lines.append(f"  [{b}] {err}")
+    for b in report.ran:
+        if b not in report.backend_errors and not report.compared(b):
+            lines.append(f"  [{b}] nothing was compared (every output was empty): give inputs with elements")
     for r in report.failures:
         shape = ", ".join(f"{k}={'x'.join(map(str, v)) or 'scalar'}" for k, v in r.input_shapes.items())
         head = f"  [{r.backend}] output '{r.output}' ({r.dtype}), input shape #{r.shape_index} ({shape}):"
@@ -30,7 +33,8 @@ def format_failure(report: CheckReport) -> str:
             lines.append(f"{head} {r.reason}")
             continue
         lines.append(f"{head} max_abs_err {r.max_abs_err:.3e} > limit {r.limit:.3e} "
-                     f"(tolerance {r.tolerance:.3e}, eager's own error vs fp64 "
+                     f"(= min(tolerance, max(2 x eager's own error, floor)); tolerance {r.tolerance:.3e}, "
+                     f"eager's own error vs fp64 "
                      f"{'n/a' if r.ref_err_fp64 is None else format(r.ref_err_fp64, '.3e')}, "
                      f"max|ref| {r.max_abs_ref:.4g}, max_rel_err {r.max_rel_err:.3e}, mean_abs_err {r.mean_abs_err:.3e})")
         if r.worst_index is not None:
@@ -40,7 +44,7 @@ def format_failure(report: CheckReport) -> str:
         if r.reason and not r.reason.startswith("max_abs_err"):
             lines.append(f"      {r.reason}")
     n = len(report.failures)
-    lines.append(f"{n} of {len(report.rows)} comparisons failed; skipped backends: "
+    lines.append(f"{n} of {len(report.rows)} comparisons failed; {report.shapes_summary()}; skipped backends: "
                  + (", ".join(f"{b} ({why})" for b, why in report.skipped.items()) or "none"))
     return "\n".join(lines)
 

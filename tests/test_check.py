@@ -275,7 +275,13 @@ def test_tolerance_rules():
     assert tolerance_for(torch.float32, 2.0, rtol=1e-3, atol=0.0) == pytest.approx(2e-3)
     assert tolerance_for(torch.int64, 5.0) == 0.0
     tol = tolerance_for(torch.float32, 1.0)
-    assert limit_for(torch.float32, tol, 1.0, 0.0) == tol  # fp32: only the tolerance applies
+    eps32 = torch.finfo(torch.float32).eps
+    # fp32 (DESIGN §7): within tolerance *and* <= 2x eager, floored at 4 eps x max|ref|
+    assert limit_for(torch.float32, tol, 1.0, 0.0) == pytest.approx(4 * eps32)  # floor
+    assert limit_for(torch.float32, tol, 2.0, 1e-7) == pytest.approx(8 * eps32)  # floor scales with max|ref|
+    assert limit_for(torch.float32, tol, 1.0, 1e-6) == pytest.approx(2e-6)  # 2x eager
+    assert limit_for(torch.float32, tol, 1.0, 1e-4) == pytest.approx(tol)  # capped by the tolerance
+    assert limit_for(torch.float32, tol, 1.0, None) == tol  # no float64 reference: tolerance alone
     t16 = tolerance_for(torch.float16, 1.0)
     assert limit_for(torch.float16, t16, 1.0, 1e-4) == pytest.approx(torch.finfo(torch.float16).eps)  # floor
     assert limit_for(torch.float16, t16, 1.0, 6e-4) == pytest.approx(1.2e-3)  # 2x eager
@@ -355,3 +361,162 @@ def test_float64_reference_keeps_float32_casts_in_float64():
     report = check(export(m, (x,)), m, (x,))
     assert report.passed and report.fp64_reference["available"]
     assert report.rows[0].ref_err_fp64 > 0
+
+
+# ---- DESIGN §7: within tolerance *and* <= 2x eager's own error (fp32 too) -------------------------
+def _perturb_initializer(model: onnx.ModelProto, name: str, delta: float, index: int = 0) -> onnx.ModelProto:
+    """A copy with element `index` of initializer `name` moved by `delta`."""
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    init = next(t for t in m.graph.initializer if t.name == name)
+    arr = onnx.numpy_helper.to_array(init).copy()
+    arr.reshape(-1)[index] += delta
+    init.CopyFrom(onnx.numpy_helper.from_array(arr, name))
+    return m
+
+
+def test_within_tolerance_but_beyond_twice_eager_fails_fp32(mlp, tmp_path, capsys):
+    """An fp32 ONNX file whose output bias is off by 0.4 x tolerance: inside the absolute
+    tolerance, far beyond 2x eager's own error (and the 4 eps floor) -> fails, exit 1."""
+    m, inputs, model, _ = mlp
+    good = check(model, m, inputs)
+    assert good.passed, good.table()
+    row0 = good.rows[0]  # output 0 = fc2(...), whose bias we move
+    assert row0.limit < row0.tolerance  # the 2x rule is in force in fp32
+    assert row0.limit == pytest.approx(max(2 * row0.ref_err_fp64, 4 * torch.finfo(torch.float32).eps * row0.max_abs_ref))
+    bias = next(t.name for t in model.graph.initializer if t.name.endswith("fc2.bias"))
+    delta = 0.4 * row0.tolerance
+    assert delta > 4 * row0.limit
+    bad_model = _perturb_initializer(model, bias, delta)
+    bad = check(bad_model, m, inputs)
+    r = bad.rows[0]
+    assert r.max_abs_err < r.tolerance and r.max_abs_err > 2 * r.ref_err_fp64 and r.max_abs_err > r.limit
+    assert not r.passed and not bad.passed
+    assert "2 x eager" in r.reason and "within tolerance" in r.reason
+    assert bad.rows[1].passed  # the other output is untouched
+    d = bad.to_dict()
+    row_json = d["results"]["ort"][r.output][0]
+    for key in ("max_abs_err", "max_rel_err", "mean_abs_err", "ref_err_fp64", "tolerance", "passed", "limit"):
+        assert key in row_json
+    assert row_json["passed"] is False and "2 x ref_err_fp64" in d["limit_rule"]
+    path = tmp_path / "mlp_bias.onnx"
+    onnx.save(bad_model, str(path))
+    capsys.readouterr()
+    assert check_cmd.run(_cli_args(path, "--reference", "test_check:make_mlp_with_inputs")) == 1
+    assert "2 x eager" in capsys.readouterr().out
+
+
+# ---- dtype: judge an fp16 ONNX file in fp16 ----------------------------------------------------------
+@pytest.fixture(scope="module")
+def llama16(tmp_path_factory):
+    import normexport
+    from models.llama import tiny
+
+    block = tiny().half()
+    (x,) = block.example_inputs()
+    model = normexport.convert_module(block, (x,), target="trt", input_names=["x"], dynamic_axes={"x": [0, 1]})
+    d = tmp_path_factory.mktemp("llama16")
+    onnx.save(model, str(d / "llama16.onnx"))
+    onnx.save(perturb(model, 1e-2), str(d / "llama16_bad.onnx"))
+    return model, d
+
+
+def test_cli_check_float16_file_in_float16(llama16, tmp_path, capsys):
+    """`normexport check llama16.onnx --reference models.llama:tiny` (an fp32 factory): the dtype
+    comes from the ONNX input; eager runs in fp16 and the 2x rule compares with eager fp16."""
+    model, d = llama16
+    assert model.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT16
+    out = tmp_path / "r.json"
+    assert check_cmd.run(_cli_args(d / "llama16.onnx", "--reference", "models.llama:tiny", "--json", out)) == 0
+    text = capsys.readouterr().out
+    assert "eager in float16 (ONNX input 'x')" in text and "PASSED" in text
+    rep = json.loads(out.read_text())
+    assert rep["dtype"] == "float16" and rep["inputs"][0]["dtype"] == "float16"
+    (rows,) = rep["results"]["ort"].values()
+    assert len(rows) == 3 and all(r["passed"] for r in rows)
+    # eager's own error is that of float16 (~1e-3), not float32 (~1e-6)
+    assert all(r["ref_err_fp64"] > 1e-4 and r["limit"] <= r["tolerance"] for r in rows)
+    # explicit --dtype, and the perturbed fp16 file fails
+    assert check_cmd.run(_cli_args(d / "llama16.onnx", "--reference", "models.llama:tiny", "--dtype", "float16")) == 0
+    assert "eager in float16 (--dtype)" in capsys.readouterr().out
+    assert check_cmd.run(_cli_args(d / "llama16_bad.onnx", "--reference", "models.llama:tiny",
+                                   "--dtype", "float16")) == 1
+    assert "FAILED" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        _cli_args(d / "llama16.onnx", "--reference", "models.llama:tiny", "--dtype", "int8")
+
+
+def test_float32_file_is_not_cast(mlp):
+    m, inputs, model, _ = mlp
+    report = check(model, m, inputs)
+    assert report.dtype is None and report.to_dict()["dtype"] is None
+    assert check(model, m, inputs, dtype="float32").dtype == "float32"
+
+
+# ---- shapes: skipped / static / nothing compared --------------------------------------------------
+class _OnlyShape(nn.Module):
+    """Accepts only the shape it was made for (the ONNX file is dynamic)."""
+
+    def __init__(self, inner, shape):
+        super().__init__()
+        self.inner, self.shape = inner, tuple(shape)
+
+    def forward(self, x):
+        if tuple(x.shape) != self.shape:
+            raise ValueError(f"only {self.shape}")
+        return self.inner(x)
+
+
+def test_summary_says_shapes_checked_and_skipped(rms, mlp):
+    m, x, _, path = rms
+    report = check(path, _OnlyShape(m, x.shape), (x,), dynamic_axes={"x": [0, 1]}, extra_shapes=2)
+    assert report.passed, report.table()  # skipped shapes stay skipped, the given one passed
+    last = report.table().splitlines()[-1]
+    assert "1 shape(s) checked (2 skipped: the reference model rejects" in last, last
+    assert report.to_dict()["shapes_summary"].startswith("1 shape(s) checked (2 skipped")
+    full = check(path, m, (x,), dynamic_axes={"x": [0, 1]}, extra_shapes=2)
+    assert "3 shape(s) checked (0 skipped)" in full.table().splitlines()[-1]
+    m2, inputs, model, _ = mlp  # static ONNX inputs: no extra shape can be checked
+    static = check(model, m2, inputs)
+    assert "1 shape(s) checked (no extra shapes: no dynamic axes" in static.table().splitlines()[-1]
+    assert "extra_shapes is 0" in check(path, m, (x,), dynamic_axes={"x": [0]}, extra_shapes=0).table()
+
+
+def test_zero_rows_compared_is_a_failure(rms):
+    """Empty outputs: every row 'passes' trivially, but nothing was compared -> fail."""
+    m, _, _, path = rms
+    empty = torch.zeros(0, 6, 32)
+    report = check(path, m, (empty,))
+    assert report.rows and all(r.passed and r.elements == 0 for r in report.rows)
+    assert not report.passed
+    assert "nothing compared in ort" in report.table().splitlines()[-1]
+    assert report.to_dict()["backends"]["ort"] == {"status": "failed", "rows_compared": 0,
+                                                   "error": "nothing was compared"}
+    with pytest.raises(AssertionError, match="nothing was compared"):
+        assert_parity(m, path, (empty,))
+
+
+def test_cli_usage_errors_exit_2_in_a_subprocess(mlp, tmp_path):
+    """Through the installed entry point (cli.main): exit 2, one stderr line, no traceback."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    _, _, _, d = mlp
+    exe = Path(sys.executable).with_name("normexport")
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "normexport"]
+    cases = [
+        (["check", str(tmp_path / "missing.onnx"), "--reference", "models.llama:tiny"], "ONNX file not found"),
+        (["check", str(d / "mlp.onnx"), "--reference", str(tmp_path / "missing.pt2")], "not found"),
+        (["check", str(d / "mlp.onnx"), "--reference", "test_check:make_mlp", "--input", "x:4xq16",
+          "--input", "y:4x16"], "malformed"),
+    ]
+    env = {**os.environ, "PYTHONWARNINGS": "ignore",
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+    for argv, needle in cases:
+        r = subprocess.run(cmd + argv, capture_output=True, text=True, env=env, cwd=Path(__file__).parent.parent)
+        assert r.returncode == 2, (argv, r.stdout, r.stderr)
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+        assert lines[0].startswith("normexport: error:") and needle in lines[0], lines[0]
