@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import warnings
 
@@ -46,6 +47,10 @@ def main(argv: list[str] | None = None) -> int:
     # torch's own warnings (tracing, exporter internals) are not the user's business here:
     # problems with the user's input surface as one-line errors, parity as the table.
     warnings.filterwarnings("ignore", module=r"torch(\.|$)")
+    # torch.export.load's unpickling of pytree specs warns from copyreg (torch 2.13: "`isinstance(treespec,
+    # LeafSpec)` is deprecated"): torch's business, attributed to the stdlib.
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"copyreg$")
+    debug = os.environ.get("NORMEXPORT_DEBUG", "").strip() not in ("", "0")
     try:
         args = build_parser().parse_args(argv)
         code = args.run(args)
@@ -61,6 +66,13 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("normexport: interrupted", file=sys.stderr)
         return 130
+    except Exception as e:  # a bug in normexport (or torch/onnx) rather than in the user's input
+        if debug:
+            raise
+        first = (str(e).strip().splitlines() or [""])[0][:200]
+        print(f"normexport: internal error: {type(e).__name__}{': ' + first if first else ''} "
+              "(run with NORMEXPORT_DEBUG=1 for the traceback)", file=sys.stderr)
+        return 1
     return int(code or 0)
 
 

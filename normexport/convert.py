@@ -6,7 +6,6 @@ import argparse
 import inspect
 from pathlib import Path
 
-import onnx
 import torch
 
 from . import io, loaders
@@ -50,6 +49,10 @@ def resolve_inputs(loaded: loaders.LoadedModel, model: str, input_args: list[str
     else:
         hint = " (TorchScript files carry no input shapes)" if loaded.kind == "torchscript" else ""
         raise UsageError(f"cannot tell the inputs of '{model}'{hint}: add --input NAME:DIMS[:DTYPE] for each forward input")
+    for i, t in enumerate(inputs):
+        if not isinstance(t, torch.Tensor):
+            raise UsageError(f"input {i} of '{model}' is a {type(t).__name__}, not a tensor: normexport exports tensor "
+                             "inputs only; give each forward input as --input NAME:DIMS[:DTYPE]")
     if dtype:
         inputs = tuple(t.to(DTYPES[dtype]) if t.is_floating_point() else t for t in inputs)
     _check_arity(loaded.module, len(inputs))
@@ -58,7 +61,8 @@ def resolve_inputs(loaded: loaders.LoadedModel, model: str, input_args: list[str
 
 def run_eager(module, inputs: tuple):
     """Run the model once; a model that rejects the inputs is a usage error, not a crash."""
-    shapes = ", ".join("x".join(map(str, t.shape)) or "scalar" for t in inputs)
+    shapes = ", ".join(("x".join(map(str, t.shape)) or "scalar") if isinstance(t, torch.Tensor) else type(t).__name__
+                       for t in inputs)
     try:
         with torch.no_grad():
             return module(*inputs)
@@ -103,7 +107,7 @@ def run(args) -> int:
 
     out = io.check_writable(args.output or default_output(args.model))
     if args.report:
-        io.check_writable(args.report)
+        io.check_writable(args.report, "--report")
     loaded = loaders.load(args.model, trust_pickle=args.trust_pickle, weights=args.weights)
     module = loaded.module
     if args.dtype:
@@ -115,7 +119,7 @@ def run(args) -> int:
     try:
         model = convert_module(module, inputs, target=args.target, opset=args.opset, input_names=names,
                                output_names=loaded.output_names, dynamic_axes=dynamic, report=sections)
-        onnx.checker.check_model(model, full_check=True)
+        io.check_onnx(model, workdir=out.parent)  # by path, with external data, when over 2 GiB
     except UsageError:
         raise
     except Exception as e:
@@ -137,12 +141,17 @@ def run(args) -> int:
                             for n, t in zip(names, inputs)]
     if not passed:
         if args.report:
-            io.write_json(report, args.report)
+            io.write_json(report, args.report, "--report")
         print(f"parity FAILED or not checkable here: {out} not written (--no-check writes it without the check)")
         return 1
     io.save_onnx(model, out)
     if args.report:
-        io.write_json(report, args.report)
+        try:
+            io.write_json(report, args.report, "--report")
+        except BaseException:  # no output file left behind when the command fails
+            for p in (out, out.with_name(out.name + ".data")):
+                p.unlink(missing_ok=True)
+            raise
     print(f"wrote {out}")
     return 0
 

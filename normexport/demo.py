@@ -6,8 +6,6 @@ import argparse
 import importlib
 from pathlib import Path
 
-import onnx
-
 from . import io
 from .errors import UsageError
 from .export import convert_module, op_counts
@@ -54,9 +52,9 @@ def run(args) -> int:
         sections: dict = {}
         model = convert_module(module, inputs, target=args.target, input_names=module.input_names,
                                output_names=module.output_names, dynamic_axes=module.dynamic_axes, report=sections)
-        onnx.checker.check_model(model, full_check=True)
+        io.check_onnx(model, workdir=out)  # by path, with external data, when over 2 GiB
         result = check(model, module, inputs, dynamic_axes=module.dynamic_axes, command="demo")
-        path = io.save_onnx(model, out / f"{name}.onnx")
+        path = io.save_onnx(model, out / f"{name}.onnx", flag="--out")
         err = _max_rel_err(result.to_dict())
         rows.append((name, fused_ops(op_counts(model), sections), f"{err:.2e}", "yes" if result.passed else "NO", path.name))
         ok &= result.passed

@@ -16,53 +16,104 @@ from .errors import UsageError
 PROTOBUF_LIMIT = 2**31 - 1
 
 
-def check_writable(path: str | os.PathLike) -> Path:
-    """Fail early, before any work, when `path` cannot be written."""
+def check_writable(path: str | os.PathLike, flag: str = "-o") -> Path:
+    """Fail early, before any work, when `path` cannot be written (`flag` names the option to fix)."""
     path = Path(path)
     parent = path.parent if str(path.parent) else Path(".")
     if path.is_dir():
-        raise UsageError(f"output path '{path}' is a directory: give a file name, e.g. -o {path / 'model.onnx'}")
+        example = path / ("model.onnx" if flag == "-o" else "report.json")
+        raise UsageError(f"output path '{path}' is a directory: give a file name, e.g. {flag} {example}")
     if not parent.is_dir():
-        raise UsageError(f"output folder '{parent}' does not exist: create it or choose another -o path")
-    if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
-        raise UsageError(f"cannot write '{path}': permission denied; choose another -o path")
+        blocker = next((p for p in (parent, *parent.parents) if p.exists()), None)
+        if blocker is not None and not blocker.is_dir():
+            raise UsageError(f"cannot write '{path}': '{blocker}' is a file, not a folder: choose another {flag} path")
+        raise UsageError(f"output folder '{parent}' does not exist: create it or choose another {flag} path")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise UsageError(f"cannot write '{path}': permission denied; choose another {flag} path")
+    try:  # os.access is not the truth for root, read-only mounts or /proc: try it
+        fd, probe = tempfile.mkstemp(prefix=".normexport-probe-", dir=parent)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise UsageError(f"cannot write in '{parent}' ({e.strerror or type(e).__name__}): choose another {flag} path") from None
     return path
 
 
-def save_onnx(model: onnx.ModelProto, path: str | os.PathLike, external_data: bool | None = None) -> Path:
+def save_onnx(model: onnx.ModelProto, path: str | os.PathLike, external_data: bool | None = None,
+              flag: str = "-o") -> Path:
     """Write `model` to `path` atomically. Weights go to `<name>.data` beside it when the model is
-    too large for one protobuf (or when external_data=True)."""
-    path = check_writable(path)
+    too large for one protobuf (or when external_data=True). `model` is left as it was."""
+    path = check_writable(path, flag)
     if external_data is None:
         external_data = _too_large(model)
-    tmpdir = tempfile.mkdtemp(prefix=".normexport-", dir=path.parent)
     try:
-        tmp = Path(tmpdir) / path.name
-        data_name = path.name + ".data"
-        if external_data:
-            onnx.save_model(model, str(tmp), save_as_external_data=True, all_tensors_to_one_file=True,
-                            location=data_name, size_threshold=1024)
-            os.replace(Path(tmpdir) / data_name, path.parent / data_name)
-        else:
-            onnx.save_model(model, str(tmp))
-        os.replace(tmp, path)
-    finally:
-        shutil.rmtree(tmpdir, ignore_errors=True)
+        tmpdir = tempfile.mkdtemp(prefix=".normexport-", dir=path.parent)
+        try:
+            tmp = Path(tmpdir) / path.name
+            data_name = path.name + ".data"
+            if external_data:
+                _save_external(model, tmp, data_name)
+                if (Path(tmpdir) / data_name).exists():
+                    os.replace(Path(tmpdir) / data_name, path.parent / data_name)
+            else:
+                onnx.save_model(model, str(tmp))
+            os.replace(tmp, path)
+        finally:
+            shutil.rmtree(tmpdir, ignore_errors=True)
+    except OSError as e:
+        raise UsageError(f"cannot write '{path}' ({e.strerror or _first_line(e)}): free some space or choose another {flag} path") from None
     return path
 
 
-def write_json(obj, path: str | os.PathLike) -> Path:
-    path = check_writable(path)
-    fd, tmp = tempfile.mkstemp(prefix=".normexport-", suffix=".json", dir=path.parent)
+def check_onnx(model: onnx.ModelProto, workdir: str | os.PathLike | None = None) -> None:
+    """onnx.checker.check_model(full_check=True), also for models over protobuf's 2 GiB limit (which
+    the checker only takes by path: they are saved with external data to a temp folder in `workdir`)."""
+    if not _too_large(model):
+        onnx.checker.check_model(model, full_check=True)
+        return
+    tmpdir = tempfile.mkdtemp(prefix=".normexport-check-", dir=workdir)
+    try:
+        tmp = Path(tmpdir) / "model.onnx"
+        _save_external(model, tmp, "model.onnx.data")
+        onnx.checker.check_model(str(tmp), full_check=True)
+    finally:
+        shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+def _save_external(model: onnx.ModelProto, path: Path, data_name: str) -> None:
+    """Save with all weights in `data_name` beside `path`; onnx moves the weights out of the proto
+    in place while saving, so they are read back into it afterwards."""
+    from onnx.external_data_helper import load_external_data_for_model
+
+    try:
+        onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                        location=data_name, size_threshold=1024)
+    finally:
+        load_external_data_for_model(model, str(path.parent))
+
+
+def write_json(obj, path: str | os.PathLike, flag: str = "output") -> Path:
+    path = check_writable(path, flag)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".normexport-", suffix=".json", dir=path.parent)
+    except OSError as e:
+        raise UsageError(f"cannot write '{path}' ({e.strerror or _first_line(e)}): choose another {flag} path") from None
     try:
         with os.fdopen(fd, "w") as f:
             json.dump(obj, f, indent=2, default=str)
             f.write("\n")
         os.replace(tmp, path)
+    except OSError as e:
+        Path(tmp).unlink(missing_ok=True)
+        raise UsageError(f"cannot write '{path}' ({e.strerror or _first_line(e)}): choose another {flag} path") from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
 
 
 def _too_large(model: onnx.ModelProto) -> bool:

@@ -34,3 +34,14 @@ class Evil:
 
     def __reduce__(self):
         return (open, (self.marker, "w"))
+
+
+class ScalarExampleInputs(RMSNormBlock):
+    """Declares example inputs that are not tensors."""
+
+    def example_inputs(self):
+        return [1, 2.0]
+
+
+def scalar_example_inputs():
+    return ScalarExampleInputs().eval()

@@ -90,114 +90,383 @@ def test_trusted_pickle_loads(cli, tmp_path, block):
     assert (tmp_path / "m.onnx").exists()
 
 
-# ---- bad input: exit 2, one line, no traceback, no output file ---------------------------------
+# ---- bad input: the real console script in a subprocess ---------------------------------------
+# exit 2, exactly one non-empty line on stderr, no traceback, no output file left.
+def run_cli(*argv, cwd=None):
+    """Run the installed `normexport` console script; returns (exit code, stdout, stderr)."""
+    exe = Path(sys.executable).with_name("normexport")
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "normexport"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))}
+    env.pop("NORMEXPORT_DEBUG", None)
+    r = subprocess.run(cmd + [str(a) for a in argv], capture_output=True, text=True, cwd=cwd, env=env, timeout=300)
+    return r.returncode, r.stdout, r.stderr
+
+
 def _assert_usage_error(result, *words, out_dir=None):
     code, out, err = result
     assert code == 2, (out, err)
-    lines = err.strip().splitlines()
+    assert "Traceback" not in err, err
+    lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1, err
     assert lines[0].startswith("normexport: error: ")
-    assert "Traceback" not in err
     for w in words:
         assert w.lower() in lines[0].lower(), lines[0]
     if out_dir is not None:
         assert not list(Path(out_dir).glob("*.onnx*")), list(Path(out_dir).iterdir())
         assert not list(Path(out_dir).glob(".normexport-*"))
+    return lines[0]
 
 
-def test_missing_file(cli, tmp_path):
-    _assert_usage_error(cli("convert", tmp_path / "nope.pt2"), "not found", out_dir=tmp_path)
+def test_missing_file(tmp_path):
+    _assert_usage_error(run_cli("convert", tmp_path / "nope.pt2"), "not found", out_dir=tmp_path)
 
 
-def test_corrupt_file(cli, tmp_path):
+def test_corrupt_file(tmp_path):
     (tmp_path / "m.pt").write_bytes(b"\x00garbage" * 100)
-    _assert_usage_error(cli("convert", tmp_path / "m.pt", "--input", "x:2x3"), "cannot read", out_dir=tmp_path)
+    _assert_usage_error(run_cli("convert", tmp_path / "m.pt", "--input", "x:2x3"), "cannot read", out_dir=tmp_path)
     (tmp_path / "m.pt2").write_bytes(b"PK\x03\x04 broken zip")
-    _assert_usage_error(cli("convert", tmp_path / "m.pt2"), ".pt2", out_dir=tmp_path)
+    _assert_usage_error(run_cli("convert", tmp_path / "m.pt2"), ".pt2", out_dir=tmp_path)
 
 
-def test_unknown_extension(cli, tmp_path):
+def _rewrite_zip(src, dst, replace=None, add=None):
+    """Copy zip `src` to `dst`, replacing members whose name ends with a key of `replace`."""
+    import zipfile
+
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w") as zout:
+        for info in zin.infolist():
+            data = zin.read(info.filename)
+            for suffix, fn in (replace or {}).items():
+                if info.filename.endswith(suffix):
+                    data = fn(data)
+            zout.writestr(info, data)
+        root = zin.namelist()[0].split("/")[0]
+        for name, data in (add or {}).items():
+            zout.writestr(f"{root}/{name}", data)
+
+
+def _truncate_keeping_end_record(data: bytes) -> bytes:
+    """Half a zip plus its end-of-central-directory record: zipfile.is_zipfile() is still True."""
+    return data[: len(data) // 2] + data[data.rindex(b"PK\x05\x06"):]
+
+
+@pytest.fixture
+def pt2(tmp_path, block):
+    path = tmp_path / "good" / "m.pt2"
+    path.parent.mkdir()
+    torch.export.save(torch.export.export(block, _inputs()), path)
+    return path
+
+
+@pytest.mark.parametrize("how", ["truncated", "bad-json", "bad-sample-inputs"])
+def test_corrupt_pt2_is_one_line(tmp_path, pt2, how):
+    """torch.export.load logs a whole traceback through torch's logger: stderr must stay one line."""
+    bad = tmp_path / "m.pt2"
+    if how == "truncated":
+        bad.write_bytes(_truncate_keeping_end_record(pt2.read_bytes()))
+    elif how == "bad-json":
+        _rewrite_zip(pt2, bad, {"models/model.json": lambda d: b"{garbage"})
+    else:
+        _rewrite_zip(pt2, bad, {"data/sample_inputs/model.pt": lambda d: b"\x80\x02garbage"})
+    _assert_usage_error(run_cli("convert", bad), "m.pt2", out_dir=tmp_path)
+
+
+def test_truncated_torchscript(tmp_path, block):
+    import zipfile
+
+    torch.jit.script(block).save(str(tmp_path / "ok.pt"))
+    (tmp_path / "m.pt").write_bytes(_truncate_keeping_end_record((tmp_path / "ok.pt").read_bytes()))
+    (tmp_path / "ok.pt").unlink()
+    assert zipfile.is_zipfile(tmp_path / "m.pt")
+    _assert_usage_error(run_cli("convert", tmp_path / "m.pt", "--input", "x:2x5x24", "--input", "y:2x5x24"),
+                        "corrupt or truncated", out_dir=tmp_path)
+
+
+def test_unknown_extension(tmp_path):
     (tmp_path / "m.xyz").write_bytes(b"abc")
-    _assert_usage_error(cli("convert", tmp_path / "m.xyz"), "unknown model extension", ".pt2", out_dir=tmp_path)
+    _assert_usage_error(run_cli("convert", tmp_path / "m.xyz"), "unknown model extension", ".pt2", out_dir=tmp_path)
 
 
 @pytest.mark.parametrize("spec", ["x", "x:2xa", "x:2x3:float99", "1x:2", "x:2x3:float32:extra"])
-def test_malformed_input(cli, tmp_path, block, spec):
+def test_malformed_input(tmp_path, block, spec):
     torch.jit.script(block).save(str(tmp_path / "m.pt"))
-    _assert_usage_error(cli("convert", tmp_path / "m.pt", "--input", spec), "--input", out_dir=tmp_path)
+    _assert_usage_error(run_cli("convert", tmp_path / "m.pt", "--input", spec), "--input", out_dir=tmp_path)
 
 
-def test_malformed_dynamic(cli, tmp_path, block):
+def test_malformed_dynamic(tmp_path, block):
     torch.jit.script(block).save(str(tmp_path / "m.pt"))
-    _assert_usage_error(cli("convert", tmp_path / "m.pt", "--input", "x:2x5x24", "--input", "y:2x5x24",
-                            "--dynamic", "x:a"), "--dynamic", out_dir=tmp_path)
+    _assert_usage_error(run_cli("convert", tmp_path / "m.pt", "--input", "x:2x5x24", "--input", "y:2x5x24",
+                                "--dynamic", "x:a"), "--dynamic", out_dir=tmp_path)
 
 
-def test_wrong_number_of_inputs(cli, tmp_path, block):
+def test_wrong_number_of_inputs(tmp_path, block):
     torch.jit.script(block).save(str(tmp_path / "m.pt"))
-    _assert_usage_error(cli("convert", tmp_path / "m.pt", "--input", "x:2x5x24"), "takes 2 input", out_dir=tmp_path)
+    _assert_usage_error(run_cli("convert", tmp_path / "m.pt", "--input", "x:2x5x24"), "takes 2 input", out_dir=tmp_path)
 
 
-def test_shape_the_model_rejects(cli, tmp_path, block):
+def test_shape_the_model_rejects(tmp_path, block):
     torch.jit.script(block).save(str(tmp_path / "m.pt"))
-    _assert_usage_error(cli("convert", tmp_path / "m.pt", "--input", "x:2x5x7", "--input", "y:2x5x7"),
+    _assert_usage_error(run_cli("convert", tmp_path / "m.pt", "--input", "x:2x5x7", "--input", "y:2x5x7"),
                         "rejected inputs of shape 2x5x7", out_dir=tmp_path)
 
 
-def test_torchscript_without_inputs_names_the_flag(cli, tmp_path, block):
+def test_torchscript_without_inputs_names_the_flag(tmp_path, block):
     torch.jit.script(block).save(str(tmp_path / "m.pt"))
-    _assert_usage_error(cli("convert", tmp_path / "m.pt"), "--input", out_dir=tmp_path)
+    _assert_usage_error(run_cli("convert", tmp_path / "m.pt"), "--input", out_dir=tmp_path)
 
 
-def test_untrusted_pickle_is_never_unpickled(cli, tmp_path):
+def test_untrusted_pickle_is_never_unpickled(tmp_path):
     marker = tmp_path / "payload_ran"
     torch.save(_cli_models.Evil(str(marker)), tmp_path / "evil.pt")
     assert not marker.exists()
-    _assert_usage_error(cli("convert", tmp_path / "evil.pt", "--input", "x:2x3"), "--trust-pickle", out_dir=tmp_path)
+    _assert_usage_error(run_cli("convert", tmp_path / "evil.pt", "--input", "x:2x3"), "--trust-pickle", out_dir=tmp_path)
     assert not marker.exists(), "the pickle's payload ran"
     # the same file does run its payload when unpickled: the marker is a real witness
     torch.load(tmp_path / "evil.pt", weights_only=False)
     assert marker.exists()
 
 
-def test_state_dict_as_model(cli, tmp_path, block):
+def _evil_pt2(src, dst, where, marker):
+    """A .pt2 whose sample inputs / a weight / a constant is a pickle that creates `marker`."""
+    import io as _io
+    import pickle
+
+    buf = _io.BytesIO()
+    if where == "sample_inputs":
+        torch.save(((_cli_models.Evil(str(marker)),), {}), buf)
+        _rewrite_zip(src, dst, {"data/sample_inputs/model.pt": lambda d: buf.getvalue()})
+    elif where == "weight":  # a `use_pickle` weight: torch loads it with weights_only=False
+        torch.save(_cli_models.Evil(str(marker)), buf)
+
+        def config(data):
+            cfg = json.loads(data)
+            cfg["config"]["weight"]["use_pickle"] = True
+            return json.dumps(cfg).encode()
+
+        _rewrite_zip(src, dst, {"data/weights/model_weights_config.json": config,
+                                "data/weights/weight_0": lambda d: buf.getvalue()})
+    else:  # an opaque-object constant: torch loads it with pickle.loads
+        cfg = {"config": {"c0": {"path_name": "opaque_obj_0", "is_param": False, "use_pickle": True, "tensor_meta": None}}}
+        _rewrite_zip(src, dst, {"data/constants/model_constants_config.json": lambda d: json.dumps(cfg).encode()},
+                     add={"data/constants/opaque_obj_0": pickle.dumps(_cli_models.Evil(str(marker)))})
+
+
+@pytest.mark.parametrize("where", ["sample_inputs", "weight", "constant"])
+def test_untrusted_pt2_payload_never_runs(tmp_path, pt2, where):
+    """torch.export.load itself unpickles with weights_only=False / pickle.loads: without
+    --trust-pickle, normexport must refuse before any of it runs."""
+    marker = tmp_path / "payload_ran"
+    _evil_pt2(pt2, tmp_path / "evil.pt2", where, marker)
+    line = _assert_usage_error(run_cli("convert", tmp_path / "evil.pt2"), "--trust-pickle", out_dir=tmp_path)
+    assert not marker.exists(), "the .pt2's pickle payload ran without --trust-pickle"
+    assert "evil.pt2" in line
+    # witness: plain torch.export.load does run the payload
+    try:
+        torch.export.load(tmp_path / "evil.pt2")
+    except Exception:
+        pass
+    assert marker.exists()
+
+
+def test_state_dict_as_model(tmp_path, block):
     torch.save(block.state_dict(), tmp_path / "sd.pt")
-    _assert_usage_error(cli("convert", tmp_path / "sd.pt"), "state dict", "--weights", out_dir=tmp_path)
+    _assert_usage_error(run_cli("convert", tmp_path / "sd.pt"), "state dict", "--weights", out_dir=tmp_path)
 
 
-def test_weights_that_do_not_fit(cli, tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
+@pytest.mark.parametrize("key", ["model", "state_dict"])
+def test_checkpoint_dict_as_model(tmp_path, block, key):
+    torch.save({key: block.state_dict(), "epoch": 3, "lr": 0.1}, tmp_path / "ckpt.pt")
+    _assert_usage_error(run_cli("convert", tmp_path / "ckpt.pt"), f"state dict under '{key}'",
+                        "module:callable --weights", out_dir=tmp_path)
+
+
+def test_weights_that_do_not_fit(tmp_path):
     torch.save({"fc.weight": torch.randn(3, 3)}, tmp_path / "w.pt")
-    _assert_usage_error(cli("convert", "_cli_models:rms_block", "--weights", tmp_path / "w.pt",
-                            "--input", "x:2x5x24", "--input", "y:2x5x24"), "does not fit", out_dir=tmp_path)
+    _assert_usage_error(run_cli("convert", "_cli_models:rms_block", "--weights", tmp_path / "w.pt",
+                                "--input", "x:2x5x24", "--input", "y:2x5x24", cwd=tmp_path), "does not fit", out_dir=tmp_path)
 
 
-def test_unwritable_output(cli, tmp_path, block):
+def test_weights_without_a_state_dict(tmp_path):
+    torch.save({"epoch": 3, "lr": 0.1}, tmp_path / "w.pt")
+    _assert_usage_error(run_cli("convert", "_cli_models:rms_block", "--weights", tmp_path / "w.pt",
+                                "--input", "x:2x5x24", "--input", "y:2x5x24", cwd=tmp_path),
+                        "no state dict", "'epoch'", out_dir=tmp_path)
+
+
+def _unwritable_dir(tmp_path) -> Path:
+    """A folder nobody may create files in: chmod 0o500 (root ignores modes: /proc instead)."""
+    if os.geteuid() != 0:
+        d = tmp_path / "ro"
+        d.mkdir()
+        d.chmod(0o500)
+        return d
+    if not Path("/proc/self").is_dir():
+        pytest.skip("running as root without /proc: no folder root cannot write in")
+    return Path("/proc")
+
+
+def test_unwritable_output(tmp_path, block):
     torch.jit.script(block).save(str(tmp_path / "m.pt"))
     args = ("--input", "x:2x5x24", "--input", "y:2x5x24")
-    _assert_usage_error(cli("convert", tmp_path / "m.pt", "-o", tmp_path / "no" / "such" / "m.onnx", *args), "does not exist",
-                        out_dir=tmp_path)
+    _assert_usage_error(run_cli("convert", tmp_path / "m.pt", "-o", tmp_path / "no" / "such" / "m.onnx", *args),
+                        f"output folder '{tmp_path / 'no' / 'such'}' does not exist", out_dir=tmp_path)
     (tmp_path / "file").write_text("x")
-    _assert_usage_error(cli("convert", tmp_path / "m.pt", "-o", tmp_path / "file" / "m.onnx", *args), "file", out_dir=tmp_path)
-    _assert_usage_error(cli("convert", tmp_path / "m.pt", "-o", tmp_path, *args), "directory", out_dir=tmp_path)
+    _assert_usage_error(run_cli("convert", tmp_path / "m.pt", "-o", tmp_path / "file" / "m.onnx", *args),
+                        f"'{tmp_path / 'file'}' is a file, not a folder", "-o", out_dir=tmp_path)
+    _assert_usage_error(run_cli("convert", tmp_path / "m.pt", "-o", tmp_path / "file" / "sub" / "m.onnx", *args),
+                        f"'{tmp_path / 'file'}' is a file, not a folder", out_dir=tmp_path)
+    _assert_usage_error(run_cli("convert", tmp_path / "m.pt", "-o", tmp_path, *args), "is a directory", out_dir=tmp_path)
 
 
-def test_unknown_factory(cli, tmp_path, monkeypatch):
+def test_permission_denied_output(tmp_path, block):
+    torch.jit.script(block).save(str(tmp_path / "m.pt"))
+    ro = _unwritable_dir(tmp_path)
+    try:
+        _assert_usage_error(run_cli("convert", tmp_path / "m.pt", "-o", ro / "m.onnx", "--input", "x:2x5x24",
+                                    "--input", "y:2x5x24"), f"cannot write in '{ro}'", "-o", out_dir=tmp_path)
+        assert not (ro / "m.onnx").exists()
+    finally:
+        if ro != Path("/proc"):
+            ro.chmod(0o700)
+
+
+def test_unwritable_report(tmp_path, block):
+    torch.jit.script(block).save(str(tmp_path / "m.pt"))
+    args = ("--input", "x:2x5x24", "--input", "y:2x5x24", "-o", tmp_path / "m.onnx")
+    ro = _unwritable_dir(tmp_path)
+    try:
+        _assert_usage_error(run_cli("convert", tmp_path / "m.pt", "--report", ro / "r.json", *args),
+                            f"cannot write in '{ro}'", "--report", out_dir=tmp_path)
+    finally:
+        if ro != Path("/proc"):
+            ro.chmod(0o700)
+    _assert_usage_error(run_cli("convert", tmp_path / "m.pt", "--report", tmp_path / "nodir" / "r.json", *args),
+                        "does not exist", "--report", out_dir=tmp_path)
+
+
+def test_unknown_factory(tmp_path):
+    _assert_usage_error(run_cli("convert", "no_such_pkg.mod:make", cwd=tmp_path), "cannot import")
+    _assert_usage_error(run_cli("convert", "_cli_models:nothing", cwd=tmp_path), "no callable")
+
+
+@pytest.mark.parametrize("source, words", [
+    ("def make(:\n    pass\n", ("syntax error at broken_factory.py:1",)),
+    ("raise RuntimeError('no GPU here')\ndef make():\n    pass\n", ("RuntimeError", "no GPU here")),
+])
+def test_factory_module_that_fails_to_import(tmp_path, source, words):
+    (tmp_path / "broken_factory.py").write_text(source)
+    _assert_usage_error(run_cli("convert", "broken_factory:make", cwd=tmp_path), "broken_factory", *words, out_dir=tmp_path)
+
+
+def test_example_inputs_that_are_not_tensors(tmp_path):
+    _assert_usage_error(run_cli("convert", "_cli_models:scalar_example_inputs", cwd=tmp_path),
+                        "example_inputs() returned a list of float, int", "--input", out_dir=tmp_path)
+
+
+def test_bad_usage_is_one_line():
+    _assert_usage_error(run_cli("convert"), "--help")
+    _assert_usage_error(run_cli("frobnicate"), "--help")
+
+
+# ---- success is quiet on stderr; internal errors stay distinguishable ----------------------------
+def test_pt2_success_has_clean_stderr(tmp_path, pt2):
+    code, out, err = run_cli("convert", pt2, "-o", tmp_path / "m.onnx")
+    assert code == 0, err
+    assert err == "", err  # no copyreg FutureWarning, no torch logging
+    assert (tmp_path / "m.onnx").exists()
+
+
+def test_internal_error_is_one_line_exit_1(cli, tmp_path, monkeypatch):
+    from normexport import loaders
+
+    def broken(*a, **k):
+        raise ZeroDivisionError("a bug")
+
+    monkeypatch.setattr(loaders, "load", broken)
+    code, out, err = cli("convert", tmp_path / "m.pt2", "-o", tmp_path / "m.onnx")
+    assert code == 1
+    assert err.strip().splitlines() == ["normexport: internal error: ZeroDivisionError: a bug "
+                                        "(run with NORMEXPORT_DEBUG=1 for the traceback)"]
+    monkeypatch.setenv("NORMEXPORT_DEBUG", "1")
+    with pytest.raises(ZeroDivisionError):
+        cli("convert", tmp_path / "m.pt2", "-o", tmp_path / "m.onnx")
+
+
+# ---- --weights checkpoint forms ------------------------------------------------------------------
+@pytest.mark.parametrize("wrap", ["state_dict", "model"])
+def test_weights_in_a_checkpoint_dict(cli, tmp_path, monkeypatch, wrap):
     monkeypatch.chdir(tmp_path)
-    _assert_usage_error(cli("convert", "no_such_pkg.mod:make"), "cannot import")
-    _assert_usage_error(cli("convert", "_cli_models:nothing"), "no callable")
+    other = _cli_models.RMSNormBlock()
+    with torch.no_grad():
+        for p in other.parameters():
+            p.add_(torch.randn_like(p))
+    torch.save({wrap: other.state_dict(), "epoch": 3, "optimizer": {"state": {}, "param_groups": []}}, tmp_path / "w.pt")
+    code, out, err = cli("convert", "_cli_models:rms_block", "--weights", tmp_path / "w.pt",
+                         "--input", "x:2x5x24", "--input", "y:2x5x24", "--no-check")
+    assert code == 0, err
+    x, y = _inputs(2, 5, seed=5)
+    (got,) = _ort_run(tmp_path / "_cli_models_rms_block.onnx", (x, y))
+    assert _rel_err(got, other.eval()(x, y).detach()) < 1e-5
 
 
-def test_bad_usage_is_one_line(cli):
-    _assert_usage_error(cli("convert"), "--help")
-    _assert_usage_error(cli("frobnicate"), "--help")
+# ---- models over 2 GiB: external data, checked by path --------------------------------------------
+def _tiny_onnx():
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = np.random.default_rng(0).standard_normal((24, 24)).astype(np.float32)  # 2304 bytes: above the 1 KiB threshold
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])], "tiny",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 24])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 24])],
+        [numpy_helper.from_array(w, "w")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), w
 
 
-def test_console_script_exit_code_and_no_traceback(tmp_path):
-    """The installed `normexport` entry point itself: exit 2 and one line."""
-    exe = Path(sys.executable).with_name("normexport")
-    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "normexport"]
-    r = subprocess.run(cmd + ["convert", str(tmp_path / "missing.pt2")], capture_output=True, text=True,
-                       env={**os.environ, "PYTHONWARNINGS": "ignore"})
-    assert r.returncode == 2
-    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+def test_save_onnx_external_data_branch(tmp_path, monkeypatch):
+    from normexport import io as nio
+
+    model, w = _tiny_onnx()
+    monkeypatch.setattr(nio, "PROTOBUF_LIMIT", 1000)  # the tiny model now counts as "over 2 GiB"
+    assert nio._too_large(model)
+    path = nio.save_onnx(model, tmp_path / "big.onnx")
+    data = tmp_path / "big.onnx.data"
+    assert path.exists() and data.exists() and data.stat().st_size >= w.nbytes
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["big.onnx", "big.onnx.data"]  # no temp files left
+    assert model.graph.initializer[0].raw_data  # the in-memory model keeps its weights
+    loaded = onnx.load(str(path), load_external_data=False)
+    assert loaded.graph.initializer[0].data_location == onnx.TensorProto.EXTERNAL
+    onnx.checker.check_model(str(path), full_check=True)
+    x = np.random.default_rng(1).standard_normal((2, 24)).astype(np.float32)
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(sess.run(None, {"x": x})[0], x @ w, rtol=1e-5, atol=1e-5)
+
+
+def test_check_onnx_large_model_goes_by_path(tmp_path, monkeypatch):
+    from normexport import io as nio
+
+    model, _ = _tiny_onnx()
+    seen = []
+    real = onnx.checker.check_model
+    monkeypatch.setattr(onnx.checker, "check_model", lambda m, **kw: (seen.append(type(m)), real(m, **kw))[1])
+    nio.check_onnx(model, workdir=tmp_path)
+    monkeypatch.setattr(nio, "PROTOBUF_LIMIT", 1000)
+    nio.check_onnx(model, workdir=tmp_path)
+    assert seen == [onnx.ModelProto, str]
+    assert model.graph.initializer[0].raw_data and not list(tmp_path.iterdir())
+
+
+def test_convert_large_model_writes_external_data(cli, tmp_path, monkeypatch):
+    """convert checks a model over the limit by path and writes it with external data."""
+    from normexport import io as nio
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(nio, "PROTOBUF_LIMIT", 1000)
+    torch.manual_seed(0)  # rms_block's Linear layers draw from the global RNG
+    code, out, err = cli("convert", "_cli_models:rms_block", "--input", "x:2x5x24", "--input", "y:2x5x24",
+                         "-o", tmp_path / "m.onnx")
+    assert code == 0, err
+    assert (tmp_path / "m.onnx.data").exists()
+    x, y = _inputs(2, 5, seed=6)
+    (got,) = _ort_run(tmp_path / "m.onnx", (x, y))
+    torch.manual_seed(0)
+    assert _rel_err(got, _cli_models.rms_block()(x, y).detach()) < 1e-5
+    assert not list(tmp_path.glob(".normexport-*"))
