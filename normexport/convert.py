@@ -101,6 +101,11 @@ def _arity(module) -> tuple[int, int] | None:
     return sum(1 for p in positional if p.default is p.empty), len(positional)
 
 
+#: the first opset whose Conv / Gemm / MatMul / Pow ... accept bfloat16; `--dtype bfloat16` exports
+#: at it unless --opset says otherwise
+BF16_OPSET = 22
+
+
 def run(args) -> int:
     from . import __version__
     from .parity import check
@@ -115,15 +120,21 @@ def run(args) -> int:
     inputs, names, dynamic = resolve_inputs(loaded, args.model, args.input, args.dynamic, args.dtype)
     run_eager(module, inputs)
 
+    opset = args.opset
+    if opset is None and args.dtype == "bfloat16":
+        opset = BF16_OPSET  # Conv, MatMul, Gemm, ... take bfloat16 from opset 22 on
     sections: dict = {}
     try:
-        model = convert_module(module, inputs, target=args.target, opset=args.opset, input_names=names,
+        model = convert_module(module, inputs, target=args.target, opset=opset, input_names=names,
                                output_names=loaded.output_names, dynamic_axes=dynamic, report=sections)
         io.check_onnx(model, workdir=out.parent)  # by path, with external data, when over 2 GiB
     except UsageError:
         raise
     except Exception as e:
         first = (str(e).strip().splitlines() or [type(e).__name__])[-1][:300]
+        if "unsupported type: tensor(bfloat16)" in first and (opset or 0) < BF16_OPSET:
+            raise UsageError(f"an ONNX op of the model has no bfloat16 form at opset {opset}: pass "
+                             f"--opset {BF16_OPSET} or newer") from None
         raise ExportError(f"{type(e).__name__}: {first}") from None
 
     counts = op_counts(model)

@@ -470,3 +470,22 @@ def test_convert_large_model_writes_external_data(cli, tmp_path, monkeypatch):
     torch.manual_seed(0)
     assert _rel_err(got, _cli_models.rms_block()(x, y).detach()) < 1e-5
     assert not list(tmp_path.glob(".normexport-*"))
+
+
+def test_bfloat16_conv_model_exports_at_opset_22(tmp_path):
+    """ONNX Conv takes bfloat16 from opset 22: --dtype bfloat16 exports there by default, and an
+    explicit older --opset is a usage error naming the fix. (onnxruntime's CPU provider cannot run
+    the bf16 Conv, so the parity check is skipped with --no-check here.)"""
+    import onnx
+
+    out = tmp_path / "cbf.onnx"
+    code, stdout, err = run_cli("convert", "models.conv_bn:tiny", "--dtype", "bfloat16", "--no-check", "-o", out)
+    assert code == 0, err
+    model = onnx.load(out)
+    assert next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx")) == 22
+    assert model.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.BFLOAT16
+    assert not any(n.op_type == "BatchNormalization" for n in model.graph.node)
+    onnx.checker.check_model(model, full_check=True)
+    out.unlink()
+    _assert_usage_error(run_cli("convert", "models.conv_bn:tiny", "--dtype", "bfloat16", "--no-check", "--opset", "20",
+                                "-o", out), "--opset 22", out_dir=tmp_path)
