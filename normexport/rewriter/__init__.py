@@ -16,6 +16,7 @@ Optional hooks a rule module may define besides RULES / TARGETS (rules/__init__.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import importlib
 import importlib.util
@@ -366,22 +367,31 @@ def rewrite(model: onnx.ModelProto, target: str = "trt", verify: bool = True,
 
         for rule in rules:
             rec = records[rule.name]
+            sites = _sites(rule, ir_model)
             n = _apply([rule], ir_model)
             if n == 0:
                 continue
             rec.matched += n
-            try:
-                candidate = _serialize(ir_model)
-                why = verifier.check(candidate) if verify else None
-            except Exception as e:  # noqa: BLE001 - e.g. attach_functions refusing a mixed form
-                why = f"rewritten model invalid: {str(e).splitlines()[0][:200]}"
-            if why is None:
+            why = _try(ir_model, verifier, verify)
+            if why[0] is not None:
                 rec.applied += n
-                work = candidate
-                changed = True
-            else:
-                rec.reject(f"numeric verification: {why}", f"{n} site(s)")
-                ir_model = ir.serde.deserialize_model(work)
+                work, changed = why[0], True
+                continue
+            ir_model = ir.serde.deserialize_model(work)
+            if n == 1 or len(sites) < 2:
+                rec.reject(f"numeric verification: {why[1]}", f"{n} site(s)")
+                continue
+            # one site spoiled the lot: keep every site that verifies on its own
+            for site in sites:
+                if _apply([_only_at(rule, site)], ir_model) == 0:
+                    continue
+                candidate, why1 = _try(ir_model, verifier, verify)
+                if candidate is not None:
+                    rec.applied += 1
+                    work, changed = candidate, True
+                else:
+                    rec.reject(f"numeric verification: {why1}", f"{site[0]} -> {', '.join(site[1])}")
+                    ir_model = ir.serde.deserialize_model(work)
 
     if not changed:
         out = onnx.ModelProto()
@@ -390,6 +400,42 @@ def rewrite(model: onnx.ModelProto, target: str = "trt", verify: bool = True,
     report.opset_after = _ops.default_opset(work)
     report.nodes_after = len(work.graph.node)
     return work
+
+
+def _try(ir_model: ir.Model, verifier: "_Verifier", verify: bool) -> tuple[onnx.ModelProto | None, str | None]:
+    """(the serialized candidate, None) when it verifies, else (None, the reason)."""
+    try:
+        candidate = _serialize(ir_model)
+        why = verifier.check(candidate) if verify else None
+    except Exception as e:  # noqa: BLE001 - e.g. attach_functions refusing a mixed form
+        why = f"rewritten model invalid: {str(e).splitlines()[0][:200]}"
+    return (candidate, None) if why is None else (None, why)
+
+
+def _site(node: ir.Node) -> tuple[str, tuple[str, ...]]:
+    """A match site by its root node, stable across serialize / deserialize: op and output names."""
+    return node.op_type, tuple(o.name or "" for o in node.outputs)
+
+
+def _sites(rule, ir_model: ir.Model) -> list[tuple[str, tuple[str, ...]]]:
+    """Where `rule` would rewrite (a dry run: the rewriter does not rewrite under a tracer)."""
+    tracer = _Tracer()
+    _apply([rule], ir_model, tracer)
+    return list(dict.fromkeys(_site(node) for _, node, _, status in tracer.events if status == MatchStatus.SUCCESS))
+
+
+def _only_at(rule, site):
+    """A copy of `rule` whose check also requires the match's root to be `site`."""
+    one = copy.copy(rule)
+    check = rule._condition_function
+
+    def condition(context, **bindings):
+        if _site(context.root) != site:
+            return pattern.MatchResult().fail("not the site being verified")
+        return check(context, **bindings)
+
+    one._condition_function = condition
+    return one
 
 
 def _record_unapplied(explain, work: onnx.ModelProto, report: RewriteReport) -> None:

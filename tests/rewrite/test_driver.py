@@ -181,3 +181,36 @@ def test_bfloat16_model_is_verified_and_fused():
     assert got.dtype == ml_dtypes.bfloat16
     ref = G.ln_ref(x.astype(np.float32), G.WEIGHT, None, 1e-5)
     assert np.max(np.abs(got.astype(np.float64) - ref)) <= 1.6e-2 * np.max(np.abs(ref))
+
+
+class _WrongEpsAtOneSite(rms_norm.RMSNormFusion):
+    """Fuses every site, but the one whose epsilon is 1e-3 with a wrong epsilon."""
+
+    def check(self, context, **kw):
+        r = super().check(context, **kw)
+        if r and abs(self._eps - 1e-3) < 1e-9:
+            self._eps = 0.5
+        return r
+
+
+def test_one_bad_site_does_not_revert_the_good_ones(monkeypatch):
+    """Verification goes site by site when a rule's sites fail together: the good sites are kept,
+    the bad one is reported with its node."""
+    bad = [_WrongEpsAtOneSite.rule("rms_norm_scale_right", root="scale")]
+    monkeypatch.setattr(rms_norm, "rules_for", lambda target: bad)
+    g = G.G(18)
+    x = "x"
+    for eps in (1e-6, 1e-5, 1e-3):  # the bad one last: a later RMSNorm would hide its row scale
+        ms = g.reduce_mean(g.node("Mul", x, x), [-1])
+        n = g.node("Div", x, g.node("Sqrt", g.node("Add", ms, g.init(np.array(eps, np.float32), "eps"))))
+        x = g.node("Mul", n, g.init(G.WEIGHT, "w"))
+    model = g.model(x)
+    rep = RewriteReport()
+    out = rewrite(model, report=rep)
+    rec = rep.rules["rms_norm_scale_right"]
+    assert rec.applied == 2 and G.count(out, "RMSNorm", "normexport") == 2, rep.summary()
+    assert len(rec.rejected) == 1 and rec.rejected[0]["reason"].startswith("numeric verification")
+    assert rec.rejected[0]["node"].startswith("Mul -> ")
+    xin = G.xin(2, 3, G.H)
+    ref = G.rms_ref(G.rms_ref(G.rms_ref(xin, G.WEIGHT, 1e-6), G.WEIGHT, 1e-5), G.WEIGHT, 1e-3)
+    G.assert_close(G.run(out, x=xin)[0], ref)
