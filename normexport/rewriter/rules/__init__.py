@@ -17,5 +17,6 @@ RULE_MODULES = (
     "bn_affine",  # a BatchNormalization left over -> Mul + Add (where that is faster)
     "layer_norm",  # decomposed LayerNorm -> LayerNormalization
     "rms_norm",  # decomposed RMSNorm -> normexport::RMSNorm / RMSNormalization
+    "skip_rms_norm",  # ort: residual Add + RMSNormalization -> SkipSimplifiedLayerNormalization (large H)
     "adaln",  # LayerNormalization -> Mul(1 + scale) -> Add(shift) -> normexport::AdaLNZero
 )
