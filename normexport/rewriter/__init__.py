@@ -120,7 +120,7 @@ class RewriteReport:
             lines.append(f"  {r.module}/{r.name}: matched {r.matched}, applied {r.applied}"
                          + (f", rejected: {why}" if why else ""))
         for m, status in self.modules.items():
-            if status not in ("ok",):
+            if status != "ok" and not status.startswith("not for target"):  # (those stay in the JSON report)
                 lines.append(f"  module {m}: {status}")
         lines.extend(f"  note: {n}" for n in self.notes)
         return "\n".join(lines)
