@@ -10,7 +10,7 @@ Optional hooks a rule module may define besides RULES / TARGETS (rules/__init__.
     rules_for(target) -> list[RewriteRule]   rules for that target (default: RULES)
     required_opset(target) -> int            default-domain opset the replacements need; the
                                              driver upgrades the model first when a rule matches
-    explain_unapplied(ir.Model) -> [(node, reason)]   after the module ran: the nodes it is about
+    explain_unapplied(ModelProto) -> [(ir node, reason)]   after the module ran: the nodes it is about
                                              that are still there, and why (reported as skipped)
 """
 
@@ -367,7 +367,6 @@ def rewrite(model: onnx.ModelProto, target: str = "trt", verify: bool = True,
 
         for rule in rules:
             rec = records[rule.name]
-            sites = _sites(rule, ir_model)
             n = _apply([rule], ir_model)
             if n == 0:
                 continue
@@ -378,7 +377,8 @@ def rewrite(model: onnx.ModelProto, target: str = "trt", verify: bool = True,
                 work, changed = why[0], True
                 continue
             ir_model = ir.serde.deserialize_model(work)
-            if n == 1 or len(sites) < 2:
+            sites = _sites(rule, ir_model) if n > 1 else []
+            if len(sites) < 2:
                 rec.reject(f"numeric verification: {why[1]}", f"{n} site(s)")
                 continue
             # one site spoiled the lot: keep every site that verifies on its own
@@ -444,7 +444,7 @@ def _record_unapplied(explain, work: onnx.ModelProto, report: RewriteReport) -> 
     said = {r["node"] for rec in report.rules.values() if rec.module == mod_name for r in rec.rejected
             if r["reason"] != "pattern near-miss"}
     rec = None
-    for node, why in hook(ir.serde.deserialize_model(work)):
+    for node, why in hook(work):
         where = _where(node)
         if where in said:
             continue
