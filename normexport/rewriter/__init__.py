@@ -196,11 +196,58 @@ def upgrade_opset(model: onnx.ModelProto, version: int) -> tuple[onnx.ModelProto
         out.CopyFrom(model)
         _set_default_opset(out, version)
         return out, f"opset import bumped {old} -> {version} (no op changed in between)"
+    light, big, fake = _weightless(model)
     try:
-        out = onnx.version_converter.convert_version(model, version)
+        out = onnx.version_converter.convert_version(light, version)
     except Exception as e:  # noqa: BLE001 - the converter raises many kinds
         raise ValueError(f"onnx.version_converter {old} -> {version} failed: {str(e).splitlines()[0][:200]}") from e
-    return out, f"opset converted {old} -> {version} with onnx.version_converter"
+    return _reweighted(out, big, fake), f"opset converted {old} -> {version} with onnx.version_converter"
+
+
+#: initializers larger than this stay out of the model while onnx's C++ passes (shape inference,
+#: version converter) run: each round-trips the whole proto through C++ several times, which with
+#: the weights in made rewriting a 480 MB model peak at 7x its size in memory
+_LIGHT_BYTES = 1024
+
+
+def _weightless(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[onnx.TensorProto], set[str]]:
+    """(a copy of `model` whose large initializers are graph inputs of the same type and shape,
+    those initializers, the names of the inputs added for them)."""
+    g = model.graph
+    big = [t for t in g.initializer if t.data_location == onnx.TensorProto.EXTERNAL or t.ByteSize() > _LIGHT_BYTES]
+    names = {t.name for t in big}
+    light = onnx.ModelProto()
+    for fd, value in model.ListFields():
+        if fd.name != "graph":
+            _copy_field(light, fd, value)
+    for fd, value in g.ListFields():
+        if fd.name != "initializer":
+            _copy_field(light.graph, fd, value)
+    light.graph.initializer.extend(t for t in g.initializer if t.name not in names)
+    declared = {i.name for i in g.input}
+    fake = {t.name for t in big if t.name not in declared}
+    light.graph.input.extend(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+                             for t in big if t.name in fake)
+    return light, big, fake
+
+
+def _copy_field(dst, fd, value) -> None:
+    if fd.is_repeated:
+        getattr(dst, fd.name).extend(value)
+    elif fd.message_type is not None:
+        getattr(dst, fd.name).CopyFrom(value)
+    else:
+        setattr(dst, fd.name, value)
+
+
+def _reweighted(light: onnx.ModelProto, big: list[onnx.TensorProto], fake: set[str]) -> onnx.ModelProto:
+    """`light` (in place) with the initializers `_weightless` took out back in."""
+    if big:
+        inputs = [i for i in light.graph.input if i.name not in fake]
+        del light.graph.input[:]
+        light.graph.input.extend(inputs)
+        light.graph.initializer.extend(big)
+    return light
 
 
 class _Verifier:
@@ -301,13 +348,12 @@ def rewrite(model: onnx.ModelProto, target: str = "trt", verify: bool = True,
     except ValueError:
         report.inputs = []
 
-    work = onnx.ModelProto()
-    work.CopyFrom(model)
-    if work.ByteSize() < _TWO_GB:
-        try:
-            work = onnx.shape_inference.infer_shapes(work, data_prop=True)
-        except Exception as e:  # noqa: BLE001
-            report.notes.append(f"shape inference failed ({str(e).splitlines()[0][:120]}); rules see fewer shapes")
+    light, big, fake = _weightless(model)
+    try:
+        light = onnx.shape_inference.infer_shapes(light, data_prop=True)
+    except Exception as e:  # noqa: BLE001
+        report.notes.append(f"shape inference failed ({str(e).splitlines()[0][:120]}); rules see fewer shapes")
+    work = _reweighted(light, big, fake)
     verifier = _Verifier(model, report)
     changed = False
 

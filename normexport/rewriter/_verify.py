@@ -88,6 +88,8 @@ def run(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[str, np.nd
     so.log_severity_level = 3
     so.intra_op_num_threads = 1
     so.inter_op_num_threads = 1
+    # a one-off run: no second, pre-packed copy of the MatMul / Conv weights
+    so.add_session_config_entry("session.disable_prepacking", "1")
     if model.ByteSize() < 1_500_000_000:
         sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
     else:  # protobuf limit: go through a file with external data
