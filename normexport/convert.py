@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from . import io, loaders
-from .errors import ExportError, UsageError
+from .errors import ExportError, UsageError, first_line
 from .export import TARGETS, convert_module, op_counts
 from .inputs import DTYPES, make_inputs, parse_dynamic, parse_input
 
@@ -67,7 +67,7 @@ def run_eager(module, inputs: tuple):
         with torch.no_grad():
             return module(*inputs)
     except Exception as e:
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        first = first_line(e, 200)
         raise UsageError(f"the model rejected inputs of shape {shapes} ({first}): fix --input") from None
 
 

@@ -11,3 +11,10 @@ class ParityError(Exception):
 
 class ExportError(Exception):
     """The model could not be exported (a limitation of torch.onnx or of normexport): exit 1."""
+
+
+def first_line(e: BaseException, limit: int) -> str:
+    """The first line of an exception's message (its type name when empty), at most `limit` chars:
+    what a one-line error quotes of the cause."""
+    lines = str(e).strip().splitlines()
+    return (lines[0] if lines else type(e).__name__)[:limit]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import onnx
 
-from .errors import UsageError
+from .errors import UsageError, first_line
 
 #: protobuf cannot serialise a message of 2 GiB or more: larger models keep weights outside.
 PROTOBUF_LIMIT = 2**31 - 1
@@ -61,7 +61,7 @@ def save_onnx(model: onnx.ModelProto, path: str | os.PathLike, external_data: bo
         finally:
             shutil.rmtree(tmpdir, ignore_errors=True)
     except OSError as e:
-        raise UsageError(f"cannot write '{path}' ({e.strerror or _first_line(e)}): free some space or choose another {flag} path") from None
+        raise UsageError(f"cannot write '{path}' ({e.strerror or first_line(e, 160)}): free some space or choose another {flag} path") from None
     return path
 
 
@@ -97,7 +97,7 @@ def write_json(obj, path: str | os.PathLike, flag: str = "output") -> Path:
     try:
         fd, tmp = tempfile.mkstemp(prefix=".normexport-", suffix=".json", dir=path.parent)
     except OSError as e:
-        raise UsageError(f"cannot write '{path}' ({e.strerror or _first_line(e)}): choose another {flag} path") from None
+        raise UsageError(f"cannot write '{path}' ({e.strerror or first_line(e, 160)}): choose another {flag} path") from None
     try:
         with os.fdopen(fd, "w") as f:
             json.dump(obj, f, indent=2, default=str)
@@ -105,15 +105,11 @@ def write_json(obj, path: str | os.PathLike, flag: str = "output") -> Path:
         os.replace(tmp, path)
     except OSError as e:
         Path(tmp).unlink(missing_ok=True)
-        raise UsageError(f"cannot write '{path}' ({e.strerror or _first_line(e)}): choose another {flag} path") from None
+        raise UsageError(f"cannot write '{path}' ({e.strerror or first_line(e, 160)}): choose another {flag} path") from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
-
-
-def _first_line(e: BaseException) -> str:
-    return (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
 
 
 def _too_large(model: onnx.ModelProto) -> bool:
@@ -136,5 +132,5 @@ def load_onnx(path: str | os.PathLike) -> onnx.ModelProto:
     try:
         return onnx.load(str(path), load_external_data=True)
     except Exception as e:
-        msg = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
+        msg = first_line(e, 160)
         raise UsageError(f"cannot read '{path}' as ONNX ({msg}): pass a valid .onnx file") from None

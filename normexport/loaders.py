@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .errors import UsageError
+from .errors import UsageError, first_line
 
 TORCH_EXTS = (".pt", ".pth", ".bin", ".ckpt")
 
@@ -311,5 +311,4 @@ def _declared_inputs(module: nn.Module):
 
 
 def _short(e: BaseException) -> str:
-    text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-    return text[:160]
+    return first_line(e, 160)

@@ -61,7 +61,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .errors import UsageError
+from .errors import UsageError, first_line
 
 BACKENDS = ("ort", "ort-cuda", "trt")
 
@@ -378,8 +378,7 @@ def _cast_reference(reference, dtype: torch.dtype):
 
 
 def _short(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return (text[0] if text else type(e).__name__)[:200]
+    return first_line(e, 200)
 
 
 def _flatten(out) -> list[torch.Tensor]:

@@ -33,7 +33,7 @@ from onnxscript.rewriter._basics import MatchingTracer, MatchStatus
 
 import normexport
 from normexport import ops as _ops
-from normexport.errors import UsageError
+from normexport.errors import UsageError, first_line
 
 from . import _verify
 from .rules import RULE_MODULES
@@ -200,7 +200,7 @@ def upgrade_opset(model: onnx.ModelProto, version: int) -> tuple[onnx.ModelProto
     try:
         out = onnx.version_converter.convert_version(light, version)
     except Exception as e:  # noqa: BLE001 - the converter raises many kinds
-        raise ValueError(f"onnx.version_converter {old} -> {version} failed: {str(e).splitlines()[0][:200]}") from e
+        raise ValueError(f"onnx.version_converter {old} -> {version} failed: {first_line(e, 200)}") from e
     return _reweighted(out, big, fake), f"opset converted {old} -> {version} with onnx.version_converter"
 
 
@@ -265,7 +265,7 @@ class _Verifier:
             self._feeds = _verify.random_inputs(self.original)
             self._ref = _verify.run(self.original, self._feeds)
         except Exception as e:  # noqa: BLE001
-            self._error = f"cannot run the original model: {str(e).splitlines()[0][:200]}"
+            self._error = f"cannot run the original model: {first_line(e, 200)}"
 
     def check(self, candidate: onnx.ModelProto) -> str | None:
         """None when `candidate` agrees with the original, else the reason."""
@@ -275,7 +275,7 @@ class _Verifier:
         try:
             got = _verify.run(candidate, self._feeds)
         except Exception as e:  # noqa: BLE001
-            return f"rewritten model does not run: {str(e).splitlines()[0][:200]}"
+            return f"rewritten model does not run: {first_line(e, 200)}"
         comps = _verify.compare(self._ref, got)
         if all(c.passed for c in comps):
             self.report.verification = comps
@@ -352,18 +352,15 @@ def rewrite(model: onnx.ModelProto, target: str = "trt", verify: bool = True,
     try:
         light = onnx.shape_inference.infer_shapes(light, data_prop=True)
     except Exception as e:  # noqa: BLE001
-        report.notes.append(f"shape inference failed ({str(e).splitlines()[0][:120]}); rules see fewer shapes")
+        report.notes.append(f"shape inference failed ({first_line(e, 120)}); rules see fewer shapes")
     work = _reweighted(light, big, fake)
     verifier = _Verifier(model, report)
     changed = False
 
     explain = None  # the previous module's explain_unapplied hook, run on the model it left
-    for mod_name in [*RULE_MODULES, None]:
-        if explain is not None:
-            _record_unapplied(explain, work, report)
-            explain = None
-        if mod_name is None:
-            break
+    for mod_name in RULE_MODULES:
+        _record_unapplied(explain, work, report)
+        explain = None
         mod = _load_module(mod_name)
         if mod is None:
             report.modules[mod_name] = "not installed"
@@ -417,15 +414,15 @@ def rewrite(model: onnx.ModelProto, target: str = "trt", verify: bool = True,
             if n == 0:
                 continue
             rec.matched += n
-            why = _try(ir_model, verifier, verify)
-            if why[0] is not None:
+            candidate, why = _try(ir_model, verifier, verify)
+            if candidate is not None:
                 rec.applied += n
-                work, changed = why[0], True
+                work, changed = candidate, True
                 continue
             ir_model = ir.serde.deserialize_model(work)
             sites = _sites(rule, ir_model) if n > 1 else []
             if len(sites) < 2:
-                rec.reject(f"numeric verification: {why[1]}", f"{n} site(s)")
+                rec.reject(f"numeric verification: {why}", f"{n} site(s)")
                 continue
             # one site spoiled the lot: keep every site that verifies on its own
             for site in sites:
@@ -438,6 +435,7 @@ def rewrite(model: onnx.ModelProto, target: str = "trt", verify: bool = True,
                 else:
                     rec.reject(f"numeric verification: {why1}", f"{site[0]} -> {', '.join(site[1])}")
                     ir_model = ir.serde.deserialize_model(work)
+    _record_unapplied(explain, work, report)
 
     if not changed:
         out = onnx.ModelProto()
@@ -454,7 +452,7 @@ def _try(ir_model: ir.Model, verifier: "_Verifier", verify: bool) -> tuple[onnx.
         candidate = _serialize(ir_model)
         why = verifier.check(candidate) if verify else None
     except Exception as e:  # noqa: BLE001 - e.g. attach_functions refusing a mixed form
-        why = f"rewritten model invalid: {str(e).splitlines()[0][:200]}"
+        why = f"rewritten model invalid: {first_line(e, 200)}"
     return (candidate, None) if why is None else (None, why)
 
 
@@ -485,7 +483,10 @@ def _only_at(rule, site):
 
 
 def _record_unapplied(explain, work: onnx.ModelProto, report: RewriteReport) -> None:
-    """Nodes a module left in place, with its reason, unless a rule of it already said why."""
+    """Run a module's explain_unapplied hook (`explain` = (module name, hook), or None: nothing to
+    do): the nodes it left in place, with its reason, unless a rule of it already said why."""
+    if explain is None:
+        return
     mod_name, hook = explain
     said = {r["node"] for rec in report.rules.values() if rec.module == mod_name for r in rec.rejected
             if r["reason"] != "pattern near-miss"}
@@ -554,7 +555,7 @@ def rewrite_file(in_path: str | os.PathLike, out_path: str | os.PathLike, target
         if external:
             onnx.load_external_data_for_model(model, os.path.dirname(os.path.abspath(in_path)))
     except Exception as e:  # noqa: BLE001
-        raise UsageError(f"{in_path}: not a readable ONNX model ({str(e).splitlines()[0][:120]}); pass a valid .onnx file") from e
+        raise UsageError(f"{in_path}: not a readable ONNX model ({first_line(e, 120)}); pass a valid .onnx file") from e
     out_dir = os.path.dirname(os.path.abspath(out_path))
     if not os.path.isdir(out_dir) or not os.access(out_dir, os.W_OK):
         raise UsageError(f"{out_path}: cannot write there; choose an existing writable folder with -o")

@@ -3,12 +3,11 @@ inputs and compare every graph output within DESIGN §7 tolerances."""
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import os
 import tempfile
 from typing import Any
-
-import ctypes
 
 import ml_dtypes
 import numpy as np
@@ -100,8 +99,6 @@ def run(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[str, np.nd
     names = [o.name for o in sess.get_outputs()]
     if not any(a.dtype == _BF16 for a in feeds.values()) and all(o.type != "tensor(bfloat16)" for o in sess.get_outputs()):
         return dict(zip(names, sess.run(names, feeds)))
-    import onnxruntime as ort
-
     values = {k: ort.OrtValue.ortvalue_from_numpy_with_onnx_type(a.view(np.uint16), onnx.TensorProto.BFLOAT16)
               if a.dtype == _BF16 else ort.OrtValue.ortvalue_from_numpy(a) for k, a in feeds.items()}
     return {n: _from_ort(v) for n, v in zip(names, sess.run_with_ort_values(names, values))}

@@ -24,7 +24,7 @@ def required_opset(target: str) -> int:
     return 18
 
 
-def _same_dim(a, b) -> bool:
+def _can_be(a, b) -> bool:
     """Whether dim `a` of shift/scale can be dim `b` of x: not when both are known and differ,
     and not a literal 1 against a dim that is not (a broadcast is not the op's [B, H] contract,
     which the plugin kernel reads row by row). Unknown / differently named symbolic dims pass:
@@ -67,15 +67,15 @@ class AdaLNFusion(pattern.RewriteRuleClassBase):
             if sorted(int(a) % rank for a in np.asarray(ax).reshape(-1)) != mid:
                 raise ValueError(f"{what}: Unsqueeze axes {np.asarray(ax).tolist()} do not give [B, 1.., H]")
             bdims, xdims = list(two_d.shape), list(x.shape)
-            if not (_same_dim(bdims[0], xdims[0]) and _same_dim(bdims[1], xdims[-1])):
+            if not (_can_be(bdims[0], xdims[0]) and _can_be(bdims[1], xdims[-1])):
                 raise ValueError(f"{what}: shape {bdims} is not [B, H] = {[xdims[0], xdims[-1]]} of x")
             return two_d, "bh"
         if full.shape is None or x.shape is None or len(full.shape) != rank:
             raise ValueError(f"{what}: shape {full.shape} is neither [B, H] unsqueezed nor the shape of x")
         fdims, xdims = list(full.shape), list(x.shape)
-        if all(_same_dim(f, d) for f, d in zip(fdims, xdims)):
+        if all(_can_be(f, d) for f, d in zip(fdims, xdims)):
             return full, "full"
-        if all(d == 1 for d in fdims[1:-1]) and _same_dim(fdims[0], xdims[0]) and _same_dim(fdims[-1], xdims[-1]):
+        if all(d == 1 for d in fdims[1:-1]) and _can_be(fdims[0], xdims[0]) and _can_be(fdims[-1], xdims[-1]):
             return full, "squeeze"
         raise ValueError(f"{what}: shape {fdims} does not fit x {xdims}")
 

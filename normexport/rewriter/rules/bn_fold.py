@@ -394,6 +394,7 @@ def explain_unapplied(proto) -> list[tuple[ir.Node, str]]:
         attr = node.attributes.get("training_mode")
         x = node.inputs[0]
         producer = x.producer() if x is not None else None
+        shared = x is not None and (len(x.uses()) > 1 or x.is_graph_output())
         if (attr is not None and attr.as_int() != 0) or len(node.outputs) != 1:
             why = "training-mode BN computes batch statistics: not an affine map, left as is"
         elif any(const_array(v) is None for v in node.inputs[1:5]):
@@ -402,11 +403,11 @@ def explain_unapplied(proto) -> list[tuple[ir.Node, str]]:
             why = "BN input is a graph input: no producer to fold into"
         elif producer.op_type == "Add" and any(
                 v is not None and v.producer() is not None and v.producer().op_type == "MatMul" for v in producer.inputs):
-            why = ("MatMul+Add output feeds other nodes too" if len(x.uses()) > 1 or x.is_graph_output()
+            why = ("MatMul+Add output feeds other nodes too" if shared
                    else "MatMul+Add not foldable (see the bn_fold rule rejections)")
         elif producer.op_type not in _PRODUCERS:
             why = f"producer {producer.op_type} is not Conv / ConvTranspose / Gemm / MatMul(+Add)"
-        elif len(x.uses()) > 1 or x.is_graph_output():
+        elif shared:
             why = f"{producer.op_type} output also feeds other nodes (or is a graph output): folding would change them"
         else:
             why = f"{producer.op_type} not foldable (see the bn_fold rule rejections)"

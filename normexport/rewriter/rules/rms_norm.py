@@ -19,9 +19,9 @@ optimiser does not fuse that Reciprocal(Sqrt) form: 7 nodes each), takes 31.3 ms
 ort export with two RMSNormalization 23.9 ms (paired ratio 0.76), as fast as the torch.onnx
 opset-23 export (paired 1.00); LLaMA block 0.98x the default export. One norm alone in the Div
 form, which onnxruntime fuses itself (into SimplifiedLayerNormalization), showed no gain from any
-form (tools/bench_rewrite.py --ort-forms, benchmarks/results/rewrite_2026-11-22.json). Fusing the
-residual Add as well (rules/skip_rms_norm.py, SkipSimplifiedLayerNormalization) was measured and
-is not used.
+form (tools/bench_rewrite.py --ort-forms, benchmarks/results/rewrite_2026-11-22.json). For target
+ort, rules/skip_rms_norm.py then fuses a residual Add into the RMSNormalization where the hidden
+size is large enough for that to be faster (measured there).
 """
 
 from __future__ import annotations
