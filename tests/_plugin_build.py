@@ -29,6 +29,7 @@ class PluginBuild:
     build_dir: Path
     kernels_lib: Path
     plugin_lib: Path | None  # libnormexport_plugins.so, only when TensorRT was found
+    plugin_host_test: Path | None  # plugins/tests/pluginHostTest.cpp, built with the plugin
     configure_output: str
     build_output: str
     archs: str
@@ -71,6 +72,20 @@ def find_cuobjdump() -> str | None:
     return None
 
 
+def find_tensorrt_root() -> str | None:
+    """A folder whose include/ holds TensorRT's NvInferRuntime.h: $TensorRT_ROOT, else the usual
+    system and tarball locations; None when there is none (headers are all the plugin needs)."""
+    candidates = [os.environ.get("TensorRT_ROOT"), "/usr", "/usr/local/tensorrt", "/opt/tensorrt"]
+    candidates += sorted(glob.glob("/usr/local/TensorRT-10*")) + sorted(glob.glob("/opt/TensorRT-10*"))
+    for root in candidates:
+        if not root:
+            continue
+        for sub in ("include", "include/x86_64-linux-gnu", "include/aarch64-linux-gnu"):
+            if os.path.isfile(os.path.join(root, sub, "NvInferRuntime.h")):
+                return root
+    return None
+
+
 _CACHE: dict[tuple[str, str | None], PluginBuild] = {}
 
 
@@ -107,10 +122,12 @@ def build_plugins(archs: str | None = None, tensorrt_root: str | None = None) ->
     seconds = time.monotonic() - t0
     kernels = build_dir / "libnormexport_kernels.so"
     plugin = build_dir / "libnormexport_plugins.so"
+    host_test = build_dir / "normexport_plugin_host_test"
     result = PluginBuild(
         build_dir=build_dir,
         kernels_lib=kernels,
         plugin_lib=plugin if plugin.exists() else None,
+        plugin_host_test=host_test if host_test.exists() else None,
         configure_output=cfg_out,
         build_output=bld_out,
         archs=archs,

@@ -7,7 +7,7 @@
 #    torch==2.13.0, pip install -e '.[test]').
 # 2. Builds plugins/ with CMake into build/plugins (TensorRT plugin too when TensorRT_ROOT or
 #    system TensorRT is found).
-# 3. pytest tests/test_kernels_gpu.py tests/test_plugins_build.py (+ tests/test_trt.py).
+# 3. pytest tests/test_kernels_gpu.py tests/test_plugins_build.py (+ TensorRT: tests/test_trt_plugin_host.py, tests/test_trt.py).
 # 4. tools/bench_kernels.py; results in benchmarks/results/ (copied to $OUT when set).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -39,7 +39,7 @@ export NORMEXPORT_KERNELS_LIB=$PWD/build/plugins/libnormexport_kernels.so
 
 status=0
 echo "== pytest"
-$PY -m pytest tests/test_kernels_gpu.py tests/test_plugins_build.py tests/test_trt.py -v -rs 2>&1 | tee /tmp/normexport_gpu_pytest.log
+$PY -m pytest tests/test_kernels_gpu.py tests/test_plugins_build.py tests/test_trt_plugin_host.py tests/test_trt.py -v -rs 2>&1 | tee /tmp/normexport_gpu_pytest.log
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 
 echo "== benchmark"

@@ -1,0 +1,651 @@
+/*
+ * Host-side test of libnormexport_plugins.so, driven the way TensorRT drives a plugin library:
+ *
+ *   dlopen -> setLoggerFinder -> getCreators -> IPluginCreatorV3One::createPlugin (fields as the
+ *   ONNX parser passes them) -> IPluginV3::getCapabilityInterface(kCORE / kBUILD / kRUNTIME) ->
+ *   build-time calls (getOutputDataTypes, getOutputShapes, supportsFormatCombination,
+ *   configurePlugin) -> getFieldsToSerialize -> createPlugin(kRUNTIME) from those fields (engine
+ *   deserialisation) -> attachToContext -> onShapeChange -> enqueue.
+ *
+ * enqueue runs the CUDA kernels on real device buffers (compared with a float64 reference) when a
+ * CUDA device is present; without one it checks that the launch failure is reported (-1 and a
+ * logged error), not swallowed. No TensorRT library is needed: only its headers.
+ *
+ * Usage: normexport_plugin_host_test path/to/libnormexport_plugins.so
+ * Prints one PASS/FAIL line per check and a summary; exit code 0 only when every check passed.
+ */
+#include "NvInferRuntime.h"
+
+#include <cuda_runtime_api.h>
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+using namespace nvinfer1;
+
+namespace
+{
+
+int gFailures = 0;
+int gChecks = 0;
+
+void check(bool ok, std::string const& what)
+{
+    ++gChecks;
+    if (!ok)
+    {
+        ++gFailures;
+    }
+    std::printf("%s %s\n", ok ? "PASS" : "FAIL", what.c_str());
+}
+
+//! Collects what the plugin logs, as TensorRT's logger would receive it.
+class RecordingLogger : public ILogger
+{
+public:
+    void log(Severity severity, AsciiChar const* msg) noexcept override
+    {
+        if (severity <= Severity::kERROR)
+        {
+            errors.emplace_back(msg);
+        }
+    }
+    //! True when the last logged error contains `part`; clears the log.
+    bool lastErrorHas(char const* part)
+    {
+        bool const found = !errors.empty() && errors.back().find(part) != std::string::npos;
+        if (!found && !errors.empty())
+        {
+            std::printf("     last logged error: %s\n", errors.back().c_str());
+        }
+        errors.clear();
+        return found;
+    }
+    std::vector<std::string> errors;
+};
+
+class Finder : public ILoggerFinder
+{
+public:
+    explicit Finder(ILogger* logger)
+        : mLogger(logger)
+    {
+    }
+    ILogger* findLogger() override
+    {
+        return mLogger;
+    }
+
+private:
+    ILogger* mLogger;
+};
+
+//! getOutputShapes receives an IExprBuilder; the normexport plugins copy the input shape and never
+//! call it. This one has no implementation behind it.
+class NoExprBuilder : public IExprBuilder
+{
+public:
+    NoExprBuilder()
+    {
+        mImpl = nullptr;
+    }
+};
+
+//! Distinct dimension expressions for DimsExprs (only their identity is looked at).
+class NoDimExpr : public IDimensionExpr
+{
+public:
+    NoDimExpr()
+    {
+        mImpl = nullptr;
+    }
+};
+
+Dims makeDims(std::vector<int64_t> const& d)
+{
+    Dims out{};
+    out.nbDims = static_cast<int32_t>(d.size());
+    for (size_t i = 0; i < d.size(); ++i)
+    {
+        out.d[i] = d[i];
+    }
+    return out;
+}
+
+PluginTensorDesc desc(std::vector<int64_t> const& d, DataType type = DataType::kFLOAT,
+    TensorFormat format = TensorFormat::kLINEAR)
+{
+    PluginTensorDesc out{};
+    out.dims = makeDims(d);
+    out.type = type;
+    out.format = format;
+    out.scale = 1.F;
+    return out;
+}
+
+DynamicPluginTensorDesc dyn(std::vector<int64_t> const& d, DataType type = DataType::kFLOAT,
+    TensorFormat format = TensorFormat::kLINEAR)
+{
+    DynamicPluginTensorDesc out{};
+    out.desc = desc(d, type, format);
+    out.min = out.desc.dims;
+    out.max = out.desc.dims;
+    out.opt = out.desc.dims;
+    return out;
+}
+
+template <typename T>
+T const* fieldData(PluginFieldCollection const* fc, char const* name, PluginFieldType type)
+{
+    for (int32_t i = 0; fc != nullptr && i < fc->nbFields; ++i)
+    {
+        PluginField const& f = fc->fields[i];
+        if (f.name != nullptr && std::strcmp(f.name, name) == 0 && f.type == type && f.length == 1)
+        {
+            return static_cast<T const*>(f.data);
+        }
+    }
+    return nullptr;
+}
+
+struct Capabilities
+{
+    IPluginV3OneCore* core;
+    IPluginV3OneBuild* build;
+    IPluginV3OneRuntime* runtime;
+};
+
+Capabilities capabilities(IPluginV3* plugin)
+{
+    return {static_cast<IPluginV3OneCore*>(plugin->getCapabilityInterface(PluginCapabilityType::kCORE)),
+        static_cast<IPluginV3OneBuild*>(plugin->getCapabilityInterface(PluginCapabilityType::kBUILD)),
+        static_cast<IPluginV3OneRuntime*>(plugin->getCapabilityInterface(PluginCapabilityType::kRUNTIME))};
+}
+
+void checkInterface(IVersionedInterface const* itf, char const* kind, std::string const& who)
+{
+    InterfaceInfo const info = itf->getInterfaceInfo();
+    check(info.kind != nullptr && std::strcmp(info.kind, kind) == 0 && info.major == 1,
+        who + " interface is " + kind + " v1 (got " + (info.kind ? info.kind : "null") + " v"
+            + std::to_string(info.major) + ")");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Device helpers (enqueue checks)
+// ---------------------------------------------------------------------------------------------
+bool hasDevice()
+{
+    int32_t n = 0;
+    return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+struct DeviceBuffer
+{
+    explicit DeviceBuffer(std::vector<float> const& host)
+    {
+        bytes = host.size() * sizeof(float);
+        if (cudaMalloc(&ptr, bytes) != cudaSuccess
+            || cudaMemcpy(ptr, host.data(), bytes, cudaMemcpyHostToDevice) != cudaSuccess)
+        {
+            ptr = nullptr;
+        }
+    }
+    ~DeviceBuffer()
+    {
+        cudaFree(ptr);
+    }
+    std::vector<float> read() const
+    {
+        std::vector<float> out(bytes / sizeof(float));
+        if (ptr == nullptr || cudaMemcpy(out.data(), ptr, bytes, cudaMemcpyDeviceToHost) != cudaSuccess)
+        {
+            out.assign(out.size(), NAN);
+        }
+        return out;
+    }
+    void* ptr{nullptr};
+    size_t bytes{0};
+};
+
+std::vector<float> pattern(size_t n, float a, float b)
+{
+    // Deterministic, non-trivial values (no RNG state to share with the Python side).
+    std::vector<float> v(n);
+    for (size_t i = 0; i < n; ++i)
+    {
+        v[i] = a * std::sin(0.37F * static_cast<float>(i) + b) + 0.1F * b;
+    }
+    return v;
+}
+
+double maxRelErr(std::vector<float> const& got, std::vector<double> const& ref)
+{
+    double worst = 0.0;
+    double scale = 1e-30;
+    for (double r : ref)
+    {
+        scale = std::max(scale, std::fabs(r));
+    }
+    for (size_t i = 0; i < ref.size(); ++i)
+    {
+        double const e = std::fabs(static_cast<double>(got[i]) - ref[i]) / scale;
+        worst = std::isnan(e) ? INFINITY : std::max(worst, e);
+    }
+    return worst;
+}
+
+// ---------------------------------------------------------------------------------------------
+// RMSNorm
+// ---------------------------------------------------------------------------------------------
+void testRMSNorm(IPluginCreatorV3One* creator, RecordingLogger& log, bool device)
+{
+    std::string const who = "RMSNorm";
+    check(std::strcmp(creator->getPluginVersion(), "1") == 0, who + " creator version is \"1\"");
+    PluginFieldCollection const* names = creator->getFieldNames();
+    check(names != nullptr && names->nbFields == 2 && std::strcmp(names->fields[0].name, "epsilon") == 0
+            && std::strcmp(names->fields[1].name, "axis") == 0,
+        who + " creator lists fields epsilon, axis");
+
+    // Fields as TensorRT's ONNX parser passes an ONNX node's attributes (float -> kFLOAT32,
+    // int -> kINT32), plus the parser's own plugin_namespace string.
+    float const eps = 1e-5F;
+    int32_t const axis = -1;
+    char const ns[] = "normexport";
+    PluginField fields[] = {{"epsilon", &eps, PluginFieldType::kFLOAT32, 1},
+        {"axis", &axis, PluginFieldType::kINT32, 1}, {"plugin_namespace", ns, PluginFieldType::kCHAR, 10}};
+    PluginFieldCollection fc{3, fields};
+    IPluginV3* plugin = creator->createPlugin("rms0", &fc, TensorRTPhase::kBUILD);
+    check(plugin != nullptr, who + " createPlugin(kBUILD) from ONNX-parser fields");
+    if (plugin == nullptr)
+    {
+        return;
+    }
+    checkInterface(plugin, "PLUGIN", who + " plugin");
+    Capabilities caps = capabilities(plugin);
+    check(caps.core && caps.build && caps.runtime, who + " has core, build and runtime capabilities");
+    if (!(caps.core && caps.build && caps.runtime))
+    {
+        delete plugin;
+        return;
+    }
+    checkInterface(caps.core, "PLUGIN_V3ONE_CORE", who + " core");
+    checkInterface(caps.build, "PLUGIN_V3ONE_BUILD", who + " build");
+    checkInterface(caps.runtime, "PLUGIN_V3ONE_RUNTIME", who + " runtime");
+    check(std::strcmp(caps.core->getPluginName(), "RMSNorm") == 0
+            && std::strcmp(caps.core->getPluginNamespace(), "normexport") == 0,
+        who + " core name/namespace");
+
+    // Build phase.
+    check(caps.build->getNbOutputs() == 1, who + " has one output");
+    DataType inTypes[2] = {DataType::kHALF, DataType::kHALF};
+    DataType outType = DataType::kFLOAT;
+    check(caps.build->getOutputDataTypes(&outType, 1, inTypes, 2) == 0 && outType == DataType::kHALF,
+        who + " output dtype follows X (float16)");
+    NoExprBuilder exprBuilder;
+    NoDimExpr dimExprs[3];
+    DimsExprs inShapes[2]{};
+    inShapes[0].nbDims = 3;
+    for (int32_t i = 0; i < 3; ++i)
+    {
+        inShapes[0].d[i] = &dimExprs[i];
+    }
+    inShapes[1].nbDims = 1;
+    inShapes[1].d[0] = &dimExprs[2];
+    DimsExprs outShape{};
+    check(caps.build->getOutputShapes(inShapes, 2, nullptr, 0, &outShape, 1, exprBuilder) == 0 && outShape.nbDims == 3
+            && outShape.d[0] == &dimExprs[0] && outShape.d[1] == &dimExprs[1] && outShape.d[2] == &dimExprs[2],
+        who + " output shape = input shape");
+
+    for (DataType t : {DataType::kFLOAT, DataType::kHALF, DataType::kBF16})
+    {
+        DynamicPluginTensorDesc io[3] = {dyn({2, 3, 64}, t), dyn({64}, t), dyn({2, 3, 64}, t)};
+        bool all = true;
+        for (int32_t pos = 0; pos < 3; ++pos)
+        {
+            all = all && caps.build->supportsFormatCombination(pos, io, 2, 1);
+        }
+        char const* name = t == DataType::kFLOAT ? "float32" : t == DataType::kHALF ? "float16" : "bfloat16";
+        check(all, who + " supports linear " + name + " for every tensor");
+    }
+    {
+        DynamicPluginTensorDesc io[3] = {dyn({2, 3, 64}, DataType::kINT8), dyn({64}), dyn({2, 3, 64})};
+        check(!caps.build->supportsFormatCombination(0, io, 2, 1), who + " rejects int8");
+        io[0] = dyn({2, 3, 64}, DataType::kFLOAT, TensorFormat::kCHW32);
+        check(!caps.build->supportsFormatCombination(0, io, 2, 1), who + " rejects a non-linear format");
+        io[0] = dyn({2, 3, 64});
+        io[1] = dyn({64}, DataType::kHALF);
+        check(!caps.build->supportsFormatCombination(1, io, 2, 1), who + " rejects scale of another dtype than X");
+    }
+    {
+        DynamicPluginTensorDesc in[2] = {dyn({-1, -1, 64}), dyn({64})};
+        DynamicPluginTensorDesc out[1] = {dyn({-1, -1, 64})};
+        check(caps.build->configurePlugin(in, 2, out, 1) == 0, who + " configurePlugin with dynamic batch/seq");
+        in[1] = dyn({32});
+        check(caps.build->configurePlugin(in, 2, out, 1) != 0 && log.lastErrorHas("scale has 32 elements"),
+            who + " configurePlugin rejects scale [32] for hidden 64, with a logged reason");
+        check(caps.build->getWorkspaceSize(in, 2, out, 1) == 0, who + " needs no workspace");
+    }
+
+    // Serialisation round trip (engine build -> engine deserialisation).
+    PluginFieldCollection const* ser = caps.runtime->getFieldsToSerialize();
+    float const* serEps = fieldData<float>(ser, "epsilon", PluginFieldType::kFLOAT32);
+    int32_t const* serAxis = fieldData<int32_t>(ser, "axis", PluginFieldType::kINT32);
+    check(serEps != nullptr && *serEps == eps && serAxis != nullptr && *serAxis == axis,
+        who + " serialises epsilon and axis");
+    IPluginV3* runtimePlugin = creator->createPlugin("rms0", ser, TensorRTPhase::kRUNTIME);
+    check(runtimePlugin != nullptr, who + " createPlugin(kRUNTIME) from its serialised fields");
+    delete plugin;
+    if (runtimePlugin == nullptr)
+    {
+        return;
+    }
+    IPluginV3* attached = capabilities(runtimePlugin).runtime->attachToContext(nullptr);
+    delete runtimePlugin;
+    check(attached != nullptr, who + " attachToContext gives a plugin");
+    if (attached == nullptr)
+    {
+        return;
+    }
+    Capabilities rt = capabilities(attached);
+    PluginFieldCollection const* again = rt.runtime->getFieldsToSerialize();
+    check(fieldData<float>(again, "epsilon", PluginFieldType::kFLOAT32) != nullptr
+            && *fieldData<float>(again, "epsilon", PluginFieldType::kFLOAT32) == eps,
+        who + " epsilon survives serialise -> deserialise -> attach");
+
+    // Runtime phase.
+    int64_t const B = 2, S = 3, H = 64;
+    PluginTensorDesc in[2] = {desc({B, S, H}), desc({H})};
+    PluginTensorDesc out[1] = {desc({B, S, H})};
+    check(rt.runtime->onShapeChange(in, 2, out, 1) == 0, who + " onShapeChange [2,3,64]");
+    {
+        PluginTensorDesc empty[2] = {desc({0, S, H}), desc({H})};
+        PluginTensorDesc emptyOut[1] = {desc({0, S, H})};
+        int32_t dummy = 0;
+        void const* ins[2] = {&dummy, &dummy};
+        void* outs[1] = {&dummy};
+        check(rt.runtime->enqueue(empty, emptyOut, ins, outs, nullptr, nullptr) == 0,
+            who + " enqueue of an empty tensor is a no-op");
+        PluginTensorDesc bad[2] = {desc({B, S, H}, DataType::kINT8), desc({H}, DataType::kINT8)};
+        check(rt.runtime->enqueue(bad, out, ins, outs, nullptr, nullptr) != 0
+                && log.lastErrorHas("unsupported axis or data type"),
+            who + " enqueue rejects int8 with a logged reason");
+    }
+    std::vector<float> x = pattern(B * S * H, 2.0F, 0.3F);
+    std::vector<float> w = pattern(H, 0.5F, 1.7F);
+    if (device)
+    {
+        DeviceBuffer dx(x), dw(w), dy(std::vector<float>(x.size(), 0.F));
+        void const* ins[2] = {dx.ptr, dw.ptr};
+        void* outs[1] = {dy.ptr};
+        int32_t const rc = rt.runtime->enqueue(in, out, ins, outs, nullptr, nullptr);
+        bool const synced = cudaStreamSynchronize(nullptr) == cudaSuccess;
+        std::vector<double> ref(x.size());
+        for (int64_t r = 0; r < B * S; ++r)
+        {
+            double ss = 0.0;
+            for (int64_t j = 0; j < H; ++j)
+            {
+                ss += static_cast<double>(x[r * H + j]) * x[r * H + j];
+            }
+            double const rstd = 1.0 / std::sqrt(ss / H + eps);
+            for (int64_t j = 0; j < H; ++j)
+            {
+                ref[r * H + j] = x[r * H + j] * rstd * w[j];
+            }
+        }
+        double const err = maxRelErr(dy.read(), ref);
+        check(rc == 0 && synced && err < 1e-5,
+            who + " enqueue on the GPU matches float64 (max rel err " + std::to_string(err) + ")");
+    }
+    else
+    {
+        void const* ins[2] = {x.data(), w.data()};
+        void* outs[1] = {x.data()};
+        check(rt.runtime->enqueue(in, out, ins, outs, nullptr, nullptr) != 0 && log.lastErrorHas("kernel launch failed"),
+            who + " enqueue without a CUDA device fails with a logged reason");
+    }
+    delete attached;
+
+    // Bad fields: nullptr and a logged reason, never a plugin with a silent default.
+    int32_t const intEps = 1;
+    PluginField badEps[] = {{"epsilon", &intEps, PluginFieldType::kINT32, 1}};
+    PluginFieldCollection badEpsFc{1, badEps};
+    check(creator->createPlugin("r", &badEpsFc, TensorRTPhase::kBUILD) == nullptr && log.lastErrorHas("epsilon"),
+        who + " rejects an int32 epsilon");
+    float const negEps = -1.F;
+    PluginField negEpsF[] = {{"epsilon", &negEps, PluginFieldType::kFLOAT32, 1}};
+    PluginFieldCollection negEpsFc{1, negEpsF};
+    check(creator->createPlugin("r", &negEpsFc, TensorRTPhase::kBUILD) == nullptr && log.lastErrorHas("epsilon"),
+        who + " rejects epsilon < 0");
+    int64_t const badAxis = 9;
+    PluginField badAxisF[] = {{"axis", &badAxis, PluginFieldType::kINT64, 1}};
+    PluginFieldCollection badAxisFc{1, badAxisF};
+    check(creator->createPlugin("r", &badAxisFc, TensorRTPhase::kBUILD) == nullptr && log.lastErrorHas("axis"),
+        who + " rejects axis 9");
+    IPluginV3* defaults = creator->createPlugin("r", nullptr, TensorRTPhase::kBUILD);
+    bool defaultsOk = false;
+    if (defaults != nullptr)
+    {
+        PluginFieldCollection const* d = capabilities(defaults).runtime->getFieldsToSerialize();
+        float const* e = fieldData<float>(d, "epsilon", PluginFieldType::kFLOAT32);
+        int32_t const* a = fieldData<int32_t>(d, "axis", PluginFieldType::kINT32);
+        defaultsOk = e != nullptr && *e == 1e-6F && a != nullptr && *a == -1;
+        delete defaults;
+    }
+    check(defaultsOk, who + " defaults: epsilon 1e-6, axis -1 (the ONNX schema's)");
+}
+
+// ---------------------------------------------------------------------------------------------
+// AdaLNZero
+// ---------------------------------------------------------------------------------------------
+void testAdaLNZero(IPluginCreatorV3One* creator, RecordingLogger& log, bool device)
+{
+    std::string const who = "AdaLNZero";
+    check(std::strcmp(creator->getPluginVersion(), "1") == 0, who + " creator version is \"1\"");
+    float const eps = 1e-6F;
+    PluginField fields[] = {{"epsilon", &eps, PluginFieldType::kFLOAT32, 1}};
+    PluginFieldCollection fc{1, fields};
+    IPluginV3* plugin = creator->createPlugin("ada0", &fc, TensorRTPhase::kBUILD);
+    check(plugin != nullptr, who + " createPlugin(kBUILD) from ONNX-parser fields");
+    if (plugin == nullptr)
+    {
+        return;
+    }
+    Capabilities caps = capabilities(plugin);
+    check(caps.core && caps.build && caps.runtime, who + " has core, build and runtime capabilities");
+    if (!(caps.core && caps.build && caps.runtime))
+    {
+        delete plugin;
+        return;
+    }
+    check(std::strcmp(caps.core->getPluginName(), "AdaLNZero") == 0
+            && std::strcmp(caps.core->getPluginNamespace(), "normexport") == 0,
+        who + " core name/namespace");
+
+    int64_t const B = 2, S = 5, H = 48;
+    for (int32_t nbInputs : {3, 5})
+    {
+        std::string const tag = who + " (" + std::to_string(nbInputs) + " inputs)";
+        DataType inTypes[5] = {DataType::kBF16, DataType::kBF16, DataType::kBF16, DataType::kBF16, DataType::kBF16};
+        DataType outType = DataType::kFLOAT;
+        check(caps.build->getOutputDataTypes(&outType, 1, inTypes, nbInputs) == 0 && outType == DataType::kBF16,
+            tag + " output dtype follows X (bfloat16)");
+        DynamicPluginTensorDesc io[6] = {dyn({-1, -1, H}), dyn({-1, H}), dyn({-1, H}), dyn({H}), dyn({H}), {}};
+        io[nbInputs] = dyn({-1, -1, H});
+        bool all = true;
+        for (int32_t pos = 0; pos <= nbInputs; ++pos)
+        {
+            all = all && caps.build->supportsFormatCombination(pos, io, nbInputs, 1);
+        }
+        check(all, tag + " supports linear float32 for every tensor");
+        check(caps.build->configurePlugin(io, nbInputs, &io[nbInputs], 1) == 0,
+            tag + " configurePlugin, [B, H] modulation, dynamic batch/seq");
+    }
+    {
+        DynamicPluginTensorDesc io[4] = {dyn({B, S, H}), dyn({B, S, H}), dyn({B, S, H}), dyn({B, S, H})};
+        check(caps.build->configurePlugin(io, 3, &io[3], 1) == 0, who + " configurePlugin, full-shape modulation");
+        io[2] = dyn({B, H});
+        check(caps.build->configurePlugin(io, 3, &io[3], 1) != 0 && log.lastErrorHas("different layouts"),
+            who + " rejects shift and scale of different layouts, with a logged reason");
+        io[1] = dyn({B, H + 1});
+        check(caps.build->configurePlugin(io, 3, &io[3], 1) != 0 && log.lastErrorHas("shift has shape"),
+            who + " rejects shift [B, H+1], with a logged reason");
+        check(caps.build->configurePlugin(io, 4, &io[3], 1) != 0 && log.lastErrorHas("3 or 5 inputs"),
+            who + " rejects 4 inputs");
+    }
+    // Leave the build plugin configured with 5 inputs, then serialise.
+    DynamicPluginTensorDesc io5[6] = {dyn({B, S, H}), dyn({B, H}), dyn({B, H}), dyn({H}), dyn({H}), dyn({B, S, H})};
+    check(caps.build->configurePlugin(io5, 5, &io5[5], 1) == 0, who + " configurePlugin, 5 inputs");
+    PluginFieldCollection const* ser = caps.runtime->getFieldsToSerialize();
+    int32_t const* nb = fieldData<int32_t>(ser, "nb_inputs", PluginFieldType::kINT32);
+    float const* serEps = fieldData<float>(ser, "epsilon", PluginFieldType::kFLOAT32);
+    check(nb != nullptr && *nb == 5 && serEps != nullptr && *serEps == eps, who + " serialises epsilon and nb_inputs");
+    IPluginV3* runtimePlugin = creator->createPlugin("ada0", ser, TensorRTPhase::kRUNTIME);
+    delete plugin;
+    check(runtimePlugin != nullptr, who + " createPlugin(kRUNTIME) from its serialised fields");
+    if (runtimePlugin == nullptr)
+    {
+        return;
+    }
+    IPluginV3* attached = capabilities(runtimePlugin).runtime->attachToContext(nullptr);
+    delete runtimePlugin;
+    check(attached != nullptr, who + " attachToContext gives a plugin");
+    if (attached == nullptr)
+    {
+        return;
+    }
+    Capabilities rt = capabilities(attached);
+    PluginTensorDesc in[5] = {desc({B, S, H}), desc({B, H}), desc({B, H}), desc({H}), desc({H})};
+    PluginTensorDesc out[1] = {desc({B, S, H})};
+    check(rt.runtime->onShapeChange(in, 5, out, 1) == 0, who + " onShapeChange [2,5,48] with [B,H] modulation");
+
+    std::vector<float> x = pattern(B * S * H, 3.0F, 0.1F);
+    std::vector<float> shift = pattern(B * H, 0.4F, 2.2F);
+    std::vector<float> scale = pattern(B * H, 0.3F, 0.9F);
+    std::vector<float> w = pattern(H, 0.7F, 1.3F);
+    std::vector<float> b = pattern(H, 0.2F, 0.5F);
+    if (device)
+    {
+        DeviceBuffer dx(x), dsh(shift), dsc(scale), dw(w), db(b), dy(std::vector<float>(x.size(), 0.F));
+        void const* ins[5] = {dx.ptr, dsh.ptr, dsc.ptr, dw.ptr, db.ptr};
+        void* outs[1] = {dy.ptr};
+        int32_t const rc = rt.runtime->enqueue(in, out, ins, outs, nullptr, nullptr);
+        bool const synced = cudaStreamSynchronize(nullptr) == cudaSuccess;
+        std::vector<double> ref(x.size());
+        for (int64_t r = 0; r < B * S; ++r)
+        {
+            int64_t const m = r / S; // [B, H] modulation broadcast over the sequence
+            double mean = 0.0;
+            for (int64_t j = 0; j < H; ++j)
+            {
+                mean += x[r * H + j];
+            }
+            mean /= H;
+            double var = 0.0;
+            for (int64_t j = 0; j < H; ++j)
+            {
+                var += (x[r * H + j] - mean) * (x[r * H + j] - mean);
+            }
+            var /= H;
+            double const rstd = 1.0 / std::sqrt(var + eps);
+            for (int64_t j = 0; j < H; ++j)
+            {
+                double const ln = (x[r * H + j] - mean) * rstd * w[j] + b[j];
+                ref[r * H + j] = ln * (1.0 + scale[m * H + j]) + shift[m * H + j];
+            }
+        }
+        double const err = maxRelErr(dy.read(), ref);
+        check(rc == 0 && synced && err < 1e-5,
+            who + " enqueue on the GPU matches float64 (max rel err " + std::to_string(err) + ")");
+    }
+    else
+    {
+        void const* ins[5] = {x.data(), shift.data(), scale.data(), w.data(), b.data()};
+        void* outs[1] = {x.data()};
+        check(rt.runtime->enqueue(in, out, ins, outs, nullptr, nullptr) != 0 && log.lastErrorHas("kernel launch failed"),
+            who + " enqueue without a CUDA device fails with a logged reason");
+    }
+    delete attached;
+
+    int32_t const badNb = 4;
+    PluginField badNbF[] = {{"epsilon", &eps, PluginFieldType::kFLOAT32, 1}, {"nb_inputs", &badNb, PluginFieldType::kINT32, 1}};
+    PluginFieldCollection badNbFc{2, badNbF};
+    check(creator->createPlugin("a", &badNbFc, TensorRTPhase::kRUNTIME) == nullptr && log.lastErrorHas("nb_inputs"),
+        who + " rejects nb_inputs 4");
+    // A runtime plugin that never saw its input count refuses to run rather than guessing.
+    IPluginV3* unconfigured = creator->createPlugin("a", &fc, TensorRTPhase::kRUNTIME);
+    if (unconfigured != nullptr)
+    {
+        void const* ins[5] = {x.data(), shift.data(), scale.data(), w.data(), b.data()};
+        void* outs[1] = {x.data()};
+        check(capabilities(unconfigured).runtime->enqueue(in, out, ins, outs, nullptr, nullptr) != 0
+                && log.lastErrorHas("not configured"),
+            who + " enqueue before any shape information fails with a logged reason");
+        delete unconfigured;
+    }
+}
+
+} // namespace
+
+int main(int argc, char** argv)
+{
+    if (argc != 2)
+    {
+        std::fprintf(stderr, "usage: %s path/to/libnormexport_plugins.so\n", argv[0]);
+        return 2;
+    }
+    void* lib = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
+    if (lib == nullptr)
+    {
+        std::fprintf(stderr, "cannot load %s: %s\n", argv[1], dlerror());
+        return 2;
+    }
+    using GetCreatorsFn = IPluginCreatorInterface* const* (*) (int32_t&);
+    using SetLoggerFinderFn = void (*)(ILoggerFinder*);
+    auto getCreators = reinterpret_cast<GetCreatorsFn>(dlsym(lib, "getCreators"));
+    auto setLoggerFinder = reinterpret_cast<SetLoggerFinderFn>(dlsym(lib, "setLoggerFinder"));
+    check(getCreators != nullptr, "library exports getCreators");
+    check(setLoggerFinder != nullptr, "library exports setLoggerFinder");
+    if (getCreators == nullptr || setLoggerFinder == nullptr)
+    {
+        return 1;
+    }
+    RecordingLogger logger;
+    Finder finder(&logger);
+    setLoggerFinder(&finder);
+
+    int32_t nb = -1;
+    IPluginCreatorInterface* const* creators = getCreators(nb);
+    check(creators != nullptr && nb == 2, "getCreators returns 2 creators");
+    bool const device = hasDevice();
+    std::printf("INFO CUDA device present: %s\n", device ? "yes (enqueue runs the kernels)" : "no");
+    int found = 0;
+    for (int32_t i = 0; creators != nullptr && i < nb; ++i)
+    {
+        InterfaceInfo const info = creators[i]->getInterfaceInfo();
+        check(std::strcmp(info.kind, "PLUGIN CREATOR_V3ONE") == 0 && info.major == 1,
+            std::string("creator ") + std::to_string(i) + " is a PLUGIN CREATOR_V3ONE v1");
+        auto* creator = static_cast<IPluginCreatorV3One*>(creators[i]);
+        check(std::strcmp(creator->getPluginNamespace(), "normexport") == 0,
+            std::string(creator->getPluginName()) + " creator namespace is normexport");
+        if (std::strcmp(creator->getPluginName(), "RMSNorm") == 0)
+        {
+            ++found;
+            testRMSNorm(creator, logger, device);
+        }
+        else if (std::strcmp(creator->getPluginName(), "AdaLNZero") == 0)
+        {
+            ++found;
+            testAdaLNZero(creator, logger, device);
+        }
+    }
+    check(found == 2, "creators named RMSNorm and AdaLNZero");
+    std::printf("%d checks, %d failed\n", gChecks, gFailures);
+    return gFailures == 0 ? 0 : 1;
+}
