@@ -7,9 +7,10 @@
     outs = run_engine(eng, {"input_0": x})
 
 The plugin library is registered with `trt.get_plugin_registry().load_library(path)` (TensorRT 10
-calls its `getCreators`). normexport nodes are marked with `plugin_namespace="normexport"` and the
-parser's plugin-override flag is set where available, so the ONNX parser picks the RMSNorm /
-AdaLNZero plugins instead of inlining the ops' function bodies (which it would otherwise prefer).
+calls its `getCreators`). normexport nodes carry `plugin_namespace="normexport"` (files written by
+normexport have it; it is added here where missing) and the parser's plugin-override flag is set
+where available (TensorRT >= 10.15), so the ONNX parser picks the RMSNorm / AdaLNZero plugins
+instead of inlining the ops' function bodies.
 """
 
 from __future__ import annotations
@@ -73,18 +74,6 @@ class Engine:
     layer_count: int
 
 
-def _mark_plugin_nodes(model) -> int:
-    """Add plugin_namespace="normexport" to normexport-domain nodes of the main graph."""
-    import onnx  # noqa: PLC0415
-
-    marked = 0
-    for node in model.graph.node:
-        if node.domain == PLUGIN_NAMESPACE and not any(a.name == "plugin_namespace" for a in node.attribute):
-            node.attribute.append(onnx.helper.make_attribute("plugin_namespace", PLUGIN_NAMESPACE))
-            marked += 1
-    return marked
-
-
 def build_engine(
     onnx_path,
     plugin_lib: str | os.PathLike | None = None,
@@ -115,7 +104,9 @@ def build_engine(
     model = onnx_path if isinstance(onnx_path, onnx.ModelProto) else onnx.load(str(onnx_path))
     if prefer_plugins and plugin_lib is not None:
         model = onnx.ModelProto.FromString(model.SerializeToString())  # do not touch the caller's
-        _mark_plugin_nodes(model)
+        from normexport import ops  # noqa: PLC0415
+
+        ops.mark_plugin_nodes(model)  # files from normexport have them; older or hand-made ones may not
 
     builder = trt.Builder(logger)
     network = builder.create_network(0)  # explicit batch is the only mode in TensorRT 10

@@ -86,15 +86,17 @@ def find_tensorrt_root() -> str | None:
     return None
 
 
-_CACHE: dict[tuple[str, str | None], PluginBuild] = {}
+_CACHE: dict[tuple[str, str | None, bool], PluginBuild] = {}
 
 
-def build_plugins(archs: str | None = None, tensorrt_root: str | None = None) -> PluginBuild:
+def build_plugins(archs: str | None = None, tensorrt_root: str | None = None,
+                  trt_headers_only: bool = False) -> PluginBuild:
     """Configure + build plugins/ (memoised per process). `archs` defaults to the CMake default
-    (80;86;89;90). Raises RuntimeError with the tool output on failure."""
+    (80;86;89;90). `trt_headers_only`: build the plugin even where TensorRT's headers come without
+    libnvinfer (NORMEXPORT_TRT_HEADERS_ONLY). Raises RuntimeError with the tool output on failure."""
     archs = archs or os.environ.get("NORMEXPORT_TEST_CUDA_ARCHS") or DEFAULT_ARCHS
     tensorrt_root = tensorrt_root or os.environ.get("TensorRT_ROOT")
-    key = (archs, tensorrt_root)
+    key = (archs, tensorrt_root, trt_headers_only)
     if key in _CACHE:
         return _CACHE[key]
     nvcc = find_nvcc()
@@ -107,6 +109,8 @@ def build_plugins(archs: str | None = None, tensorrt_root: str | None = None) ->
         configure.append(f"-DCMAKE_CUDA_ARCHITECTURES={archs}")
     if tensorrt_root:
         configure.append(f"-DTensorRT_ROOT={tensorrt_root}")
+    if trt_headers_only:
+        configure.append("-DNORMEXPORT_TRT_HEADERS_ONLY=ON")
     if shutil.which("ninja"):
         configure += ["-G", "Ninja"]
     t0 = time.monotonic()

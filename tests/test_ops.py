@@ -156,8 +156,10 @@ def test_mixed_adaln_arity_is_refused():
 
 def test_schema_registered_from_spec():
     schema = onnx.defs.get_schema("RMSNorm", 1, ops.DOMAIN)
-    assert [a for a in schema.attributes] == ["axis", "epsilon"] or set(schema.attributes) == {"axis", "epsilon"}
+    assert set(schema.attributes) == {"axis", "epsilon", "plugin_namespace", "plugin_version"}
     assert schema.attributes["epsilon"].default_value.f == pytest.approx(1e-6)
+    assert schema.attributes["plugin_namespace"].default_value.s == b"normexport"
+    assert schema.attributes["plugin_version"].default_value.s == b"1"
     assert [i.name for i in onnx.defs.get_schema("AdaLNZero", 1, ops.DOMAIN).inputs] == ["X", "shift", "scale", "weight", "bias"]
 
 
@@ -188,6 +190,10 @@ def test_export_with_dynamic_batch_and_sequence(affine):
     assert custom == ["RMSNorm", "AdaLNZero"]
     assert {(f.domain, f.name) for f in model.functions} == {(ops.DOMAIN, "RMSNorm"), (ops.DOMAIN, "AdaLNZero")}
     assert any(o.domain == ops.DOMAIN and o.version == 1 for o in model.opset_import)
+    # TensorRT's ONNX parser uses the plugin (not the function body) only for nodes that name it.
+    for node in ops.custom_nodes(model):
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        assert attrs["plugin_namespace"] == b"normexport" and attrs["plugin_version"] == b"1", node
     x2, c2 = rand(3, 11, 37), rand(3, 74)
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     got = sess.run(None, dict(zip([i.name for i in sess.get_inputs()], (x2.numpy(), c2.numpy()))))[0]
@@ -210,6 +216,8 @@ def test_plugin_header_generated_from_the_specs():
         "plugins/tensorrt/opSpecs.h is stale: run python -m normexport.ops.plugin_fields")
     assert plugin_fields.main(["--check"]) == 0
     header = plugin_fields.render()
+    for name in ops.PLUGIN_ATTRIBUTES:  # read by the ONNX parser to find the plugin, never plugin fields
+        assert name not in header
     for spec in SPECS.values():
         assert f'kNAME{{"{spec.name}"}}' in header
         for a in spec.attributes:

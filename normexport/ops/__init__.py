@@ -7,7 +7,7 @@ import onnx
 import torch
 
 from . import adaln_zero, rms_norm
-from ._spec import DOMAIN, MIN_OPSET, VERSION, OpSpec
+from ._spec import DOMAIN, MIN_OPSET, PLUGIN_ATTRIBUTES, VERSION, OpSpec
 
 SPECS: dict[str, OpSpec] = {m.SPEC.name: m.SPEC for m in (rms_norm, adaln_zero)}
 
@@ -29,9 +29,22 @@ def custom_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
     return [n for n in model.graph.node if n.domain == DOMAIN]
 
 
+def mark_plugin_nodes(model: onnx.ModelProto) -> int:
+    """Add PLUGIN_ATTRIBUTES (see _spec.py) to every normexport node of the main graph that lacks
+    them (in place); returns how many nodes were changed."""
+    changed = 0
+    for node in custom_nodes(model):
+        present = {a.name for a in node.attribute}
+        missing = [k for k in PLUGIN_ATTRIBUTES if k not in present]
+        node.attribute.extend(onnx.helper.make_attribute(k, PLUGIN_ATTRIBUTES[k]) for k in missing)
+        changed += bool(missing)
+    return changed
+
+
 def attach_functions(model: onnx.ModelProto) -> onnx.ModelProto:
-    """Give `model` (in place) the `normexport` opset import and one FunctionProto per custom
-    op it uses, so that any ONNX runtime can run it with no registration.
+    """Give `model` (in place) the `normexport` opset import, one FunctionProto per custom op it
+    uses (so any ONNX runtime runs it with no registration) and the PLUGIN_ATTRIBUTES on its
+    custom nodes (so TensorRT with libnormexport_plugins.so loaded runs the plugins instead).
 
     Existing normexport functions are replaced (their opset must match the model's)."""
     nodes = custom_nodes(model)
@@ -54,7 +67,9 @@ def attach_functions(model: onnx.ModelProto) -> onnx.ModelProto:
         if len(arities) > 1:
             raise ValueError(f"{DOMAIN}::{op_type} is used with {sorted(arities)} inputs in one model; use one form")
         model.functions.append(SPECS[op_type].function_proto(opset, arities.pop()))
+    mark_plugin_nodes(model)
     return model
 
 
-__all__ = ["DOMAIN", "VERSION", "MIN_OPSET", "SPECS", "TRANSLATION_TABLE", "attach_functions", "custom_nodes", "default_opset"]
+__all__ = ["DOMAIN", "VERSION", "MIN_OPSET", "PLUGIN_ATTRIBUTES", "SPECS", "TRANSLATION_TABLE", "attach_functions",
+           "custom_nodes", "default_opset", "mark_plugin_nodes"]

@@ -14,6 +14,13 @@ VERSION = 1
 #: Function bodies use ReduceMean with axes as an input, so they need opset 18 or newer.
 MIN_OPSET = 18
 FLOAT_TYPES = ("tensor(float)", "tensor(float16)", "tensor(bfloat16)")
+#: String attributes every normexport node carries for TensorRT's ONNX parser (10.7+): it looks the
+#: plugin up by op type, plugin_version and plugin_namespace, and only prefers a registered plugin
+#: over the node's local function when the node names it (without them, it inlines the function
+#: body even with libnormexport_plugins.so loaded). The function bodies ignore them, and the plugin
+#: creators do not declare them as fields, so the parser does not pass them to createPlugin.
+PLUGIN_ATTRIBUTES = {"plugin_namespace": DOMAIN, "plugin_version": str(VERSION)}
+_PLUGIN_ATTRIBUTE_DOC = "for TensorRT's ONNX parser: names the plugin that runs this node (the body ignores it)"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,7 +65,9 @@ class OpSpec:
             inputs=[param(i) for i in self.inputs],
             outputs=[OpSchema.FormalParameter("Y", "T", "same shape and type as X")],
             type_constraints=[("T", list(FLOAT_TYPES), "float32, float16 or bfloat16")],
-            attributes=[OpSchema.Attribute(a.name, onnx.helper.make_attribute(a.name, a.default), a.doc) for a in self.attributes],
+            attributes=[OpSchema.Attribute(a.name, onnx.helper.make_attribute(a.name, a.default), a.doc) for a in self.attributes]
+            + [OpSchema.Attribute(k, onnx.helper.make_attribute(k, v), _PLUGIN_ATTRIBUTE_DOC)
+               for k, v in PLUGIN_ATTRIBUTES.items()],
         )
 
     def function_proto(self, opset: int, n_inputs: int) -> onnx.FunctionProto:
@@ -69,6 +78,10 @@ class OpSpec:
         for imp in fn.opset_import:
             if imp.domain == "":
                 imp.version = opset  # the body only uses ops whose semantics are unchanged since 18
+        declared = set(fn.attribute) | {a.name for a in fn.attribute_proto}
+        for k, v in PLUGIN_ATTRIBUTES.items():  # declared (with defaults) so nodes may carry them
+            if k not in declared:
+                fn.attribute_proto.append(onnx.helper.make_attribute(k, v))
         return fn
 
     def register_schema(self) -> None:

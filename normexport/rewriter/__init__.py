@@ -438,9 +438,12 @@ def rewrite(model: onnx.ModelProto, target: str = "trt", verify: bool = True,
     _record_unapplied(explain, work, report)
 
     if not changed:
-        out = onnx.ModelProto()
-        out.CopyFrom(model)
-        return out
+        work = onnx.ModelProto()
+        work.CopyFrom(model)
+    marked = _ops.mark_plugin_nodes(work)  # nodes from other tools may lack them; ours have them
+    if marked:
+        report.notes.append(f"added plugin_namespace / plugin_version to {marked} normexport node(s) "
+                            "so that TensorRT's ONNX parser runs the plugin rather than the function body")
     report.opset_after = _ops.default_opset(work)
     report.nodes_after = len(work.graph.node)
     return work

@@ -251,3 +251,31 @@ def test_onnx_cpp_passes_run_without_the_weights():
     assert G.count(out, "RMSNorm", "normexport") == 1, rep.summary()
     x = np.random.default_rng(1).standard_normal((3, 64)).astype(np.float32)
     G.assert_close(G.run(out, x=x)[0], G.rms_ref(x.astype(np.float64) @ big_w, G.WEIGHT))
+
+
+def test_fused_nodes_name_the_plugin_and_hand_made_ones_get_it(mixed):
+    """TensorRT's ONNX parser runs our plugin instead of the function body only for nodes with
+    plugin_namespace / plugin_version: fused nodes have them, and nodes another tool wrote without
+    them get them (said in the notes), with the same outputs in onnxruntime."""
+    from normexport import ops
+
+    fused = rewrite(mixed, target="trt")
+    assert ops.custom_nodes(fused)
+    for node in ops.custom_nodes(fused):
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        assert attrs["plugin_namespace"] == b"normexport" and attrs["plugin_version"] == b"1"
+
+    bare = onnx.ModelProto()
+    bare.CopyFrom(fused)
+    for node in ops.custom_nodes(bare):
+        kept = [a for a in node.attribute if a.name not in ops.PLUGIN_ATTRIBUTES]
+        del node.attribute[:]
+        node.attribute.extend(kept)
+    report = RewriteReport()
+    again = rewrite(bare, target="trt", report=report)
+    n = len(ops.custom_nodes(bare))
+    assert any(f"to {n} normexport node(s)" in note for note in report.notes), report.notes
+    assert all({a.name for a in node.attribute} >= set(ops.PLUGIN_ATTRIBUTES) for node in ops.custom_nodes(again))
+    onnx.checker.check_model(again, full_check=True)
+    x = G.xin(2, 3, G.H)
+    np.testing.assert_array_equal(G.run(again, x=x)[0], G.run(bare, x=x)[0])
