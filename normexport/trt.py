@@ -22,7 +22,6 @@ from typing import Any
 
 import numpy as np
 
-PLUGIN_NAMESPACE = "normexport"
 _NOT_IMPORTABLE = "TensorRT is not importable: pip install tensorrt (needs a CUDA GPU)"
 _loaded_libraries: dict[str, Any] = {}
 
