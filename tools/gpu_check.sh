@@ -8,7 +8,8 @@
 # 2. Builds plugins/ with CMake into build/plugins (TensorRT plugin too when TensorRT_ROOT or
 #    system TensorRT is found).
 # 3. pytest tests/test_kernels_gpu.py tests/test_plugins_build.py (+ TensorRT: tests/test_trt_plugin_host.py, tests/test_trt.py).
-# 4. tools/bench_kernels.py; results in benchmarks/results/ (copied to $OUT when set).
+# 4. tools/bench_kernels.py; results in benchmarks/results/ (in $OUT when set: the device tool's
+#    output folder, written as the run goes so that a run cut short still returns its logs).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -37,19 +38,17 @@ echo "== build took $(( $(date +%s) - start )) s"
 export NORMEXPORT_KERNELS_LIB=$PWD/build/plugins/libnormexport_kernels.so
 [ -f build/plugins/libnormexport_plugins.so ] && export NORMEXPORT_PLUGIN_LIB=$PWD/build/plugins/libnormexport_plugins.so
 
+LOGS=${OUT:-/tmp}
+RESULTS=${OUT:-benchmarks/results}
+mkdir -p "$LOGS" "$RESULTS"
 status=0
-echo "== pytest"
-$PY -m pytest tests/test_kernels_gpu.py tests/test_plugins_build.py tests/test_trt_plugin_host.py tests/test_trt.py -v -rs 2>&1 | tee /tmp/normexport_gpu_pytest.log
+echo "== pytest (log: $LOGS/normexport_gpu_pytest.log)"
+PYTHONUNBUFFERED=1 $PY -m pytest tests/test_kernels_gpu.py tests/test_plugins_build.py tests/test_trt_plugin_host.py \
+    tests/test_trt.py -v -rs 2>&1 | tee "$LOGS/normexport_gpu_pytest.log"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 
-echo "== benchmark"
-$PY tools/bench_kernels.py --lib "$NORMEXPORT_KERNELS_LIB" ${BENCH_ARGS:-} 2>&1 | tee /tmp/normexport_bench.log
+echo "== benchmark (log: $LOGS/normexport_bench.log, results: $RESULTS)"
+PYTHONUNBUFFERED=1 $PY tools/bench_kernels.py --lib "$NORMEXPORT_KERNELS_LIB" --out-dir "$RESULTS" ${BENCH_ARGS:-} 2>&1 \
+    | tee "$LOGS/normexport_bench.log"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-
-if [ -n "${OUT:-}" ]; then
-    mkdir -p "$OUT"
-    cp /tmp/normexport_gpu_pytest.log /tmp/normexport_bench.log "$OUT"/ 2>/dev/null || true
-    latest_json=$(ls -t benchmarks/results/*.json 2>/dev/null | head -1)
-    [ -n "$latest_json" ] && cp "$latest_json" "${latest_json%.json}.png" "$OUT"/ 2>/dev/null
-fi
 exit $status
