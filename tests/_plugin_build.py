@@ -142,6 +142,72 @@ def build_plugins(archs: str | None = None, tensorrt_root: str | None = None,
 
 
 # ------------------------------------------------------------------------------------------
+# CPU emulation build (tests/cuda_emu/emu.h): the kernel sources compiled by the host compiler
+# ------------------------------------------------------------------------------------------
+EMU_DIR = REPO_ROOT / "tests" / "cuda_emu"
+KERNEL_SOURCES = ("rms_norm.cu", "layer_norm.cu", "adaln_zero.cu")
+_LAUNCH_RE = re.compile(r"([A-Za-z_]\w*<[^;{}<>]*>)\s*<<<(.+?)>>>", re.S)
+_EMU_CACHE: dict[tuple, Path] = {}
+
+
+def find_cuda_include() -> str | None:
+    """CUDA's include folder (cuda_runtime.h, cuda_fp16.h, cuda_bf16.h), next to nvcc."""
+    candidates = []
+    nvcc = find_nvcc()
+    if nvcc:
+        candidates.append(os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(nvcc))), "include"))
+    for env in ("CUDA_HOME", "CUDA_PATH"):
+        if os.environ.get(env):
+            candidates.append(os.path.join(os.environ[env], "include"))
+    candidates.append("/usr/local/cuda/include")
+    return next((c for c in candidates if os.path.isfile(os.path.join(c, "cuda_runtime.h"))), None)
+
+
+def emulated_source(replace: tuple[tuple[str, str], ...] = ()) -> str:
+    """One translation unit: emu.h, norm_common.cuh with its `k<<<...>>>(p)` launches turned into
+    `::emu::launch(k, ...)(p)`, and the three .cu files. `replace`: (old, new) edits of the kernel
+    source (a planted bug, to show that the emulated tests catch one)."""
+    common = (PLUGINS_DIR / "kernels" / "norm_common.cuh").read_text()
+    common, n = _LAUNCH_RE.subn(lambda m: f"::emu::launch({m.group(1)}, {m.group(2)})", common)
+    if n == 0:
+        raise RuntimeError("no kernel launch found in norm_common.cuh")
+    parts = ['#include "emu.h"', common]
+    parts += [(PLUGINS_DIR / "kernels" / f).read_text().replace('#include "norm_common.cuh"', "") for f in KERNEL_SOURCES]
+    text = "\n".join(parts)
+    for old, new in replace:
+        if old not in text:
+            raise RuntimeError(f"planted edit does not apply: {old!r}")
+        text = text.replace(old, new)
+    return text
+
+
+def build_emulated_kernels(replace: tuple[tuple[str, str], ...] = (), barrier_timeout_ms: int = 20000) -> Path:
+    """Compile the kernels for the CPU emulation into a shared library with the C ABI of
+    normexport_kernels.h (memoised per process). A barrier some thread never reaches gives up
+    after `barrier_timeout_ms` and the call returns cudaErrorLaunchTimeout. Raises RuntimeError
+    on failure."""
+    key = (replace, barrier_timeout_ms)
+    if key in _EMU_CACHE:
+        return _EMU_CACHE[key]
+    cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+    include = find_cuda_include()
+    if cxx is None or include is None:
+        raise RuntimeError(f"cannot build the emulated kernels: C++ compiler={cxx!r}, CUDA include={include!r}")
+    out_dir = Path(tempfile.mkdtemp(prefix="normexport-emu-"))
+    src = out_dir / "kernels_emu.cpp"
+    src.write_text(emulated_source(replace))
+    lib = out_dir / "libnormexport_kernels_emu.so"
+    cmd = [cxx, "-std=c++20", "-O1", "-g0", "-shared", "-fPIC", "-pthread", "-w",
+           f"-DNORMEXPORT_EMU_TIMEOUT_MS={int(barrier_timeout_ms)}", f"-I{include}",
+           f"-I{PLUGINS_DIR / 'include'}", f"-I{EMU_DIR}", str(src), "-o", str(lib)]
+    run = subprocess.run(cmd, capture_output=True, text=True)
+    if run.returncode != 0:
+        raise RuntimeError(f"emulated kernel build failed:\n{' '.join(cmd)}\n{run.stderr[-4000:]}")
+    _EMU_CACHE[key] = lib
+    return lib
+
+
+# ------------------------------------------------------------------------------------------
 # SASS helpers
 # ------------------------------------------------------------------------------------------
 _FUNC_RE = re.compile(r"^\s*Function\s*:\s*(\S+)\s*$")

@@ -1,0 +1,228 @@
+/*
+ * A CPU emulation of the small part of the CUDA execution model the normexport kernels use, so
+ * that the kernel source in plugins/kernels/ runs, unchanged, on a machine without a GPU
+ * (tests/test_kernels_emulated.py). Not a CUDA implementation: it checks the kernels' logic
+ * (launch choices, indexing, vector packs, reductions, every lane reaching every shuffle and
+ * barrier), not their speed or the GPU's memory model.
+ *
+ * - A launch runs its blocks one after another; the threads of a block run concurrently, one
+ *   std::thread each, so `__shared__` (static storage here) is per block.
+ * - __syncthreads(): a barrier of the block's threads. __shfl_xor_sync(): each lane publishes its
+ *   value, the warp waits at a barrier, reads its partner's, and waits again. A lane that misses
+ *   a shuffle or a barrier the others reach would hang a GPU; here the barrier gives up after
+ *   a timeout and the launch reports cudaErrorLaunchTimeout.
+ * - Kernel launches `k<<<grid, block, shmem, stream>>>(args)` are rewritten by the test into
+ *   `::emu::launch(k, grid, block, shmem, stream)(args)`.
+ */
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+// CUDA's qualifiers become plain C++.
+#undef __global__
+#undef __device__
+#undef __forceinline__
+#undef __launch_bounds__
+#undef __shared__
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __shared__ static
+
+#ifndef NORMEXPORT_EMU_TIMEOUT_MS
+#define NORMEXPORT_EMU_TIMEOUT_MS 20000
+#endif
+
+namespace emu
+{
+
+inline cudaError_t gLastError = cudaSuccess;
+inline std::mutex gErrorMutex;
+
+inline void setError(cudaError_t e)
+{
+    std::lock_guard<std::mutex> lock(gErrorMutex);
+    if (gLastError == cudaSuccess)
+    {
+        gLastError = e;
+    }
+}
+
+//! A reusable barrier for `n` threads that breaks (and stays broken) when a wait times out.
+class Barrier
+{
+public:
+    explicit Barrier(unsigned n)
+        : mCount(n)
+        , mWaiting(0)
+    {
+    }
+    void arrive_and_wait()
+    {
+        std::unique_lock<std::mutex> lock(mMutex);
+        if (mBroken)
+        {
+            return;
+        }
+        unsigned const generation = mGeneration;
+        if (++mWaiting == mCount)
+        {
+            mWaiting = 0;
+            ++mGeneration;
+            mCv.notify_all();
+            return;
+        }
+        if (!mCv.wait_for(lock, std::chrono::milliseconds(NORMEXPORT_EMU_TIMEOUT_MS), [&] { return mGeneration != generation || mBroken; }))
+        {
+            mBroken = true;
+            mCv.notify_all();
+            setError(cudaErrorLaunchTimeout);
+        }
+    }
+
+private:
+    std::mutex mMutex;
+    std::condition_variable mCv;
+    unsigned const mCount;
+    unsigned mWaiting;
+    unsigned mGeneration{0};
+    bool mBroken{false};
+};
+
+struct Block
+{
+    Barrier block;
+    std::vector<std::unique_ptr<Barrier>> warps;
+    std::vector<float> lanes;
+    explicit Block(unsigned n)
+        : block(n)
+        , lanes(n)
+    {
+        for (unsigned w = 0; w < (n + 31) / 32; ++w)
+        {
+            warps.push_back(std::make_unique<Barrier>(std::min(32u, n - 32u * w)));
+        }
+    }
+};
+
+inline thread_local uint3 tIdx{};
+inline thread_local uint3 bIdx{};
+inline thread_local Block* tBlock = nullptr;
+inline dim3 gBlockDim{};
+inline dim3 gGridDim{};
+
+template <typename Kernel>
+struct Launch
+{
+    Kernel kernel;
+    unsigned grid;
+    unsigned block;
+
+    template <typename... Args>
+    void operator()(Args... args) const
+    {
+        if (block == 0 || block > 1024 || grid == 0)
+        {
+            setError(cudaErrorInvalidConfiguration);
+            return;
+        }
+        gGridDim = dim3(grid, 1, 1);
+        gBlockDim = dim3(block, 1, 1);
+        for (unsigned b = 0; b < grid; ++b)
+        {
+            Block shared(block);
+            std::vector<std::thread> threads;
+            threads.reserve(block);
+            for (unsigned t = 0; t < block; ++t)
+            {
+                threads.emplace_back([&, b, t] {
+                    tIdx = make_uint3(t, 0, 0);
+                    bIdx = make_uint3(b, 0, 0);
+                    tBlock = &shared;
+                    kernel(args...);
+                });
+            }
+            for (auto& th : threads)
+            {
+                th.join();
+            }
+        }
+    }
+};
+
+template <typename Kernel>
+Launch<Kernel> launch(Kernel kernel, unsigned grid, unsigned block, size_t /*shmem*/, cudaStream_t /*stream*/)
+{
+    return Launch<Kernel>{kernel, grid, block};
+}
+
+inline float shfl_xor(float v, int laneMask)
+{
+    Block& b = *tBlock;
+    unsigned const t = tIdx.x;
+    auto& warp = *b.warps[t / 32];
+    b.lanes[t] = v;
+    warp.arrive_and_wait();
+    unsigned const partner = (t & ~31u) | ((t & 31u) ^ static_cast<unsigned>(laneMask));
+    if (partner >= b.lanes.size()) // a lane that does not exist: undefined on a GPU
+    {
+        setError(cudaErrorIllegalInstruction);
+        warp.arrive_and_wait();
+        return v;
+    }
+    float const other = b.lanes[partner];
+    warp.arrive_and_wait();
+    return other;
+}
+
+} // namespace emu
+
+#undef threadIdx
+#undef blockIdx
+#undef blockDim
+#undef gridDim
+#define threadIdx (::emu::tIdx)
+#define blockIdx (::emu::bIdx)
+#define blockDim (::emu::gBlockDim)
+#define gridDim (::emu::gGridDim)
+
+inline void __syncthreads()
+{
+    emu::tBlock->block.arrive_and_wait();
+}
+
+inline float __shfl_xor_sync(unsigned mask, float v, int laneMask)
+{
+    (void) mask; // the kernels only use full masks; every lane of the warp must arrive
+    return emu::shfl_xor(v, laneMask);
+}
+
+template <typename T>
+inline T __ldg(T const* p)
+{
+    return *p;
+}
+
+#define rsqrtf(x) (1.0f / std::sqrt(static_cast<float>(x)))
+
+extern "C" cudaError_t cudaGetLastError(void)
+{
+    std::lock_guard<std::mutex> lock(emu::gErrorMutex);
+    cudaError_t const e = emu::gLastError;
+    emu::gLastError = cudaSuccess;
+    return e;
+}

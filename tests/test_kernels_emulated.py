@@ -1,0 +1,230 @@
+"""The CUDA kernel source, run on the CPU through a small emulation of the CUDA execution model
+(tests/cuda_emu/emu.h: one host thread per CUDA thread, barriers for __syncthreads and warp
+shuffles, blocks one after another), through the C ABI of plugins/include/normexport_kernels.h.
+
+What this proves without a GPU: for every launch configuration the dispatcher picks (8/16/32
+lanes per row, 1/2/4 vectors per thread, one block per row with 4 or 8 per thread, the looped
+kernel), 16-byte vector and scalar paths, every dtype, [B,H] and full-shape modulation, the
+kernels read and write exactly the row's elements (guard cells around y stay untouched), every
+lane reaches every shuffle and barrier (a lane that did not would time the barrier out and
+the call would fail), and the results match float64 references written from the formulas within
+DESIGN §7's tolerances. What it does not prove: speed, or the GPU's own arithmetic and memory
+model (rsqrtf is exact here) - tests/test_kernels_gpu.py does that on a GPU.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+try:
+    from tests._plugin_build import build_emulated_kernels, find_cuda_include, load_kernels
+except ImportError:  # tests/ not importable as a package: it is on sys.path itself
+    from _plugin_build import build_emulated_kernels, find_cuda_include, load_kernels
+
+if find_cuda_include() is None:
+    pytest.skip("CUDA headers (cuda_runtime.h, cuda_fp16.h, cuda_bf16.h) not found: set CUDA_HOME",
+                allow_module_level=True)
+
+DTYPES = {"fp32": (np.float32, 0), "fp16": (np.float16, 1), "bf16": (ml_dtypes.bfloat16, 2)}
+REL_TOL = {"fp32": 1e-5, "fp16": 2e-3, "bf16": 1.6e-2}  # DESIGN §7, relative to max|ref|
+EPS = 1e-5
+GUARD = 16
+SENTINEL = 1234.5
+# The launch each hidden size takes (fp32 vector width 4, half types 8; scalar path for odd sizes
+# or misaligned pointers): group kernels with 8/16/32 lanes and 1/2/4 vectors per thread, block
+# kernels with 4 (vector and scalar) or 8 (scalar) per thread, and the looped kernel past them.
+HIDDEN = [1, 8, 37, 64, 128, 256, 512, 1000, 1032, 4096, 6001, 16384, 20000, 40000]
+
+
+@pytest.fixture(scope="module")
+def lib():
+    try:
+        return load_kernels(build_emulated_kernels())
+    except RuntimeError as exc:
+        pytest.fail(str(exc))
+
+
+def _rows_for(hidden: int) -> int:
+    """Enough rows to leave the last block of the group kernels partly empty (16 rows per block
+    at 8 lanes), fewer for long rows (one host thread per CUDA thread)."""
+    return 19 if hidden <= 1032 else 3
+
+
+class Buf:
+    """A host array playing device memory: guard cells on both sides, optionally misaligned by
+    one element (so the kernels must take their scalar path)."""
+
+    def __init__(self, values: np.ndarray, dtype, misaligned: bool = False, guard: int = GUARD):
+        n = values.size
+        lead = guard + (1 if misaligned else 0)
+        # 64-byte aligned base, then `lead` elements in: aligned to 16 bytes unless misaligned.
+        size = (n + 2 * guard + 1) * np.dtype(dtype).itemsize
+        raw = np.zeros(size + 64, np.uint8)
+        start = (-raw.ctypes.data) % 64
+        self.full = raw[start:start + size].view(dtype)
+        self.full[:] = SENTINEL
+        self.lead, self.n, self.shape = lead, n, values.shape
+        self.full[lead:lead + n] = values.reshape(-1).astype(dtype)
+
+    @property
+    def ptr(self) -> int:
+        return self.full.ctypes.data + self.lead * self.full.itemsize
+
+    @property
+    def array(self) -> np.ndarray:
+        return self.full[self.lead:self.lead + self.n].reshape(self.shape)
+
+    def guards_intact(self) -> bool:
+        outside = np.concatenate([self.full[:self.lead], self.full[self.lead + self.n:]])
+        return bool(np.all(outside.astype(np.float64) == np.float64(np.dtype(self.full.dtype).type(SENTINEL))))
+
+
+def _inputs(shape, dtype, rng, misaligned=False, mean=0.0, std=1.0, guard=GUARD):
+    return Buf((rng.standard_normal(shape) * std + mean), dtype, misaligned, guard)
+
+
+def _f64(buf: Buf | None):
+    return None if buf is None else buf.array.astype(np.float64)
+
+
+def _check(y: Buf, ref: np.ndarray, dtype_id: str, what: str, eager: np.ndarray | None = None):
+    """Within DESIGN §7's tolerance of the float64 reference, or (for ill-conditioned rows, where
+    float32 itself cannot do better) within 2x the error of eager PyTorch in float32."""
+    assert y.guards_intact(), f"{what}: the kernel wrote outside y"
+    got = y.array.astype(np.float64)
+    scale = max(float(np.abs(ref).max()), 1e-30)
+    err = float(np.abs(got - ref).max())
+    limit = REL_TOL[dtype_id] * scale + (1e-6 if dtype_id == "fp32" else 0.0)
+    if eager is not None:
+        limit = max(limit, 2 * float(np.abs(eager - ref).max()))
+    assert np.isfinite(got).all() and err <= limit, f"{what}: max abs err {err:.3g} > {limit:.3g} (max|ref| {scale:.3g})"
+
+
+def ref_rms(x, w):
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + EPS) * w
+
+
+def ref_ln(x, w, b):
+    mean = x.mean(axis=-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(axis=-1, keepdims=True)
+    y = (x - mean) / np.sqrt(var + EPS)
+    return y * (1 if w is None else w) + (0 if b is None else b)
+
+
+def eager_ln_fp32(x: Buf, w: Buf | None, b: Buf | None) -> np.ndarray:
+    """torch.nn.functional.layer_norm in float32 on the CPU (the eager baseline)."""
+    import torch
+
+    def t(buf):
+        return None if buf is None else torch.from_numpy(buf.array.astype(np.float32))
+
+    xt = t(x)
+    return torch.nn.functional.layer_norm(xt, (xt.shape[-1],), t(w), t(b), EPS).double().numpy()
+
+
+def ref_adaln(x, shift, scale, w, b, mod_full):
+    if not mod_full:  # [B, H] broadcast over the sequence
+        shift, scale = shift[:, None, :], scale[:, None, :]
+    return ref_ln(x, w, b) * (1 + scale) + shift
+
+
+@pytest.mark.parametrize("dtype_id", list(DTYPES))
+@pytest.mark.parametrize("hidden", HIDDEN)
+@pytest.mark.parametrize("misaligned", [False, True], ids=["aligned", "misaligned"])
+def test_rms_norm(lib, hidden, dtype_id, misaligned):
+    dtype, code = DTYPES[dtype_id]
+    rng = np.random.default_rng(hidden)
+    rows = _rows_for(hidden)
+    x = _inputs((rows, hidden), dtype, rng, misaligned, mean=0.5, std=2.0)
+    w = _inputs((hidden,), dtype, rng, std=0.5, mean=1.0)
+    y = Buf(np.zeros((rows, hidden)), dtype, misaligned)
+    rc = lib.normexport_rms_norm(x.ptr, w.ptr, y.ptr, rows, hidden, code, EPS, None)
+    assert rc == 0, f"cudaError {rc}"
+    _check(y, ref_rms(_f64(x), _f64(w)), dtype_id, f"RMSNorm {dtype_id} {rows}x{hidden}")
+
+
+@pytest.mark.parametrize("dtype_id", list(DTYPES))
+@pytest.mark.parametrize("hidden", HIDDEN)
+@pytest.mark.parametrize("affine", ["none", "weight", "both"])
+def test_layer_norm(lib, hidden, dtype_id, affine):
+    dtype, code = DTYPES[dtype_id]
+    rng = np.random.default_rng(hidden + 1)
+    rows = _rows_for(hidden)
+    # A large common offset: a one-pass variance (E[x^2] - mean^2) in float32 would be off by
+    # about 1e-2 here, far beyond eager float32's own error.
+    x = _inputs((rows, hidden), dtype, rng, mean=300.0 if dtype_id == "fp32" else 3.0)
+    w = _inputs((hidden,), dtype, rng, mean=1.0, std=0.3) if affine != "none" else None
+    b = _inputs((hidden,), dtype, rng, std=0.3) if affine == "both" else None
+    y = Buf(np.zeros((rows, hidden)), dtype)
+    rc = lib.normexport_layer_norm(x.ptr, w and w.ptr, b and b.ptr, y.ptr, rows, hidden, code, EPS, None)
+    assert rc == 0, f"cudaError {rc}"
+    eager = eager_ln_fp32(x, w, b) if dtype_id == "fp32" else None
+    _check(y, ref_ln(_f64(x), _f64(w), _f64(b)), dtype_id, f"LayerNorm {dtype_id} {rows}x{hidden} {affine}", eager)
+
+
+@pytest.mark.parametrize("dtype_id", list(DTYPES))
+@pytest.mark.parametrize("hidden", HIDDEN)
+@pytest.mark.parametrize("mod_full", [0, 1], ids=["modBH", "modFull"])
+@pytest.mark.parametrize("affine", [False, True], ids=["noaffine", "affine"])
+def test_adaln_zero(lib, hidden, dtype_id, mod_full, affine):
+    dtype, code = DTYPES[dtype_id]
+    rng = np.random.default_rng(hidden + 2)
+    batch, seq = (3, 7) if hidden <= 1032 else (2, 2)
+    mod_shape = (batch, seq, hidden) if mod_full else (batch, hidden)
+    x = _inputs((batch, seq, hidden), dtype, rng, mean=0.2, std=1.5)
+    shift = _inputs(mod_shape, dtype, rng, std=0.3)
+    scale = _inputs(mod_shape, dtype, rng, std=0.3)
+    w = _inputs((hidden,), dtype, rng, mean=1.0, std=0.2) if affine else None
+    b = _inputs((hidden,), dtype, rng, std=0.2) if affine else None
+    y = Buf(np.zeros((batch, seq, hidden)), dtype)
+    rc = lib.normexport_adaln_zero(x.ptr, shift.ptr, scale.ptr, w and w.ptr, b and b.ptr, y.ptr, batch, seq, hidden,
+                                   mod_full, code, EPS, None)
+    assert rc == 0, f"cudaError {rc}"
+    ref = ref_adaln(_f64(x), _f64(shift), _f64(scale), _f64(w), _f64(b), mod_full)
+    _check(y, ref, dtype_id, f"AdaLNZero {dtype_id} {batch}x{seq}x{hidden} mod_full={mod_full} affine={affine}")
+
+
+@pytest.mark.parametrize("which", ["shift", "scale", "weight"])
+def test_adaln_zero_misaligned_parameter(lib, which):
+    """One misaligned parameter pointer sends the whole call to the scalar path."""
+    dtype, code = DTYPES["fp16"]
+    rng = np.random.default_rng(7)
+    batch, seq, hidden = 2, 5, 512
+    x = _inputs((batch, seq, hidden), dtype, rng)
+    shift = _inputs((batch, hidden), dtype, rng, which == "shift", std=0.3)
+    scale = _inputs((batch, hidden), dtype, rng, which == "scale", std=0.3)
+    w = _inputs((hidden,), dtype, rng, which == "weight", mean=1.0, std=0.2)
+    b = _inputs((hidden,), dtype, rng, std=0.2)
+    y = Buf(np.zeros((batch, seq, hidden)), dtype)
+    rc = lib.normexport_adaln_zero(x.ptr, shift.ptr, scale.ptr, w.ptr, b.ptr, y.ptr, batch, seq, hidden, 0, code,
+                                   EPS, None)
+    assert rc == 0
+    _check(y, ref_adaln(_f64(x), _f64(shift), _f64(scale), _f64(w), _f64(b), 0), "fp16", f"misaligned {which}")
+
+
+@pytest.mark.parametrize("planted, hidden, rows", [
+    # a warp reduction that skips its last butterfly step: each row sums half its lanes
+    (("for (int off = LANES / 2; off > 0; off >>= 1)", "for (int off = LANES / 2; off > 1; off >>= 1)"), 256, 19),
+    # padding rows of the last group-kernel block treated as real rows: they write past y
+    (("norm_row<T, K, VEC, VPT>(p, row < p.rows ? row : 0, row < p.rows, tid, LANES, reduce);",
+      "norm_row<T, K, VEC, VPT>(p, row, true, tid, LANES, reduce);"), 8, 19),
+    # a lane that leaves the block reduction early: the others wait for it at the barriers
+    (("    v = group_sum<32>(v);\n    if (lane == 0)",
+      "    if (threadIdx.x == 1)\n        return 0.f;\n    v = group_sum<32>(v);\n    if (lane == 0)"), 4096, 1),
+], ids=["half-reduction", "padding-rows-write", "lane-skips-barrier"])
+def test_emulation_catches_planted_kernel_bugs(planted, hidden, rows):
+    """The emulated tests can fail: each planted bug makes the same checks fail (wrong values,
+    writes outside y, or a launch reported as failed)."""
+    lib = load_kernels(build_emulated_kernels((planted,), barrier_timeout_ms=300))
+    dtype, code = DTYPES["fp32"]
+    rng = np.random.default_rng(0)
+    room = 64 * hidden  # wide guards: the planted out-of-bounds accesses stay inside our buffers
+    x = _inputs((rows, hidden), dtype, rng, mean=0.5, std=2.0, guard=room)
+    w = _inputs((hidden,), dtype, rng, mean=1.0, std=0.5, guard=room)
+    y = Buf(np.zeros((rows, hidden)), dtype, guard=room)
+    rc = lib.normexport_rms_norm(x.ptr, w.ptr, y.ptr, rows, hidden, code, EPS, None)
+    with pytest.raises(AssertionError):
+        assert rc == 0, f"cudaError {rc}"
+        _check(y, ref_rms(_f64(x), _f64(w)), "fp32", "planted")
