@@ -72,18 +72,21 @@ def find_cuobjdump() -> str | None:
     return None
 
 
+_TRT_INCLUDE_SUBDIRS = ("include", "include/x86_64-linux-gnu", "include/aarch64-linux-gnu")
+
+
 def find_tensorrt_root() -> str | None:
     """A folder whose include/ holds TensorRT's NvInferRuntime.h: $TensorRT_ROOT, else the usual
     system and tarball locations; None when there is none (headers are all the plugin needs)."""
     candidates = [os.environ.get("TensorRT_ROOT"), "/usr", "/usr/local/tensorrt", "/opt/tensorrt"]
     candidates += sorted(glob.glob("/usr/local/TensorRT-10*")) + sorted(glob.glob("/opt/TensorRT-10*"))
-    for root in candidates:
-        if not root:
-            continue
-        for sub in ("include", "include/x86_64-linux-gnu", "include/aarch64-linux-gnu"):
-            if os.path.isfile(os.path.join(root, sub, "NvInferRuntime.h")):
-                return root
-    return None
+    return next((root for root in candidates if root and tensorrt_include(root)), None)
+
+
+def tensorrt_include(root: str) -> str | None:
+    """The folder under `root` that holds NvInferRuntime.h."""
+    return next((os.path.join(root, sub) for sub in _TRT_INCLUDE_SUBDIRS
+                 if os.path.isfile(os.path.join(root, sub, "NvInferRuntime.h"))), None)
 
 
 _CACHE: dict[tuple[str, str | None, bool], PluginBuild] = {}
@@ -205,6 +208,34 @@ def build_emulated_kernels(replace: tuple[tuple[str, str], ...] = (), barrier_ti
         raise RuntimeError(f"emulated kernel build failed:\n{' '.join(cmd)}\n{run.stderr[-4000:]}")
     _EMU_CACHE[key] = lib
     return lib
+
+
+def build_emulated_plugin(tensorrt_include: str) -> tuple[Path, Path]:
+    """The TensorRT plugin library with the CPU-emulated kernels in place of the CUDA ones, and
+    plugins/tests/pluginHostTest.cpp built to drive it on host memory
+    (NORMEXPORT_HOST_TEST_EMULATED). Returns (library, test program)."""
+    kernels = build_emulated_kernels()
+    cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+    include = find_cuda_include()
+    if cxx is None or include is None:
+        raise RuntimeError(f"cannot build: C++ compiler={cxx!r}, CUDA include={include!r}")
+    out = kernels.parent
+    lib, test = out / "libnormexport_plugins_emu.so", out / "normexport_plugin_host_test_emu"
+    trt = PLUGINS_DIR / "tensorrt"
+    incs = [f"-I{include}", f"-I{PLUGINS_DIR / 'include'}", f"-I{trt}", f"-isystem{tensorrt_include}", f"-I{EMU_DIR}"]
+    steps = [
+        [cxx, "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", "-w", *incs,
+         *[str(trt / f) for f in ("rmsNormPlugin.cpp", "adaLNZeroPlugin.cpp", "plugins.cpp")],
+         str(out / "kernels_emu.cpp"), "-o", str(lib), "-Wl,--no-undefined",
+         f"-Wl,--version-script={trt / 'exports.map'}"],
+        [cxx, "-std=c++17", "-O1", "-Wall", "-Wextra", "-DNORMEXPORT_HOST_TEST_EMULATED", f"-isystem{tensorrt_include}",
+         f"-I{include}", str(PLUGINS_DIR / "tests" / "pluginHostTest.cpp"), "-o", str(test), "-ldl"],
+    ]
+    for cmd in steps:
+        run = subprocess.run(cmd, capture_output=True, text=True)
+        if run.returncode != 0:
+            raise RuntimeError(f"emulated plugin build failed:\n{' '.join(cmd)}\n{run.stderr[-4000:]}")
+    return lib, test
 
 
 # ------------------------------------------------------------------------------------------

@@ -7,6 +7,9 @@ drives it, without a TensorRT engine.
 - plugins/tests/pluginHostTest.cpp dlopens it and walks both creators through createPlugin (ONNX
   parser fields), the build-time calls, serialisation -> deserialisation, onShapeChange and enqueue
   (on a GPU: real kernels vs a float64 reference; without one: a logged launch failure).
+- The same program against the plugin sources linked with the CPU-emulated kernels
+  (tests/cuda_emu): enqueue's layout handling (axis, rank, [B,H] / [1,H] / full modulation,
+  optional affine) runs end to end on host memory and is compared with float64.
 
 Skips, with the reason, where no TensorRT headers are found (TensorRT_ROOT).
 """
@@ -20,9 +23,11 @@ import subprocess
 import pytest
 
 try:
-    from tests._plugin_build import build_plugins, find_cmake, find_nvcc, find_tensorrt_root
+    from tests._plugin_build import (build_emulated_plugin, build_plugins, find_cmake, find_nvcc, find_tensorrt_root,
+                                     tensorrt_include)
 except ImportError:  # tests/ not importable as a package: it is on sys.path itself
-    from _plugin_build import build_plugins, find_cmake, find_nvcc, find_tensorrt_root
+    from _plugin_build import (build_emulated_plugin, build_plugins, find_cmake, find_nvcc, find_tensorrt_root,
+                               tensorrt_include)
 
 TRT_ROOT = find_tensorrt_root()
 if TRT_ROOT is None:
@@ -78,3 +83,18 @@ def test_plugin_driven_like_tensorrt(build):
     failed = [line for line in run.stdout.splitlines() if line.startswith("FAIL")]
     assert run.returncode == 0 and not failed, f"rc={run.returncode}\n{run.stdout}\n{run.stderr}"
     assert re.search(r"^\d+ checks, 0 failed$", run.stdout, re.M)
+
+
+def test_plugin_enqueue_on_emulated_kernels():
+    """enqueue's shape handling end to end, without a GPU: the plugin sources linked with the
+    CPU-emulated kernels, every enqueue case compared with float64."""
+    try:
+        lib, program = build_emulated_plugin(tensorrt_include(TRT_ROOT))
+    except RuntimeError as exc:
+        pytest.fail(str(exc))
+    run = subprocess.run([str(program), str(lib)], capture_output=True, text=True, timeout=600)
+    print(run.stdout)
+    failed = [line for line in run.stdout.splitlines() if line.startswith("FAIL")]
+    assert run.returncode == 0 and not failed, f"rc={run.returncode}\n{run.stdout}\n{run.stderr}"
+    enqueued = [line for line in run.stdout.splitlines() if line.startswith("PASS") and "on emulated kernels" in line]
+    assert len(enqueued) == 11, enqueued

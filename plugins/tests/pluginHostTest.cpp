@@ -9,7 +9,9 @@
  *
  * enqueue runs the CUDA kernels on real device buffers (compared with a float64 reference) when a
  * CUDA device is present; without one it checks that the launch failure is reported (-1 and a
- * logged error), not swallowed. No TensorRT library is needed: only its headers.
+ * logged error), not swallowed. Built with -DNORMEXPORT_HOST_TEST_EMULATED against a plugin
+ * library whose kernels are the CPU emulation (tests/cuda_emu), enqueue runs those on host
+ * memory instead. No TensorRT library is needed: only its headers.
  *
  * Usage: normexport_plugin_host_test path/to/libnormexport_plugins.so
  * Prints one PASS/FAIL line per check and a summary; exit code 0 only when every check passed.
@@ -177,14 +179,44 @@ void checkInterface(IVersionedInterface const* itf, char const* kind, std::strin
 }
 
 // ---------------------------------------------------------------------------------------------
-// Device helpers (enqueue checks)
+// Memory the kernels work on: device memory, or host memory when the plugin library was built
+// with the CPU-emulated kernels (tests/cuda_emu, NORMEXPORT_HOST_TEST_EMULATED).
 // ---------------------------------------------------------------------------------------------
+#ifdef NORMEXPORT_HOST_TEST_EMULATED
+constexpr char const* kWHERE = "emulated kernels";
+bool hasDevice()
+{
+    return true;
+}
+bool synchronize()
+{
+    return true;
+}
+struct DeviceBuffer
+{
+    explicit DeviceBuffer(std::vector<float> const& host)
+        : data(host)
+        , ptr(data.data())
+    {
+    }
+    std::vector<float> read() const
+    {
+        return data;
+    }
+    std::vector<float> data;
+    void* ptr;
+};
+#else
+constexpr char const* kWHERE = "the GPU";
 bool hasDevice()
 {
     int32_t n = 0;
     return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
 }
-
+bool synchronize()
+{
+    return cudaStreamSynchronize(nullptr) == cudaSuccess;
+}
 struct DeviceBuffer
 {
     explicit DeviceBuffer(std::vector<float> const& host)
@@ -200,6 +232,8 @@ struct DeviceBuffer
     {
         cudaFree(ptr);
     }
+    DeviceBuffer(DeviceBuffer const&) = delete;
+    DeviceBuffer& operator=(DeviceBuffer const&) = delete;
     std::vector<float> read() const
     {
         std::vector<float> out(bytes / sizeof(float));
@@ -212,6 +246,34 @@ struct DeviceBuffer
     void* ptr{nullptr};
     size_t bytes{0};
 };
+#endif
+
+int64_t product(std::vector<int64_t> const& d, size_t begin, size_t end)
+{
+    int64_t v = 1;
+    for (size_t i = begin; i < end; ++i)
+    {
+        v *= d[i];
+    }
+    return v;
+}
+
+std::string sci(double v)
+{
+    char buf[32];
+    std::snprintf(buf, sizeof(buf), "%.2e", v);
+    return buf;
+}
+
+std::string shapeString(std::vector<int64_t> const& d)
+{
+    std::string s = "[";
+    for (size_t i = 0; i < d.size(); ++i)
+    {
+        s += (i ? "," : "") + std::to_string(d[i]);
+    }
+    return s + "]";
+}
 
 std::vector<float> pattern(size_t n, float a, float b)
 {
@@ -238,6 +300,132 @@ double maxRelErr(std::vector<float> const& got, std::vector<double> const& ref)
         worst = std::isnan(e) ? INFINITY : std::max(worst, e);
     }
     return worst;
+}
+
+// ---------------------------------------------------------------------------------------------
+// enqueue numerics: a runtime plugin made from fields (as at engine deserialisation), shapes
+// given through onShapeChange, enqueue on device buffers, compared with float64.
+// ---------------------------------------------------------------------------------------------
+void checkRMSNormEnqueue(IPluginCreatorV3One* creator, std::vector<int64_t> const& shape, int32_t axis)
+{
+    float const eps = 1e-5F;
+    PluginField fields[] = {{"epsilon", &eps, PluginFieldType::kFLOAT32, 1}, {"axis", &axis, PluginFieldType::kINT32, 1}};
+    PluginFieldCollection fc{2, fields};
+    IPluginV3* plugin = creator->createPlugin("rms", &fc, TensorRTPhase::kRUNTIME);
+    std::string const what = std::string("RMSNorm enqueue on ") + kWHERE + " " + shapeString(shape) + " axis "
+        + std::to_string(axis);
+    if (plugin == nullptr)
+    {
+        check(false, what + ": no plugin");
+        return;
+    }
+    size_t const first = static_cast<size_t>(axis < 0 ? axis + static_cast<int32_t>(shape.size()) : axis);
+    int64_t const rows = product(shape, 0, first);
+    int64_t const hidden = product(shape, first, shape.size());
+    std::vector<int64_t> const scaleShape(shape.begin() + static_cast<std::ptrdiff_t>(first), shape.end());
+    std::vector<float> const x = pattern(rows * hidden, 2.0F, 0.3F);
+    std::vector<float> const w = pattern(hidden, 0.5F, 1.7F);
+    PluginTensorDesc in[2] = {desc(shape), desc(scaleShape)};
+    PluginTensorDesc out[1] = {desc(shape)};
+    IPluginV3OneRuntime* rt = capabilities(plugin).runtime;
+    DeviceBuffer dx(x), dw(w), dy(std::vector<float>(x.size(), 0.F));
+    void const* ins[2] = {dx.ptr, dw.ptr};
+    void* outs[1] = {dy.ptr};
+    int32_t const shaped = rt->onShapeChange(in, 2, out, 1);
+    int32_t const rc = rt->enqueue(in, out, ins, outs, nullptr, nullptr);
+    bool const synced = synchronize();
+    std::vector<double> ref(x.size());
+    for (int64_t r = 0; r < rows; ++r)
+    {
+        double ss = 0.0;
+        for (int64_t j = 0; j < hidden; ++j)
+        {
+            ss += static_cast<double>(x[r * hidden + j]) * x[r * hidden + j];
+        }
+        double const rstd = 1.0 / std::sqrt(ss / static_cast<double>(hidden) + eps);
+        for (int64_t j = 0; j < hidden; ++j)
+        {
+            ref[r * hidden + j] = x[r * hidden + j] * rstd * w[j];
+        }
+    }
+    double const err = maxRelErr(dy.read(), ref);
+    check(shaped == 0 && rc == 0 && synced && err < 1e-5, what + " matches float64 (max rel err " + sci(err) + ")");
+    delete plugin;
+}
+
+enum class Mod
+{
+    kFull,   // shift/scale of X's shape
+    kRowsOfB, // [B, H], broadcast over the middle dims
+    kOneRow  // [1, H], one row for all of X
+};
+
+void checkAdaLNZeroEnqueue(IPluginCreatorV3One* creator, std::vector<int64_t> const& shape, Mod mod, bool affine)
+{
+    float const eps = 1e-6F;
+    int32_t const nbInputs = affine ? 5 : 3;
+    PluginField fields[] = {{"epsilon", &eps, PluginFieldType::kFLOAT32, 1}, {"nb_inputs", &nbInputs, PluginFieldType::kINT32, 1}};
+    PluginFieldCollection fc{2, fields};
+    IPluginV3* plugin = creator->createPlugin("ada", &fc, TensorRTPhase::kRUNTIME);
+    char const* modName = mod == Mod::kFull ? "full" : mod == Mod::kRowsOfB ? "[B,H]" : "[1,H]";
+    std::string const what = std::string("AdaLNZero enqueue on ") + kWHERE + " " + shapeString(shape) + " modulation "
+        + modName + (affine ? " affine" : "");
+    if (plugin == nullptr)
+    {
+        check(false, what + ": no plugin");
+        return;
+    }
+    int64_t const hidden = shape.back();
+    int64_t const rows = product(shape, 0, shape.size() - 1);
+    int64_t const perBatch = product(shape, 1, shape.size() - 1); // rows sharing one [B, H] row
+    std::vector<int64_t> const modShape = mod == Mod::kFull ? shape
+        : mod == Mod::kRowsOfB                           ? std::vector<int64_t>{shape[0], hidden}
+                                                         : std::vector<int64_t>{1, hidden};
+    int64_t const modRows = product(modShape, 0, modShape.size() - 1);
+    std::vector<float> const x = pattern(rows * hidden, 3.0F, 0.1F);
+    std::vector<float> const shift = pattern(modRows * hidden, 0.4F, 2.2F);
+    std::vector<float> const scale = pattern(modRows * hidden, 0.3F, 0.9F);
+    std::vector<float> const w = pattern(hidden, 0.7F, 1.3F);
+    std::vector<float> const b = pattern(hidden, 0.2F, 0.5F);
+    PluginTensorDesc in[5] = {desc(shape), desc(modShape), desc(modShape), desc({hidden}), desc({hidden})};
+    PluginTensorDesc out[1] = {desc(shape)};
+    IPluginV3OneRuntime* rt = capabilities(plugin).runtime;
+    DeviceBuffer dx(x), dsh(shift), dsc(scale), dw(w), db(b), dy(std::vector<float>(x.size(), 0.F));
+    void const* ins[5] = {dx.ptr, dsh.ptr, dsc.ptr, dw.ptr, db.ptr};
+    void* outs[1] = {dy.ptr};
+    int32_t const shaped = rt->onShapeChange(in, nbInputs, out, 1);
+    int32_t const rc = rt->enqueue(in, out, ins, outs, nullptr, nullptr);
+    bool const synced = synchronize();
+    std::vector<double> ref(x.size());
+    for (int64_t r = 0; r < rows; ++r)
+    {
+        int64_t const m = mod == Mod::kFull ? r : mod == Mod::kRowsOfB ? r / perBatch : 0;
+        double mean = 0.0;
+        for (int64_t j = 0; j < hidden; ++j)
+        {
+            mean += x[r * hidden + j];
+        }
+        mean /= static_cast<double>(hidden);
+        double var = 0.0;
+        for (int64_t j = 0; j < hidden; ++j)
+        {
+            var += (x[r * hidden + j] - mean) * (x[r * hidden + j] - mean);
+        }
+        var /= static_cast<double>(hidden);
+        double const rstd = 1.0 / std::sqrt(var + eps);
+        for (int64_t j = 0; j < hidden; ++j)
+        {
+            double ln = (x[r * hidden + j] - mean) * rstd;
+            if (affine)
+            {
+                ln = ln * w[j] + b[j];
+            }
+            ref[r * hidden + j] = ln * (1.0 + scale[m * hidden + j]) + shift[m * hidden + j];
+        }
+    }
+    double const err = maxRelErr(dy.read(), ref);
+    check(shaped == 0 && rc == 0 && synced && err < 1e-5, what + " matches float64 (max rel err " + sci(err) + ")");
+    delete plugin;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -376,35 +564,18 @@ void testRMSNorm(IPluginCreatorV3One* creator, RecordingLogger& log, bool device
                 && log.lastErrorHas("unsupported axis or data type"),
             who + " enqueue rejects int8 with a logged reason");
     }
-    std::vector<float> x = pattern(B * S * H, 2.0F, 0.3F);
-    std::vector<float> w = pattern(H, 0.5F, 1.7F);
     if (device)
     {
-        DeviceBuffer dx(x), dw(w), dy(std::vector<float>(x.size(), 0.F));
-        void const* ins[2] = {dx.ptr, dw.ptr};
-        void* outs[1] = {dy.ptr};
-        int32_t const rc = rt.runtime->enqueue(in, out, ins, outs, nullptr, nullptr);
-        bool const synced = cudaStreamSynchronize(nullptr) == cudaSuccess;
-        std::vector<double> ref(x.size());
-        for (int64_t r = 0; r < B * S; ++r)
-        {
-            double ss = 0.0;
-            for (int64_t j = 0; j < H; ++j)
-            {
-                ss += static_cast<double>(x[r * H + j]) * x[r * H + j];
-            }
-            double const rstd = 1.0 / std::sqrt(ss / H + eps);
-            for (int64_t j = 0; j < H; ++j)
-            {
-                ref[r * H + j] = x[r * H + j] * rstd * w[j];
-            }
-        }
-        double const err = maxRelErr(dy.read(), ref);
-        check(rc == 0 && synced && err < 1e-5,
-            who + " enqueue on the GPU matches float64 (max rel err " + std::to_string(err) + ")");
+        checkRMSNormEnqueue(creator, {B, S, H}, -1);
+        checkRMSNormEnqueue(creator, {B, S, H}, -2); // normalise over the last two dims
+        checkRMSNormEnqueue(creator, {5, 1000}, 1);  // positive axis
+        checkRMSNormEnqueue(creator, {3, 37}, -1);   // odd hidden: scalar path
+        checkRMSNormEnqueue(creator, {2, 4096}, -1); // one block per row
     }
     else
     {
+        std::vector<float> x = pattern(B * S * H, 2.0F, 0.3F);
+        std::vector<float> w = pattern(H, 0.5F, 1.7F);
         void const* ins[2] = {x.data(), w.data()};
         void* outs[1] = {x.data()};
         check(rt.runtime->enqueue(in, out, ins, outs, nullptr, nullptr) != 0 && log.lastErrorHas("kernel launch failed"),
@@ -532,37 +703,12 @@ void testAdaLNZero(IPluginCreatorV3One* creator, RecordingLogger& log, bool devi
     std::vector<float> b = pattern(H, 0.2F, 0.5F);
     if (device)
     {
-        DeviceBuffer dx(x), dsh(shift), dsc(scale), dw(w), db(b), dy(std::vector<float>(x.size(), 0.F));
-        void const* ins[5] = {dx.ptr, dsh.ptr, dsc.ptr, dw.ptr, db.ptr};
-        void* outs[1] = {dy.ptr};
-        int32_t const rc = rt.runtime->enqueue(in, out, ins, outs, nullptr, nullptr);
-        bool const synced = cudaStreamSynchronize(nullptr) == cudaSuccess;
-        std::vector<double> ref(x.size());
-        for (int64_t r = 0; r < B * S; ++r)
-        {
-            int64_t const m = r / S; // [B, H] modulation broadcast over the sequence
-            double mean = 0.0;
-            for (int64_t j = 0; j < H; ++j)
-            {
-                mean += x[r * H + j];
-            }
-            mean /= H;
-            double var = 0.0;
-            for (int64_t j = 0; j < H; ++j)
-            {
-                var += (x[r * H + j] - mean) * (x[r * H + j] - mean);
-            }
-            var /= H;
-            double const rstd = 1.0 / std::sqrt(var + eps);
-            for (int64_t j = 0; j < H; ++j)
-            {
-                double const ln = (x[r * H + j] - mean) * rstd * w[j] + b[j];
-                ref[r * H + j] = ln * (1.0 + scale[m * H + j]) + shift[m * H + j];
-            }
-        }
-        double const err = maxRelErr(dy.read(), ref);
-        check(rc == 0 && synced && err < 1e-5,
-            who + " enqueue on the GPU matches float64 (max rel err " + std::to_string(err) + ")");
+        checkAdaLNZeroEnqueue(creator, {B, S, H}, Mod::kRowsOfB, true);
+        checkAdaLNZeroEnqueue(creator, {B, S, H}, Mod::kRowsOfB, false);
+        checkAdaLNZeroEnqueue(creator, {B, S, H}, Mod::kFull, false);
+        checkAdaLNZeroEnqueue(creator, {B, S, H}, Mod::kOneRow, true);
+        checkAdaLNZeroEnqueue(creator, {2, 3, 4, 40}, Mod::kRowsOfB, true); // rank 4: [B, H] over 12 rows
+        checkAdaLNZeroEnqueue(creator, {2, 3, 1152}, Mod::kRowsOfB, true);  // DiT-XL hidden size
     }
     else
     {

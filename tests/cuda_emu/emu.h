@@ -226,3 +226,9 @@ extern "C" cudaError_t cudaGetLastError(void)
     emu::gLastError = cudaSuccess;
     return e;
 }
+
+extern "C" char const* cudaGetErrorString(cudaError_t e)
+{
+    return e == cudaErrorLaunchTimeout ? "emulated launch timed out (a thread missed a barrier or shuffle)"
+                                       : "emulated CUDA error";
+}
