@@ -184,30 +184,56 @@ def emulated_source(replace: tuple[tuple[str, str], ...] = ()) -> str:
     return text
 
 
+def _host_toolchain() -> tuple[str, str]:
+    """(C++ compiler, CUDA include folder) for the emulation builds; RuntimeError when missing."""
+    cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+    include = find_cuda_include()
+    if cxx is None or include is None:
+        raise RuntimeError(f"cannot build the emulated kernels: C++ compiler={cxx!r}, CUDA include={include!r}")
+    return cxx, include
+
+
+def _emulated_tu(replace: tuple[tuple[str, str], ...], prefix: str) -> Path:
+    """emulated_source(replace) written to kernels_emu.cpp in a new temporary folder."""
+    src = Path(tempfile.mkdtemp(prefix=prefix)) / "kernels_emu.cpp"
+    src.write_text(emulated_source(replace))
+    return src
+
+
+def _compile(cmds: list[list[str]], what: str) -> None:
+    for cmd in cmds:
+        run = subprocess.run(cmd, capture_output=True, text=True)
+        if run.returncode != 0:
+            raise RuntimeError(f"{what} failed:\n{' '.join(cmd)}\n{run.stderr[-4000:]}")
+
+
 def build_emulated_kernels(replace: tuple[tuple[str, str], ...] = (), barrier_timeout_ms: int = 20000) -> Path:
     """Compile the kernels for the CPU emulation into a shared library with the C ABI of
     normexport_kernels.h (memoised per process). A barrier some thread never reaches gives up
     after `barrier_timeout_ms` and the call returns cudaErrorLaunchTimeout. Raises RuntimeError
     on failure."""
     key = (replace, barrier_timeout_ms)
-    if key in _EMU_CACHE:
-        return _EMU_CACHE[key]
-    cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
-    include = find_cuda_include()
-    if cxx is None or include is None:
-        raise RuntimeError(f"cannot build the emulated kernels: C++ compiler={cxx!r}, CUDA include={include!r}")
-    out_dir = Path(tempfile.mkdtemp(prefix="normexport-emu-"))
-    src = out_dir / "kernels_emu.cpp"
-    src.write_text(emulated_source(replace))
-    lib = out_dir / "libnormexport_kernels_emu.so"
-    cmd = [cxx, "-std=c++20", "-O1", "-g0", "-shared", "-fPIC", "-pthread", "-w",
-           f"-DNORMEXPORT_EMU_TIMEOUT_MS={int(barrier_timeout_ms)}", f"-I{include}",
-           f"-I{PLUGINS_DIR / 'include'}", f"-I{EMU_DIR}", str(src), "-o", str(lib)]
-    run = subprocess.run(cmd, capture_output=True, text=True)
-    if run.returncode != 0:
-        raise RuntimeError(f"emulated kernel build failed:\n{' '.join(cmd)}\n{run.stderr[-4000:]}")
-    _EMU_CACHE[key] = lib
-    return lib
+    if key not in _EMU_CACHE:
+        cxx, include = _host_toolchain()
+        src = _emulated_tu(replace, "normexport-emu-")
+        lib = src.parent / "libnormexport_kernels_emu.so"
+        _compile([[cxx, "-std=c++20", "-O1", "-g0", "-shared", "-fPIC", "-pthread", "-w",
+                   f"-DNORMEXPORT_EMU_TIMEOUT_MS={int(barrier_timeout_ms)}", f"-I{include}",
+                   f"-I{PLUGINS_DIR / 'include'}", f"-I{EMU_DIR}", str(src), "-o", str(lib)]], "emulated kernel build")
+        _EMU_CACHE[key] = lib
+    return _EMU_CACHE[key]
+
+
+def build_emulated_asan_driver(replace: tuple[tuple[str, str], ...] = ()) -> Path:
+    """tests/cuda_emu/asan_driver.cpp linked with the emulated kernels, built with AddressSanitizer
+    and UndefinedBehaviorSanitizer. Raises RuntimeError on failure."""
+    cxx, include = _host_toolchain()
+    src = _emulated_tu(replace, "normexport-asan-")
+    driver = src.parent / "asan_driver"
+    _compile([[cxx, "-std=c++20", "-O1", "-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=undefined",
+               "-pthread", "-w", f"-I{include}", f"-I{PLUGINS_DIR / 'include'}", f"-I{EMU_DIR}", str(src),
+               str(EMU_DIR / "asan_driver.cpp"), "-o", str(driver)]], "sanitizer build")
+    return driver
 
 
 def build_emulated_plugin(tensorrt_include: str) -> tuple[Path, Path]:
@@ -215,26 +241,19 @@ def build_emulated_plugin(tensorrt_include: str) -> tuple[Path, Path]:
     plugins/tests/pluginHostTest.cpp built to drive it on host memory
     (NORMEXPORT_HOST_TEST_EMULATED). Returns (library, test program)."""
     kernels = build_emulated_kernels()
-    cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
-    include = find_cuda_include()
-    if cxx is None or include is None:
-        raise RuntimeError(f"cannot build: C++ compiler={cxx!r}, CUDA include={include!r}")
+    cxx, include = _host_toolchain()
     out = kernels.parent
     lib, test = out / "libnormexport_plugins_emu.so", out / "normexport_plugin_host_test_emu"
     trt = PLUGINS_DIR / "tensorrt"
     incs = [f"-I{include}", f"-I{PLUGINS_DIR / 'include'}", f"-I{trt}", f"-isystem{tensorrt_include}", f"-I{EMU_DIR}"]
-    steps = [
+    _compile([
         [cxx, "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", "-w", *incs,
          *[str(trt / f) for f in ("rmsNormPlugin.cpp", "adaLNZeroPlugin.cpp", "plugins.cpp")],
          str(out / "kernels_emu.cpp"), "-o", str(lib), "-Wl,--no-undefined",
          f"-Wl,--version-script={trt / 'exports.map'}"],
         [cxx, "-std=c++17", "-O1", "-Wall", "-Wextra", "-DNORMEXPORT_HOST_TEST_EMULATED", f"-isystem{tensorrt_include}",
          f"-I{include}", str(PLUGINS_DIR / "tests" / "pluginHostTest.cpp"), "-o", str(test), "-ldl"],
-    ]
-    for cmd in steps:
-        run = subprocess.run(cmd, capture_output=True, text=True)
-        if run.returncode != 0:
-            raise RuntimeError(f"emulated plugin build failed:\n{' '.join(cmd)}\n{run.stderr[-4000:]}")
+    ], "emulated plugin build")
     return lib, test
 
 

@@ -1,0 +1,142 @@
+/*
+ * Memory-safety check of the kernels under the CPU emulation (tests/cuda_emu/emu.h), built with
+ * AddressSanitizer and UndefinedBehaviorSanitizer by tests/test_kernels_emulated.py.
+ *
+ * Every tensor is its own heap allocation of exactly its size (a misaligned tensor starts one
+ * element into an allocation one element longer, so its end is still the allocation's end), so
+ * any read or write past a tensor, by any emulated thread, is reported by the sanitizer and
+ * aborts the program. Numerics are checked by the Python tests; this program only checks that
+ * every call succeeds without touching memory it does not own.
+ *
+ * Usage: asan_driver [HIDDEN ...]  (default: every launch path; prints the number of calls;
+ *        exit code 0 when every call returned 0)
+ */
+#include "normexport_kernels.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+namespace
+{
+
+template <typename T>
+T fromFloat(float v);
+template <>
+float fromFloat<float>(float v)
+{
+    return v;
+}
+template <>
+__half fromFloat<__half>(float v)
+{
+    return __float2half(v);
+}
+template <>
+__nv_bfloat16 fromFloat<__nv_bfloat16>(float v)
+{
+    return __float2bfloat16(v);
+}
+
+//! One tensor in a heap allocation of exactly its size (+1 leading element when misaligned).
+template <typename T>
+class Exact
+{
+public:
+    Exact(size_t n, bool misaligned, float seed)
+        : mBase(new T[n + (misaligned ? 1 : 0)])
+        , mPtr(mBase + (misaligned ? 1 : 0))
+    {
+        for (size_t i = 0; i < n; ++i)
+        {
+            mPtr[i] = fromFloat<T>(std::sin(0.71F * static_cast<float>(i) + seed) + 0.25F * seed);
+        }
+    }
+    ~Exact()
+    {
+        delete[] mBase;
+    }
+    Exact(Exact const&) = delete;
+    Exact& operator=(Exact const&) = delete;
+    T* get() const
+    {
+        return mPtr;
+    }
+
+private:
+    T* mBase;
+    T* mPtr;
+};
+
+int gCalls = 0;
+int gFailures = 0;
+
+void expectOk(cudaError_t rc, char const* op, int dtype, long hidden, bool misaligned)
+{
+    ++gCalls;
+    if (rc != cudaSuccess)
+    {
+        ++gFailures;
+        std::printf("FAIL %s dtype %d hidden %ld misaligned %d: cudaError %d\n", op, dtype, hidden, misaligned ? 1 : 0,
+            static_cast<int>(rc));
+    }
+}
+
+template <typename T>
+void run(int dtype, long hidden, bool mis)
+{
+    long const rows = 3;
+    long const batch = 1;
+    long const seq = 3;
+    {
+        Exact<T> x(rows * hidden, mis, 1.F), w(hidden, mis, 2.F), y(rows * hidden, mis, 0.F);
+        expectOk(normexport_rms_norm(x.get(), w.get(), y.get(), rows, hidden, dtype, 1e-6F, nullptr), "rms_norm", dtype,
+            hidden, mis);
+    }
+    {
+        Exact<T> x(rows * hidden, mis, 1.F), w(hidden, mis, 2.F), b(hidden, mis, 3.F), y(rows * hidden, mis, 0.F);
+        expectOk(normexport_layer_norm(x.get(), w.get(), b.get(), y.get(), rows, hidden, dtype, 1e-5F, nullptr),
+            "layer_norm", dtype, hidden, mis);
+        expectOk(normexport_layer_norm(x.get(), nullptr, nullptr, y.get(), rows, hidden, dtype, 1e-5F, nullptr),
+            "layer_norm (no affine)", dtype, hidden, mis);
+    }
+    for (int full = 0; full <= 1; ++full)
+    {
+        long const modRows = full ? batch * seq : batch;
+        Exact<T> x(batch * seq * hidden, mis, 1.F), sh(modRows * hidden, mis, 4.F), sc(modRows * hidden, mis, 5.F),
+            w(hidden, mis, 2.F), b(hidden, mis, 3.F), y(batch * seq * hidden, mis, 0.F);
+        expectOk(normexport_adaln_zero(x.get(), sh.get(), sc.get(), w.get(), b.get(), y.get(), batch, seq, hidden, full,
+                     dtype, 1e-6F, nullptr),
+            full ? "adaln_zero (full)" : "adaln_zero ([B,H])", dtype, hidden, mis);
+    }
+}
+
+} // namespace
+
+int main(int argc, char** argv)
+{
+    std::vector<long> hidden = {1, 8, 37, 64, 128, 256, 512, 1000, 1032, 4096, 6001, 16384, 20000, 40000};
+    if (argc > 1)
+    {
+        hidden.clear();
+        for (int i = 1; i < argc; ++i)
+        {
+            hidden.push_back(std::atol(argv[i]));
+        }
+    }
+    for (long h : hidden)
+    {
+        for (bool mis : {false, true})
+        {
+            run<float>(NORMEXPORT_FLOAT32, h, mis);
+            run<__half>(NORMEXPORT_FLOAT16, h, mis);
+            run<__nv_bfloat16>(NORMEXPORT_BFLOAT16, h, mis);
+        }
+    }
+    std::printf("%d calls, %d failed\n", gCalls, gFailures);
+    return gFailures == 0 ? 0 : 1;
+}
