@@ -224,15 +224,15 @@ def build_emulated_kernels(replace: tuple[tuple[str, str], ...] = (), barrier_ti
     return _EMU_CACHE[key]
 
 
-def build_emulated_asan_driver(replace: tuple[tuple[str, str], ...] = ()) -> Path:
-    """tests/cuda_emu/asan_driver.cpp linked with the emulated kernels, built with AddressSanitizer
-    and UndefinedBehaviorSanitizer. Raises RuntimeError on failure."""
+def build_emulated_sanitized_driver(sanitize: str, replace: tuple[tuple[str, str], ...] = ()) -> Path:
+    """tests/cuda_emu/sanitizer_driver.cpp linked with the emulated kernels, built with
+    `-fsanitize=<sanitize>` (e.g. "address,undefined" or "thread"). Raises RuntimeError on failure."""
     cxx, include = _host_toolchain()
-    src = _emulated_tu(replace, "normexport-asan-")
-    driver = src.parent / "asan_driver"
-    _compile([[cxx, "-std=c++20", "-O1", "-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=undefined",
+    src = _emulated_tu(replace, "normexport-sanitize-")
+    driver = src.parent / "sanitizer_driver"
+    _compile([[cxx, "-std=c++20", "-O1", "-g", f"-fsanitize={sanitize}", "-fno-sanitize-recover=all",
                "-pthread", "-w", f"-I{include}", f"-I{PLUGINS_DIR / 'include'}", f"-I{EMU_DIR}", str(src),
-               str(EMU_DIR / "asan_driver.cpp"), "-o", str(driver)]], "sanitizer build")
+               str(EMU_DIR / "sanitizer_driver.cpp"), "-o", str(driver)]], f"-fsanitize={sanitize} build")
     return driver
 
 

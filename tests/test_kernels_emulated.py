@@ -21,9 +21,9 @@ import numpy as np
 import pytest
 
 try:
-    from tests._plugin_build import build_emulated_asan_driver, build_emulated_kernels, find_cuda_include, load_kernels
+    from tests._plugin_build import build_emulated_sanitized_driver, build_emulated_kernels, find_cuda_include, load_kernels
 except ImportError:  # tests/ not importable as a package: it is on sys.path itself
-    from _plugin_build import build_emulated_asan_driver, build_emulated_kernels, find_cuda_include, load_kernels
+    from _plugin_build import build_emulated_sanitized_driver, build_emulated_kernels, find_cuda_include, load_kernels
 
 if find_cuda_include() is None:
     pytest.skip("CUDA headers (cuda_runtime.h, cuda_fp16.h, cuda_bf16.h) not found: set CUDA_HOME",
@@ -232,36 +232,42 @@ def test_emulation_catches_planted_kernel_bugs(planted, hidden, rows):
         _check(y, ref_rms(_f64(x), _f64(w)), "fp32", "planted")
 
 
-# ---- memory safety under AddressSanitizer -------------------------------------------------------
-# Sizes covering every launch path (group kernels with 2 vectors per thread, scalar group kernel,
-# vector and scalar block kernels, the looped kernel); the driver runs all three ops, all dtypes,
-# aligned and misaligned, with every tensor in an allocation of exactly its size.
+# ---- memory safety and races under the sanitizers ------------------------------------------------
+# tests/cuda_emu/sanitizer_driver.cpp runs all three ops, all dtypes, aligned and misaligned, with
+# every tensor in an allocation of exactly its size. Sizes: every launch path for ASan (group
+# kernels, scalar group kernel, vector and scalar block kernels, looped kernel); for TSan the ones
+# whose reductions go through shared memory (block kernels) plus a shuffle-only group kernel.
 ASAN_HIDDEN = ["1", "37", "256", "1000", "6001", "20000"]
+TSAN_HIDDEN = ["37", "1000"]
 
 
-def _asan_driver(replace=()):
+def _sanitized_driver(sanitize: str, replace=()):
     import os
     import shutil
     import tempfile
 
     cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
-    with tempfile.TemporaryDirectory() as d:  # can this compiler build and run a sanitized program?
+    with tempfile.TemporaryDirectory() as d:  # can this compiler build a sanitized program?
         src = os.path.join(d, "probe.cpp")
         with open(src, "w") as f:
             f.write("int main() { return 0; }\n")
-        probe = subprocess.run([cxx or "c++", "-fsanitize=address,undefined", src, "-o", os.path.join(d, "probe")],
+        probe = subprocess.run([cxx or "c++", f"-fsanitize={sanitize}", src, "-o", os.path.join(d, "probe")],
                                capture_output=True, text=True)
         if probe.returncode != 0:
-            pytest.skip(f"{cxx} cannot build with -fsanitize=address,undefined: {probe.stderr.strip()[:200]}")
+            pytest.skip(f"{cxx} cannot build with -fsanitize={sanitize}: {probe.stderr.strip()[:200]}")
     try:
-        return build_emulated_asan_driver(replace)
+        return build_emulated_sanitized_driver(sanitize, replace)
     except RuntimeError as exc:
         pytest.fail(str(exc))
 
 
+def _run_driver(driver, sizes, timeout=900):
+    return subprocess.run([str(driver), *sizes], capture_output=True, text=True, timeout=timeout)
+
+
 def test_kernels_memory_safe_under_asan():
     """No emulated thread reads or writes outside the tensors, and no undefined behaviour."""
-    run = subprocess.run([str(_asan_driver()), *ASAN_HIDDEN], capture_output=True, text=True, timeout=900)
+    run = _run_driver(_sanitized_driver("address,undefined"), ASAN_HIDDEN)
     assert "AddressSanitizer" not in run.stderr and "runtime error" not in run.stderr, run.stderr[-4000:]
     assert run.returncode == 0 and run.stdout.strip().endswith("0 failed"), run.stdout + run.stderr[-2000:]
 
@@ -269,5 +275,21 @@ def test_kernels_memory_safe_under_asan():
 def test_asan_catches_a_planted_overread():
     """The sanitizer run can fail: a row loop that runs one vector past the row is reported."""
     planted = ("return valid && tid + i * nthr < nvec;", "return valid && tid + i * nthr <= nvec;")
-    run = subprocess.run([str(_asan_driver((planted,))), "37"], capture_output=True, text=True, timeout=600)
+    run = _run_driver(_sanitized_driver("address,undefined", (planted,)), ["37"], timeout=600)
     assert run.returncode != 0 and "heap-buffer-overflow" in run.stderr, run.stdout + run.stderr[-2000:]
+
+
+def test_kernels_race_free_under_tsan():
+    """No data race between the threads of a block: shared-memory reductions are fenced by
+    __syncthreads on both sides (ThreadSanitizer sees the emulated barriers' synchronisation)."""
+    run = _run_driver(_sanitized_driver("thread"), TSAN_HIDDEN)
+    assert "ThreadSanitizer" not in run.stderr, run.stderr[-4000:]
+    assert run.returncode == 0 and run.stdout.strip().endswith("0 failed"), run.stdout + run.stderr[-2000:]
+
+
+def test_tsan_catches_a_planted_missing_barrier():
+    """The race check can fail: without block_sum's trailing __syncthreads, the next reduction's
+    writes to shared memory race with this one's reads."""
+    planted = ("    t = group_sum<32>(t);\n    __syncthreads();\n    return t;", "    t = group_sum<32>(t);\n    return t;")
+    run = _run_driver(_sanitized_driver("thread", (planted,)), ["1000"], timeout=600)
+    assert run.returncode != 0 and "data race" in run.stderr and "block_sum" in run.stderr, run.stderr[-2000:]

@@ -6,7 +6,8 @@
  * barrier), not their speed or the GPU's memory model.
  *
  * - A launch runs its blocks one after another; the threads of a block run concurrently, one
- *   std::thread each, so `__shared__` (static storage here) is per block.
+ *   std::thread each (reused for the next block), so `__shared__` (static storage here) holds
+ *   one block's data at a time.
  * - __syncthreads(): a barrier of the block's threads. __shfl_xor_sync(): each lane publishes its
  *   value, the warp waits at a barrier, reads its partner's, and waits again. A lane that misses
  *   a shuffle or a barrier the others reach would hang a GPU; here the barrier gives up after
@@ -105,11 +106,13 @@ private:
 
 struct Block
 {
-    Barrier block;
+    Barrier block;      // __syncthreads
+    Barrier blockDone;  // end of one block, before the same threads start the next one
     std::vector<std::unique_ptr<Barrier>> warps;
     std::vector<float> lanes;
     explicit Block(unsigned n)
         : block(n)
+        , blockDone(n)
         , lanes(n)
     {
         for (unsigned w = 0; w < (n + 31) / 32; ++w)
@@ -142,24 +145,27 @@ struct Launch
         }
         gGridDim = dim3(grid, 1, 1);
         gBlockDim = dim3(block, 1, 1);
-        for (unsigned b = 0; b < grid; ++b)
+        // One host thread per CUDA thread of a block; the same threads run the blocks one after
+        // another, meeting at blockDone between them (so `__shared__` data is one block's at a time).
+        Block shared(block);
+        std::vector<std::thread> threads;
+        threads.reserve(block);
+        for (unsigned t = 0; t < block; ++t)
         {
-            Block shared(block);
-            std::vector<std::thread> threads;
-            threads.reserve(block);
-            for (unsigned t = 0; t < block; ++t)
-            {
-                threads.emplace_back([&, b, t] {
-                    tIdx = make_uint3(t, 0, 0);
+            threads.emplace_back([&, t] {
+                tIdx = make_uint3(t, 0, 0);
+                tBlock = &shared;
+                for (unsigned b = 0; b < grid; ++b)
+                {
                     bIdx = make_uint3(b, 0, 0);
-                    tBlock = &shared;
                     kernel(args...);
-                });
-            }
-            for (auto& th : threads)
-            {
-                th.join();
-            }
+                    shared.blockDone.arrive_and_wait();
+                }
+            });
+        }
+        for (auto& th : threads)
+        {
+            th.join();
         }
     }
 };

@@ -1,6 +1,8 @@
 /*
- * Memory-safety check of the kernels under the CPU emulation (tests/cuda_emu/emu.h), built with
- * AddressSanitizer and UndefinedBehaviorSanitizer by tests/test_kernels_emulated.py.
+ * Memory-safety and race check of the kernels under the CPU emulation (tests/cuda_emu/emu.h), built
+ * by tests/test_kernels_emulated.py with AddressSanitizer + UndefinedBehaviorSanitizer, and with
+ * ThreadSanitizer (the emulated threads of a block share `__shared__` memory exactly as CUDA
+ * threads do, so a missing __syncthreads between writing and re-using it is a data race here).
  *
  * Every tensor is its own heap allocation of exactly its size (a misaligned tensor starts one
  * element into an allocation one element longer, so its end is still the allocation's end), so
@@ -8,7 +10,7 @@
  * aborts the program. Numerics are checked by the Python tests; this program only checks that
  * every call succeeds without touching memory it does not own.
  *
- * Usage: asan_driver [HIDDEN ...]  (default: every launch path; prints the number of calls;
+ * Usage: sanitizer_driver [HIDDEN ...]  (default: every launch path; prints the number of calls;
  *        exit code 0 when every call returned 0)
  */
 #include "normexport_kernels.h"
