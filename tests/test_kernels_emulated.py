@@ -8,8 +8,11 @@ kernel), 16-byte vector and scalar paths, every dtype, [B,H] and full-shape modu
 kernels read and write exactly the row's elements (guard cells around y stay untouched), every
 lane reaches every shuffle and barrier (a lane that did not would time the barrier out and
 the call would fail), and the results match float64 references written from the formulas within
-DESIGN §7's tolerances. What it does not prove: speed, or the GPU's own arithmetic and memory
-model (rsqrtf is exact here) - tests/test_kernels_gpu.py does that on a GPU.
+DESIGN §7's tolerances. The same kernels also run under AddressSanitizer + UBSan (no access
+outside a tensor) and ThreadSanitizer (no race on shared memory between a block's threads). Every
+kind of check is shown to fail on a planted kernel bug. What it does not prove: speed, or the
+GPU's own arithmetic and memory model (rsqrtf is exact here) - tests/test_kernels_gpu.py does that
+on a GPU.
 """
 
 from __future__ import annotations
