@@ -213,7 +213,10 @@ inline void __syncthreads()
 
 inline float __shfl_xor_sync(unsigned mask, float v, int laneMask)
 {
-    (void) mask; // the kernels only use full masks; every lane of the warp must arrive
+    if (mask != 0xffffffffu) // only full-warp shuffles are modelled (every lane must arrive)
+    {
+        emu::setError(cudaErrorNotSupported);
+    }
     return emu::shfl_xor(v, laneMask);
 }
 
