@@ -224,6 +224,21 @@ def build_emulated_kernels(replace: tuple[tuple[str, str], ...] = (), barrier_ti
     return _EMU_CACHE[key]
 
 
+def sanitizer_unsupported(sanitize: str) -> str | None:
+    """Why the emulation's compiler cannot build and link a `-fsanitize=<sanitize>` program, or None
+    when it can."""
+    try:
+        cxx, _ = _host_toolchain()
+    except RuntimeError as exc:
+        return str(exc)
+    with tempfile.TemporaryDirectory() as d:
+        src = Path(d) / "probe.cpp"
+        src.write_text("int main() { return 0; }\n")
+        probe = subprocess.run([cxx, f"-fsanitize={sanitize}", str(src), "-o", str(Path(d) / "probe")],
+                               capture_output=True, text=True)
+    return None if probe.returncode == 0 else f"{cxx} cannot build with -fsanitize={sanitize}: {probe.stderr.strip()[:200]}"
+
+
 def build_emulated_sanitized_driver(sanitize: str, replace: tuple[tuple[str, str], ...] = ()) -> Path:
     """tests/cuda_emu/sanitizer_driver.cpp linked with the emulated kernels, built with
     `-fsanitize=<sanitize>` (e.g. "address,undefined" or "thread"). Raises RuntimeError on failure."""

@@ -24,9 +24,11 @@ import numpy as np
 import pytest
 
 try:
-    from tests._plugin_build import build_emulated_sanitized_driver, build_emulated_kernels, find_cuda_include, load_kernels
+    from tests._plugin_build import (build_emulated_kernels, build_emulated_sanitized_driver, find_cuda_include,
+                                     load_kernels, sanitizer_unsupported)
 except ImportError:  # tests/ not importable as a package: it is on sys.path itself
-    from _plugin_build import build_emulated_sanitized_driver, build_emulated_kernels, find_cuda_include, load_kernels
+    from _plugin_build import (build_emulated_kernels, build_emulated_sanitized_driver, find_cuda_include, load_kernels,
+                               sanitizer_unsupported)
 
 if find_cuda_include() is None:
     pytest.skip("CUDA headers (cuda_runtime.h, cuda_fp16.h, cuda_bf16.h) not found: set CUDA_HOME",
@@ -245,19 +247,9 @@ TSAN_HIDDEN = ["37", "1000"]
 
 
 def _sanitized_driver(sanitize: str, replace=()):
-    import os
-    import shutil
-    import tempfile
-
-    cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
-    with tempfile.TemporaryDirectory() as d:  # can this compiler build a sanitized program?
-        src = os.path.join(d, "probe.cpp")
-        with open(src, "w") as f:
-            f.write("int main() { return 0; }\n")
-        probe = subprocess.run([cxx or "c++", f"-fsanitize={sanitize}", src, "-o", os.path.join(d, "probe")],
-                               capture_output=True, text=True)
-        if probe.returncode != 0:
-            pytest.skip(f"{cxx} cannot build with -fsanitize={sanitize}: {probe.stderr.strip()[:200]}")
+    why = sanitizer_unsupported(sanitize)
+    if why:
+        pytest.skip(why)
     try:
         return build_emulated_sanitized_driver(sanitize, replace)
     except RuntimeError as exc:

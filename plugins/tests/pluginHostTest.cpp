@@ -302,6 +302,23 @@ double maxRelErr(std::vector<float> const& got, std::vector<double> const& ref)
     return worst;
 }
 
+//! Engine deserialisation: a runtime plugin made from `serialised` (createPlugin(kRUNTIME)), then
+//! attached to an execution context. Checks both steps; nullptr when one fails.
+IPluginV3* deserialiseAndAttach(
+    IPluginCreatorV3One* creator, char const* name, PluginFieldCollection const* serialised, std::string const& who)
+{
+    IPluginV3* runtimePlugin = creator->createPlugin(name, serialised, TensorRTPhase::kRUNTIME);
+    check(runtimePlugin != nullptr, who + " createPlugin(kRUNTIME) from its serialised fields");
+    if (runtimePlugin == nullptr)
+    {
+        return nullptr;
+    }
+    IPluginV3* attached = capabilities(runtimePlugin).runtime->attachToContext(nullptr);
+    delete runtimePlugin;
+    check(attached != nullptr, who + " attachToContext gives a plugin");
+    return attached;
+}
+
 // ---------------------------------------------------------------------------------------------
 // enqueue numerics: a runtime plugin made from fields (as at engine deserialisation), shapes
 // given through onShapeChange, enqueue on device buffers, compared with float64.
@@ -526,16 +543,8 @@ void testRMSNorm(IPluginCreatorV3One* creator, RecordingLogger& log, bool device
     int32_t const* serAxis = fieldData<int32_t>(ser, "axis", PluginFieldType::kINT32);
     check(serEps != nullptr && *serEps == eps && serAxis != nullptr && *serAxis == axis,
         who + " serialises epsilon and axis");
-    IPluginV3* runtimePlugin = creator->createPlugin("rms0", ser, TensorRTPhase::kRUNTIME);
-    check(runtimePlugin != nullptr, who + " createPlugin(kRUNTIME) from its serialised fields");
-    delete plugin;
-    if (runtimePlugin == nullptr)
-    {
-        return;
-    }
-    IPluginV3* attached = capabilities(runtimePlugin).runtime->attachToContext(nullptr);
-    delete runtimePlugin;
-    check(attached != nullptr, who + " attachToContext gives a plugin");
+    IPluginV3* attached = deserialiseAndAttach(creator, "rms0", ser, who);
+    delete plugin; // after deserialisation: `ser` points into it
     if (attached == nullptr)
     {
         return;
@@ -677,16 +686,8 @@ void testAdaLNZero(IPluginCreatorV3One* creator, RecordingLogger& log, bool devi
     int32_t const* nb = fieldData<int32_t>(ser, "nb_inputs", PluginFieldType::kINT32);
     float const* serEps = fieldData<float>(ser, "epsilon", PluginFieldType::kFLOAT32);
     check(nb != nullptr && *nb == 5 && serEps != nullptr && *serEps == eps, who + " serialises epsilon and nb_inputs");
-    IPluginV3* runtimePlugin = creator->createPlugin("ada0", ser, TensorRTPhase::kRUNTIME);
-    delete plugin;
-    check(runtimePlugin != nullptr, who + " createPlugin(kRUNTIME) from its serialised fields");
-    if (runtimePlugin == nullptr)
-    {
-        return;
-    }
-    IPluginV3* attached = capabilities(runtimePlugin).runtime->attachToContext(nullptr);
-    delete runtimePlugin;
-    check(attached != nullptr, who + " attachToContext gives a plugin");
+    IPluginV3* attached = deserialiseAndAttach(creator, "ada0", ser, who);
+    delete plugin; // after deserialisation: `ser` points into it
     if (attached == nullptr)
     {
         return;
