@@ -306,7 +306,8 @@ def test_float16_model_tolerance_path():
 
 def test_twice_eager_rule_fails_within_tolerance():
     """fp16: an error inside the tolerance but beyond 2x eager's own error fails, with the reason."""
-    from normexport.parity import Row, _compare
+    from normexport.parity import Row
+    from normexport.parity.verdict import _compare
 
     ref = np.linspace(-4.0, 4.0, 101)
     eager = ref + 1e-3  # eager's own error 1e-3; limit = max(2e-3, eps16 * 4 = 3.9e-3)
@@ -323,7 +324,7 @@ def test_trt_backend_plumbing_with_a_fake_engine(rms, monkeypatch):
     onnxruntime standing in for TensorRT."""
     import onnxruntime as ort
 
-    import normexport.parity as ck
+    import normexport.parity.runners as ck
     import normexport.trt as ntrt
 
     built = []

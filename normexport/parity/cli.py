@@ -1,0 +1,103 @@
+"""The `normexport check` command: arguments and handler."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+
+from ..errors import UsageError
+from ._util import _dims, _graph_inputs
+from .driver import check
+from .runners import _ModelSource
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("onnx_model", metavar="MODEL.onnx", help="the ONNX file to check")
+    p.add_argument("--reference", required=True, metavar="MODEL",
+                   help="the eager model: x.pt2 | x.pt/x.pth | package.module:callable")
+    p.add_argument("--input", action="append", default=[], metavar="NAME:DIMS[:DTYPE]",
+                   help="e.g. x:2x16x64 (positional, in the order of the ONNX inputs); default: the model's example inputs")
+    p.add_argument("--dynamic", action="append", default=[], metavar="NAME:AXES",
+                   help="dynamic axes of input NAME, e.g. x:0,1; default: the symbolic dims of the ONNX inputs")
+    p.add_argument("--backend", choices=("ort", "ort-cuda", "trt", "all"), default="ort")
+    p.add_argument("--plugin", metavar="LIB.so", help="TensorRT plugin library (libnormexport_plugins.so)")
+    p.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default=None,
+                   help="run the eager reference and the inputs in this dtype (the float64 reference stays float64); "
+                        "default: the dtype of the ONNX model's first floating input")
+    p.add_argument("--rtol", type=float, default=None, help="relative tolerance (x max|ref|); default per dtype, DESIGN §7")
+    p.add_argument("--atol", type=float, default=None, help="absolute tolerance; default per dtype, DESIGN §7")
+    p.add_argument("--extra-shapes", type=int, default=2, metavar="N", help="extra shapes to check along dynamic axes (default 2)")
+    p.add_argument("--json", metavar="FILE", help="write the JSON report")
+    p.add_argument("--weights", metavar="FILE", help="state dict for a module:callable reference (weights_only=True)")
+    p.add_argument("--trust-pickle", action="store_true", help="allow unpickling a pickled nn.Module reference")
+
+
+def _onnx_dynamic(graph_inputs) -> dict[str, list[int]]:
+    out = {}
+    for vi in graph_inputs:
+        axes = [a for a, d in enumerate(_dims(vi)) if isinstance(d, str) or d is None]
+        if axes:
+            out[vi.name] = axes
+    return out
+
+
+def run(args) -> int:
+    from .. import loaders
+    from ..inputs import make_inputs, parse_dynamic, parse_input
+
+    for v, flag in ((args.rtol, "--rtol"), (args.atol, "--atol")):
+        if v is not None and not (math.isfinite(v) and v >= 0):
+            raise UsageError(f"{flag} must be a non-negative number, got {v}")
+    if args.extra_shapes < 0:
+        raise UsageError(f"--extra-shapes must be >= 0, got {args.extra_shapes}")
+    if args.json:
+        from ..io import check_writable
+
+        check_writable(args.json)
+    if args.plugin and not os.path.isfile(args.plugin):
+        raise UsageError(f"plugin library not found: '{args.plugin}': check the --plugin path")
+    source = _ModelSource(args.onnx_model)  # UsageError for a missing / corrupt file, before loading torch models
+    graph_inputs = _graph_inputs(source.proto)
+    onnx_names = [i.name for i in graph_inputs]
+    specs = [parse_input(s) for s in args.input]
+    dynamic_given = [parse_dynamic(d) for d in args.dynamic]
+    loaded = loaders.load(args.reference, trust_pickle=args.trust_pickle, weights=args.weights)
+
+    if specs:
+        inputs = make_inputs(specs)
+        given_names = [s.name for s in specs]
+    elif loaded.example_inputs is not None:
+        inputs = tuple(loaded.example_inputs)
+        given_names = list(loaded.input_names or [])
+    else:
+        raise UsageError(f"cannot tell the inputs of '{args.reference}': add --input NAME:DIMS[:DTYPE] for each of the "
+                         f"{len(onnx_names)} ONNX input(s) ({', '.join(onnx_names)})")
+    if len(inputs) != len(onnx_names):
+        raise UsageError(f"'{args.onnx_model}' has {len(onnx_names)} input(s) ({', '.join(onnx_names)}) but "
+                         f"{len(inputs)} were given: give one --input per ONNX input, in order")
+
+    def onnx_name(name: str) -> str:
+        if name in onnx_names:
+            return name
+        if name in given_names:
+            return onnx_names[given_names.index(name)]
+        raise UsageError(f"--dynamic names unknown input '{name}': the ONNX inputs are {', '.join(onnx_names)}")
+
+    if dynamic_given:
+        dynamic: dict[str, list[int]] = {}
+        for name, axes in dynamic_given:
+            dynamic.setdefault(onnx_name(name), []).extend(axes)
+    else:
+        dynamic = _onnx_dynamic(graph_inputs)
+
+    dtype = getattr(args, "dtype", None)
+    report = check(source.path, loaded.module, tuple(inputs), backends=(args.backend,), dynamic_axes=dynamic,
+                   extra_shapes=args.extra_shapes, rtol=args.rtol, atol=args.atol, plugin=args.plugin, dtype=dtype,
+                   command="check")
+    if dtype:
+        report.dtype_source = "--dtype"
+    print(report.table())
+    if args.json:
+        report.write_json(args.json)
+        print(f"wrote {args.json}")
+    return 0 if report.passed else 1

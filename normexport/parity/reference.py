@@ -1,0 +1,114 @@
+"""The float64 reference: a float64 copy of the eager model, run with lower-float casts kept in
+float64 and the normexport custom ops computed by their numpy references; and the cast of the
+reference to the checked dtype."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from ..errors import UsageError
+from ._util import _LOW_FLOATS, _dtype_name, _flatten, _short
+
+def _fp64_custom_op(func, args, kwargs):
+    """float64 implementations of the normexport custom ops (their numpy references), or None."""
+    name = getattr(func, "__name__", "")
+    ns = getattr(func, "namespace", None)
+    if ns != "normexport" or not args or not isinstance(args[0], torch.Tensor) or args[0].dtype != torch.float64:
+        return None
+    from ..ops import SPECS
+
+    def np_(t):
+        return None if t is None else t.detach().cpu().numpy().astype(np.float64)
+
+    bound = {a.name: v for a, v in zip(func._schema.arguments, args)}
+    bound.update(kwargs)
+    if name.startswith("rms_norm"):
+        y = SPECS["RMSNorm"].reference(np_(bound["x"]), np_(bound["scale"]), epsilon=bound["epsilon"], axis=bound["axis"])
+    elif name.startswith("adaln_zero"):
+        y = SPECS["AdaLNZero"].reference(np_(bound["x"]), np_(bound["shift"]), np_(bound["scale"]),
+                                         np_(bound.get("weight")), np_(bound.get("bias")), epsilon=bound["epsilon"])
+    else:
+        return None
+    return torch.from_numpy(np.ascontiguousarray(y)).to(args[0].device)
+
+
+class _Float64Mode(TorchDispatchMode):
+    """Keep a float64 computation in float64: casts and factories asking for a lower float dtype
+    get float64, normexport ops use their float64 references."""
+
+    _KEEP = ("aten::view.dtype",)  # bit reinterpretation: leave alone
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        y = _fp64_custom_op(func, args, kwargs)
+        if y is not None:
+            return y
+        if str(func._schema.name) + "." + func._overloadname not in self._KEEP:
+            if kwargs.get("dtype") in _LOW_FLOATS:
+                kwargs["dtype"] = torch.float64
+            args = tuple(torch.float64 if a in _LOW_FLOATS else a for a in args)
+        return func(*args, **kwargs)
+
+
+def _to_fp64(x):
+    return x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x
+
+
+#: a float64 copy larger than this is not made (the reference is then eager itself)
+FP64_COPY_LIMIT_BYTES = 4 * 2**30
+
+
+class _Float64Reference:
+    """A float64 deep copy of the reference, made once, run per input shape."""
+
+    def __init__(self, reference: nn.Module):
+        self.module = None
+        self.reason: str | None = None
+        try:
+            n = sum(t.numel() for t in list(reference.parameters()) + list(reference.buffers()) if t.is_floating_point())
+        except Exception:
+            n = 0
+        if n * 8 > FP64_COPY_LIMIT_BYTES:
+            self.reason = f"the model is too large for a float64 copy ({n * 8 / 2**30:.1f} GiB)"
+            return
+        try:
+            self.module = copy.deepcopy(reference).double()
+        except Exception as e:  # exotic modules
+            self.reason = f"cannot make a float64 copy of the reference ({_short(e)})"
+
+    def __call__(self, inputs: tuple):
+        """(flat float64 outputs, None) or (None, reason)."""
+        if self.module is None:
+            return None, self.reason
+        args = tuple(_to_fp64(t) for t in inputs)
+        errors = []
+        for mode in (_Float64Mode, contextlib.nullcontext):
+            try:
+                with torch.no_grad(), mode():
+                    out = _flatten(self.module(*args))
+                return [o.double() if o.is_floating_point() else o for o in out], None
+            except Exception as e:
+                errors.append(_short(e))
+        return None, f"the reference does not run in float64 ({errors[-1]})"
+
+
+# ---- helpers -----------------------------------------------------------------------------------
+def _cast_reference(reference, dtype: torch.dtype):
+    """`reference` with its floating parameters and buffers in `dtype` (a copy when any differ)."""
+    try:
+        tensors = list(reference.parameters()) + list(reference.buffers())
+    except Exception:
+        tensors = []
+    if all(t.dtype == dtype for t in tensors if t.is_floating_point()):
+        return reference
+    try:
+        return copy.deepcopy(reference).to(dtype)
+    except Exception as e:
+        raise UsageError(f"cannot cast the reference model to {_dtype_name(dtype)} ({_short(e)}): "
+                         "pass a reference in that dtype, or --dtype matching it") from None

@@ -1,0 +1,80 @@
+"""Shape sweeps: the dynamic axes to vary, extra input shapes along them, and inputs like the given
+ones at another shape."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from ..errors import UsageError
+from ._util import _dims
+
+def _normalise_dynamic(dynamic_axes, names: list[str], ranks: list[int]) -> dict[str, dict[int, str | None]]:
+    """{onnx input name: {axis: symbol or None}}; names may also be positional `input_<i>`."""
+    out: dict[str, dict[int, str | None]] = {}
+    for key, axes in (dynamic_axes or {}).items():
+        if key in names:
+            name = key
+        elif isinstance(key, int) and 0 <= key < len(names):
+            name = names[key]
+        else:
+            raise UsageError(f"dynamic axes name unknown input '{key}': the ONNX inputs are {names}")
+        rank = ranks[names.index(name)]
+        items = axes.items() if isinstance(axes, dict) else ((a, None) for a in axes)
+        for a, sym in items:
+            a = int(a)
+            if not -rank <= a < rank:
+                raise UsageError(f"dynamic axis {a} of '{name}' is out of range: it has rank {rank}")
+            out.setdefault(name, {})[a % rank] = sym
+    return out
+
+
+def _extra_shapes(inputs: list[torch.Tensor], names: list[str], graph_inputs, dynamic, n: int) -> list[dict[str, list[int]]]:
+    """`n` new shape sets. Dynamic axes sharing a symbol (the ONNX dim_param, the name given in
+    dynamic_axes, else the same size) change together: size + 1, 2 x size, size + 3, ..."""
+    groups: dict[Any, list[tuple[int, int]]] = {}
+    for i, (name, t, vi) in enumerate(zip(names, inputs, graph_inputs)):
+        graph_dims = _dims(vi)
+        for axis, sym in dynamic.get(name, {}).items():
+            gd = graph_dims[axis] if axis < len(graph_dims) else None
+            key = ("sym", sym) if sym else (("param", gd) if isinstance(gd, str) else ("size", t.shape[axis]))
+            groups.setdefault(key, []).append((i, axis))
+    if not groups:
+        return []
+
+    def new_size(size: int, k: int) -> int:
+        return [size + 1, 2 * size, size + 3, max(1, size - 1), 3 * size][k % 5] + (k // 5) * 5
+
+    shapes = []
+    for k in range(n):
+        dims = [list(t.shape) for t in inputs]
+        for members in groups.values():
+            i0, a0 = members[0]
+            size = new_size(inputs[i0].shape[a0], k)
+            for i, axis in members:
+                dims[i][axis] = size
+        shapes.append({name: d for name, d in zip(names, dims)})
+    return shapes
+
+
+def _inputs_like(inputs: list[torch.Tensor], shape: dict[str, list[int]], names: list[str], seed: int) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for name, t in zip(names, inputs):
+        dims = shape[name]
+        if list(t.shape) == dims:
+            out.append(t)
+        elif t.is_floating_point():
+            tf = t.float()
+            mean, std = (tf.mean().item(), tf.std().item()) if t.numel() > 1 else (0.0, 1.0)
+            std = std if math.isfinite(std) and std > 0 else 1.0
+            out.append((torch.randn(dims, generator=g) * std + mean).to(t.dtype))
+        elif t.dtype == torch.bool:
+            out.append(torch.randint(0, 2, dims, generator=g).bool())
+        else:
+            lo = int(t.min()) if t.numel() else 0
+            hi = int(t.max()) if t.numel() else 1
+            out.append(torch.randint(lo, hi + 1, dims, generator=g, dtype=t.dtype))
+    return out

@@ -1,0 +1,44 @@
+"""DESIGN §7 tolerances, the floor of the 2x-eager rule, and the limit (see the package docstring)."""
+
+from __future__ import annotations
+
+import torch
+
+#: (rtol, atol) per dtype, DESIGN §7
+DEFAULT_TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
+    torch.float32: (1e-5, 1e-6),
+    torch.float16: (2e-3, 0.0),
+    torch.bfloat16: (1.6e-2, 0.0),
+    torch.float64: (1e-10, 1e-12),
+}
+
+#: the floor of the 2x-eager limit, in eps(dtype) x max|ref| (module docstring)
+FLOOR_EPS: dict[torch.dtype, float] = {
+    torch.float32: 4.0, torch.float64: 4.0, torch.float16: 1.0, torch.bfloat16: 1.0,
+}
+LIMIT_RULE = ("limit = min(tolerance, max(2 x ref_err_fp64, floor)); floor = 4 x eps x max|ref| "
+              "(float32, float64), 1 x eps x max|ref| (float16, bfloat16); limit = tolerance without "
+              "a float64 reference")
+
+def tolerance_for(dtype: torch.dtype, max_abs_ref: float, rtol: float | None = None, atol: float | None = None) -> float:
+    """DESIGN §7 tolerance for an output of `dtype` whose largest |reference| is `max_abs_ref`."""
+    if not dtype.is_floating_point:
+        return 0.0
+    r, a = DEFAULT_TOLERANCES.get(dtype, DEFAULT_TOLERANCES[torch.float32])
+    r = r if rtol is None else rtol
+    a = a if atol is None else atol
+    return r * max_abs_ref + a
+
+
+def floor_for(dtype: torch.dtype, max_abs_ref: float) -> float:
+    """The least limit the 2x-eager rule gives: FLOOR_EPS[dtype] x eps(dtype) x max|ref|."""
+    if not dtype.is_floating_point:
+        return 0.0
+    return FLOOR_EPS.get(dtype, 4.0) * torch.finfo(dtype).eps * max_abs_ref
+
+
+def limit_for(dtype: torch.dtype, tolerance: float, max_abs_ref: float, eager_err: float | None) -> float:
+    """min(tolerance, max(2 x eager's own error, floor)) (DESIGN §7); see the module docstring."""
+    if eager_err is None or not dtype.is_floating_point:
+        return tolerance
+    return min(tolerance, max(2.0 * eager_err, floor_for(dtype, max_abs_ref)))
