@@ -33,6 +33,7 @@ from onnxscript.rewriter._basics import MatchingTracer, MatchStatus
 
 import normexport
 from normexport import ops as _ops
+from normexport import sizes as _sizes
 from normexport.errors import UsageError, first_line
 
 from . import _verify
@@ -68,6 +69,7 @@ class RewriteReport:
     nodes_before: int = 0
     nodes_after: int = 0
     inputs: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    sizes: str = ""  # where the input sizes came from (normexport.sizes), "" while not run
     verification: list[_verify.Comparison] = dataclasses.field(default_factory=list)
     notes: list[str] = dataclasses.field(default_factory=list)
 
@@ -93,6 +95,7 @@ class RewriteReport:
             "target": self.target,
             "verify": self.verify,
             "inputs": [{"name": i["name"], "shape": i["shape"], "dtype": i["dtype"]} for i in self.inputs],
+            "sizes": self.sizes or "not run (nothing to verify)",
             "opset": {"before": self.opset_before, "after": self.opset_after},
             "nodes": {"before": self.nodes_before, "after": self.nodes_after},
             "modules": dict(self.modules),
@@ -122,6 +125,8 @@ class RewriteReport:
         for m, status in self.modules.items():
             if status != "ok" and not status.startswith("not for target"):  # (those stay in the JSON report)
                 lines.append(f"  module {m}: {status}")
+        if self.sizes:
+            lines.append(f"  verified at {_sizes.describe({i['name']: i['shape'] for i in self.inputs})} ({self.sizes})")
         lines.extend(f"  note: {n}" for n in self.notes)
         return "\n".join(lines)
 
@@ -251,9 +256,10 @@ def _reweighted(light: onnx.ModelProto, big: list[onnx.TensorProto], fake: set[s
 
 
 class _Verifier:
-    def __init__(self, original: onnx.ModelProto, report: RewriteReport) -> None:
+    def __init__(self, original: onnx.ModelProto, report: RewriteReport, given=None) -> None:
         self.original = original
         self.report = report
+        self.given = given
         self._ref: dict | None = None
         self._feeds: dict | None = None
         self._error: str | None = None
@@ -262,10 +268,13 @@ class _Verifier:
         if self._ref is not None or self._error is not None:
             return
         try:
-            self._feeds = _verify.random_inputs(self.original)
-            self._ref = _verify.run(self.original, self._feeds)
+            found = _sizes.find(self.original, self.given)
         except Exception as e:  # noqa: BLE001
-            self._error = f"cannot run the original model: {first_line(e, 200)}"
+            self._error = f"cannot run the original model: {first_line(e, 300)}"
+            return
+        self._feeds, self._ref = found.feeds, found.outputs
+        self.report.inputs = _input_records(self.original, found.shapes)
+        self.report.sizes = found.how
 
     def check(self, candidate: onnx.ModelProto) -> str | None:
         """None when `candidate` agrees with the original, else the reason."""
@@ -281,6 +290,12 @@ class _Verifier:
             self.report.verification = comps
             return None
         return _verify.describe_failure(comps)
+
+
+def _input_records(model: onnx.ModelProto, shapes: dict[str, list[int]]) -> list[dict[str, Any]]:
+    return [{"name": i.name, "shape": list(shapes[i.name]), "elem_type": i.elem_type,
+             "dtype": onnx.helper.tensor_dtype_to_string(i.elem_type).replace("TensorProto.", "").lower()}
+            for i in _sizes.real_inputs(model) if i.name in shapes]
 
 
 def _one_adaln_form(ir_model: ir.Model) -> None:
@@ -332,19 +347,21 @@ def _apply(rules, ir_model: ir.Model, tracer=None) -> int:
 
 # ---- the driver ------------------------------------------------------------------------------
 def rewrite(model: onnx.ModelProto, target: str = "trt", verify: bool = True,
-            report: RewriteReport | None = None) -> onnx.ModelProto:
+            report: RewriteReport | None = None, inputs: dict[str, list[int]] | None = None) -> onnx.ModelProto:
     """Fuse decomposed LayerNorm / RMSNorm / AdaLN (and whatever RULE_MODULES lists) in `model`
     for `target`. Returns a new model; `model` is not mutated. With `verify`, every rule's
-    effect is checked in onnxruntime and reverted when outputs differ."""
+    effect is checked in onnxruntime and reverted when outputs differ, at the sizes `inputs`
+    gives ({input name: dims}; the others found by normexport.sizes: sizes the model runs at)."""
     if target not in TARGETS:
         raise ValueError(f"unknown target {target!r}; use one of {', '.join(TARGETS)}")
+    _sizes.check_given(model, inputs)
     if report is None:
         report = RewriteReport()
     report.target, report.verify = target, verify
     report.opset_before = report.opset_after = _ops.default_opset(model)
     report.nodes_before = report.nodes_after = len(model.graph.node)
     try:
-        report.inputs = _verify.input_specs(model)
+        report.inputs = _input_records(model, _sizes.candidates(model, inputs)[0])
     except ValueError:
         report.inputs = []
 
@@ -354,7 +371,7 @@ def rewrite(model: onnx.ModelProto, target: str = "trt", verify: bool = True,
     except Exception as e:  # noqa: BLE001
         report.notes.append(f"shape inference failed ({first_line(e, 120)}); rules see fewer shapes")
     work = _reweighted(light, big, fake)
-    verifier = _Verifier(model, report)
+    verifier = _Verifier(model, report, inputs)
     changed = False
 
     explain = None  # the previous module's explain_unapplied hook, run on the model it left
@@ -544,9 +561,11 @@ def _iter_tensors(model: onnx.ModelProto):
 
 
 def rewrite_file(in_path: str | os.PathLike, out_path: str | os.PathLike, target: str = "trt",
-                 verify: bool = True, report_path: str | os.PathLike | None = None) -> RewriteReport:
+                 verify: bool = True, report_path: str | os.PathLike | None = None,
+                 inputs: list[str] | dict[str, list[int]] | None = None) -> RewriteReport:
     """Load `in_path` (with its external data), rewrite, write `out_path` atomically (external
-    data next to it when the input had external data or the result exceeds 2 GB)."""
+    data next to it when the input had external data or the result exceeds 2 GB). `inputs`: the
+    sizes to verify at, as `--input NAME:DIMS[:DTYPE]` texts or {name: dims}."""
     import json
 
     in_path, out_path = os.fspath(in_path), os.fspath(out_path)
@@ -562,8 +581,10 @@ def rewrite_file(in_path: str | os.PathLike, out_path: str | os.PathLike, target
     out_dir = os.path.dirname(os.path.abspath(out_path))
     if not os.path.isdir(out_dir) or not os.access(out_dir, os.W_OK):
         raise UsageError(f"{out_path}: cannot write there; choose an existing writable folder with -o")
+    if inputs is not None and not isinstance(inputs, dict):
+        inputs = _sizes.parse_inputs(model, list(inputs))
     report = RewriteReport()
-    result = rewrite(model, target=target, verify=verify, report=report)
+    result = rewrite(model, target=target, verify=verify, report=report, inputs=inputs)
     big = result.ByteSize() >= _TWO_GB if not external else True
     try:
         tmpdir = tempfile.mkdtemp(prefix=".normexport-", dir=out_dir)

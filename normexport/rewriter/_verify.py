@@ -13,22 +13,21 @@ import ml_dtypes
 import numpy as np
 import onnx
 
-_SIZES = (2, 3, 5)
 #: relative part / absolute part of the tolerance per output dtype (DESIGN §7)
 _TOL = {
     np.dtype(np.float32): (1e-5, 1e-6),
     np.dtype(np.float64): (1e-5, 1e-6),
     np.dtype(np.float16): (2e-3, 0.0),
 }
-_BF16_TOL = (1.6e-2, 0.0)
+BF16_TOL = (1.6e-2, 0.0)
 #: numpy has no bfloat16: onnx's own dependency ml_dtypes provides it; onnxruntime takes and gives
 #: it as raw 16-bit OrtValues
-_BF16 = np.dtype(ml_dtypes.bfloat16)
+BF16 = np.dtype(ml_dtypes.bfloat16)
 
 
-def _np_dtype(elem_type: int) -> np.dtype | None:
+def np_dtype(elem_type: int) -> np.dtype | None:
     if elem_type == onnx.TensorProto.BFLOAT16:
-        return _BF16
+        return BF16
     try:
         dt = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type))
     except Exception:  # float8 and friends
@@ -36,72 +35,41 @@ def _np_dtype(elem_type: int) -> np.dtype | None:
     return dt if dt.kind in "fiub" else None
 
 
-def input_specs(model: onnx.ModelProto) -> list[dict[str, Any]]:
-    """name, concrete shape and dtype of every real graph input (dynamic dims -> 2/3/5)."""
-    inits = {i.name for i in model.graph.initializer}
-    sizes: dict[str, int] = {}
-    specs = []
-    for vi in model.graph.input:
-        if vi.name in inits:
-            continue
-        tt = vi.type.tensor_type
-        if not vi.type.HasField("tensor_type") or not tt.HasField("shape"):
-            raise ValueError(f"input {vi.name!r} has no tensor shape")
-        shape = []
-        for d in tt.shape.dim:
-            if d.HasField("dim_value") and d.dim_value > 0:
-                shape.append(d.dim_value)
-            else:
-                key = d.dim_param or f"?{vi.name}"
-                if key not in sizes:
-                    sizes[key] = _SIZES[len(sizes) % len(_SIZES)]
-                shape.append(sizes[key])
-        specs.append({"name": vi.name, "shape": shape, "elem_type": tt.elem_type,
-                      "dtype": onnx.helper.tensor_dtype_to_string(tt.elem_type).replace("TensorProto.", "").lower()})
-    return specs
-
-
-def random_inputs(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    feeds = {}
-    for spec in input_specs(model):
-        dt = _np_dtype(spec["elem_type"])
-        shape = spec["shape"]
-        if dt is None:
-            raise ValueError(f"input {spec['name']!r}: dtype {spec['dtype']} not supported by the verifier")
-        if dt.kind == "f" or dt == _BF16:
-            feeds[spec["name"]] = rng.standard_normal(shape).astype(dt)
-        elif dt.kind in "iu":
-            feeds[spec["name"]] = rng.integers(0, 2, size=shape).astype(dt)
-        elif dt.kind == "b":
-            feeds[spec["name"]] = rng.integers(0, 2, size=shape).astype(bool)
-        else:
-            raise ValueError(f"input {spec['name']!r}: dtype {spec['dtype']} not supported by the verifier")
-    return feeds
-
-
-def run(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def session(model: onnx.ModelProto):
+    """A quiet onnxruntime CPU session for `model` (one thread, logs nothing: its errors come
+    back as exceptions, which the callers quote in one line)."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
-    so.log_severity_level = 3
+    so.log_severity_level = 4
     so.intra_op_num_threads = 1
     so.inter_op_num_threads = 1
     # a one-off run: no second, pre-packed copy of the MatMul / Conv weights
     so.add_session_config_entry("session.disable_prepacking", "1")
     if model.ByteSize() < 1_500_000_000:
-        sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
-    else:  # protobuf limit: go through a file with external data
-        with tempfile.TemporaryDirectory() as tmp:
-            path = os.path.join(tmp, "m.onnx")
-            onnx.save(model, path, save_as_external_data=True, location="m.data")
-            sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+        return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    with tempfile.TemporaryDirectory() as tmp:  # protobuf limit: go through a file with external data
+        path = os.path.join(tmp, "m.onnx")
+        onnx.save(model, path, save_as_external_data=True, location="m.data")
+        return ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+
+
+def run_session(sess, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Every output of `sess` on `feeds` (bfloat16 in and out as ml_dtypes arrays)."""
+    import onnxruntime as ort
+
+    ro = ort.RunOptions()
+    ro.log_severity_level = 4
     names = [o.name for o in sess.get_outputs()]
-    if not any(a.dtype == _BF16 for a in feeds.values()) and all(o.type != "tensor(bfloat16)" for o in sess.get_outputs()):
-        return dict(zip(names, sess.run(names, feeds)))
+    if not any(a.dtype == BF16 for a in feeds.values()) and all(o.type != "tensor(bfloat16)" for o in sess.get_outputs()):
+        return dict(zip(names, sess.run(names, feeds, ro)))
     values = {k: ort.OrtValue.ortvalue_from_numpy_with_onnx_type(a.view(np.uint16), onnx.TensorProto.BFLOAT16)
-              if a.dtype == _BF16 else ort.OrtValue.ortvalue_from_numpy(a) for k, a in feeds.items()}
-    return {n: _from_ort(v) for n, v in zip(names, sess.run_with_ort_values(names, values))}
+              if a.dtype == BF16 else ort.OrtValue.ortvalue_from_numpy(a) for k, a in feeds.items()}
+    return {n: _from_ort(v) for n, v in zip(names, sess.run_with_ort_values(names, values, ro))}
+
+
+def run(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return run_session(session(model), feeds)
 
 
 def _from_ort(v) -> np.ndarray:
@@ -111,9 +79,9 @@ def _from_ort(v) -> np.ndarray:
     shape = tuple(v.shape())
     n = int(np.prod(shape, dtype=np.int64))
     if n == 0:
-        return np.zeros(shape, dtype=_BF16)
+        return np.zeros(shape, dtype=BF16)
     raw = np.ctypeslib.as_array((ctypes.c_uint16 * n).from_address(v.data_ptr()))
-    return raw.copy().view(_BF16).reshape(shape)
+    return raw.copy().view(BF16).reshape(shape)
 
 
 @dataclasses.dataclass
@@ -141,12 +109,12 @@ def compare(ref: dict[str, np.ndarray], got: dict[str, np.ndarray]) -> list[Comp
         if g.shape != r.shape or g.dtype != r.dtype:
             out.append(Comparison(name, float("inf"), float("inf"), float("inf"), 0.0, False))
             continue
-        if r.dtype.kind not in "fc" and r.dtype != _BF16:
+        if r.dtype.kind not in "fc" and r.dtype != BF16:
             ok = bool(np.array_equal(r, g))
             e = 0.0 if ok else float("inf")
             out.append(Comparison(name, e, e, e, 0.0, ok))
             continue
-        rel, ab = _TOL.get(r.dtype, _BF16_TOL)
+        rel, ab = _TOL.get(r.dtype, BF16_TOL)
         r64, g64 = r.astype(np.float64), g.astype(np.float64)
         if r64.size == 0:
             out.append(Comparison(name, 0.0, 0.0, 0.0, 0.0, True))

@@ -1,4 +1,5 @@
-"""`normexport rewrite IN.onnx [-o OUT.onnx] [--target trt|ort|onnx] [--no-verify] [--report FILE.json]`
+"""`normexport rewrite IN.onnx [-o OUT.onnx] [--target trt|ort|onnx] [--input NAME:DIMS[:DTYPE]]...
+[--no-verify] [--report FILE.json]`
 
 Registered by normexport/cli.py (`from normexport.rewriter import cli as rewrite_cli`). Bad input
 raises normexport.errors.UsageError (the main CLI prints it on one line and exits 2).
@@ -22,6 +23,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="output path (default: IN's stem + .<target>.onnx beside IN)")
     parser.add_argument("--target", choices=TARGETS, default="trt",
                         help="trt: normexport custom ops; ort: fastest in onnxruntime; onnx: standard ops only")
+    parser.add_argument("--input", dest="inputs", action="append", default=[], metavar="NAME:DIMS[:DTYPE]",
+                        help="verify at these sizes, e.g. x:1x3x640x640 (default: sizes the model runs at, "
+                             "found by trying its fixed dims, then common sizes)")
     parser.add_argument("--no-verify", action="store_true",
                         help="keep rewrites without checking them in onnxruntime on random inputs")
     parser.add_argument("--report", metavar="FILE.json", default=None, help="write the rewrite report as JSON")
@@ -41,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     if os.path.isdir(out_path):
         raise UsageError(f"{out_path}: is a folder; pass a file path with -o")
     report = rewrite_file(in_path, out_path, target=args.target, verify=not args.no_verify,
-                          report_path=args.report)
+                          report_path=args.report, inputs=args.inputs)
     print(report.summary())
     print(f"wrote {out_path}")
     return 0

@@ -56,7 +56,9 @@ def test_report_dict_and_summary(mixed):
     rewrite(mixed, report=rep)
     d = rep.to_dict()
     assert d["command"] == "rewrite" and d["normexport_version"] and d["target"] == "trt"
-    assert d["inputs"] == [{"name": "x", "shape": [2, 3, G.H], "dtype": "float"}]
+    # x is [b, s, 8]: batch 2, the sequence 8 doubled (unlike the hidden size), found at the first try
+    assert d["inputs"] == [{"name": "x", "shape": [2, 16, G.H], "dtype": "float"}]
+    assert d["sizes"] == "discovered: tried 1 size set(s)"
     assert d["opset"] == {"before": 11, "after": 18}
     by_name = {r["name"]: r for r in d["rules"]}
     assert by_name["layer_norm_affine"]["applied"] == 1 and by_name["rms_norm_scale_left"]["applied"] == 2
@@ -66,6 +68,7 @@ def test_report_dict_and_summary(mixed):
     json.dumps(d)
     s = rep.summary()
     assert "3 fusion(s)" in s and "rms_norm_scale_left: matched 2, applied 2" in s
+    assert "  verified at x: 2x16x8 (discovered: tried 1 size set(s))" in s.splitlines()
 
 
 class _WrongEps(rms_norm.RMSNormFusion):
