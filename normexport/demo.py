@@ -10,13 +10,13 @@ from . import io
 from .errors import UsageError
 from .export import convert_module, op_counts
 
-#: (name, MODEL factory) of the bundled reference models (models/)
+#: (name, MODEL factory) of the bundled reference models (normexport/models/)
 DEMO_MODELS = (
-    ("llama", "models.llama:tiny"),
-    ("dit", "models.dit:tiny"),
-    ("bert", "models.bert:tiny"),
-    ("conv_bn", "models.conv_bn:tiny"),
-    ("norm_heavy", "models.norm_heavy:tiny"),
+    ("llama", "normexport.models.llama:tiny"),
+    ("dit", "normexport.models.dit:tiny"),
+    ("bert", "normexport.models.bert:tiny"),
+    ("conv_bn", "normexport.models.conv_bn:tiny"),
+    ("norm_heavy", "normexport.models.norm_heavy:tiny"),
 )
 
 

@@ -212,7 +212,7 @@ _UNSAFE = object()
 def _load_factory(model: str, weights: str | None) -> LoadedModel:
     mod_name, _, attr = model.partition(":")
     if not mod_name or not attr:
-        raise UsageError(f"malformed MODEL '{model}': use `package.module:callable`, e.g. models.dit:tiny")
+        raise UsageError(f"malformed MODEL '{model}': use `package.module:callable`, e.g. normexport.models.dit:tiny")
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
@@ -289,7 +289,7 @@ def _find_state_dict(obj, depth: int = 2) -> tuple[str, dict] | None:
 
 
 def _declared_inputs(module: nn.Module):
-    """Example inputs, names and dynamic axes a module may declare (see models/)."""
+    """Example inputs, names and dynamic axes a module may declare (see normexport/models/)."""
     fn = getattr(module, "example_inputs", None)
     example = None
     if callable(fn):

@@ -5,7 +5,7 @@ import onnxruntime as ort
 import torch
 
 import normexport
-from models.llama import tiny
+from normexport.models.llama import tiny
 
 
 def test_public_api_end_to_end():
@@ -31,7 +31,7 @@ def test_float16_onnx_is_judged_in_float16():
     import onnx
     import pytest
 
-    from models.dit import tiny as dit_tiny
+    from normexport.models.dit import tiny as dit_tiny
     from normexport.testing import assert_parity
 
     block = dit_tiny()

@@ -411,7 +411,7 @@ def test_within_tolerance_but_beyond_twice_eager_fails_fp32(mlp, tmp_path, capsy
 @pytest.fixture(scope="module")
 def llama16(tmp_path_factory):
     import normexport
-    from models.llama import tiny
+    from normexport.models.llama import tiny
 
     block = tiny().half()
     (x,) = block.example_inputs()
@@ -423,12 +423,12 @@ def llama16(tmp_path_factory):
 
 
 def test_cli_check_float16_file_in_float16(llama16, tmp_path, capsys):
-    """`normexport check llama16.onnx --reference models.llama:tiny` (an fp32 factory): the dtype
+    """`normexport check llama16.onnx --reference normexport.models.llama:tiny` (an fp32 factory): the dtype
     comes from the ONNX input; eager runs in fp16 and the 2x rule compares with eager fp16."""
     model, d = llama16
     assert model.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT16
     out = tmp_path / "r.json"
-    assert check_cmd.run(_cli_args(d / "llama16.onnx", "--reference", "models.llama:tiny", "--json", out)) == 0
+    assert check_cmd.run(_cli_args(d / "llama16.onnx", "--reference", "normexport.models.llama:tiny", "--json", out)) == 0
     text = capsys.readouterr().out
     assert "eager in float16 (ONNX input 'x')" in text and "PASSED" in text
     rep = json.loads(out.read_text())
@@ -438,13 +438,13 @@ def test_cli_check_float16_file_in_float16(llama16, tmp_path, capsys):
     # eager's own error is that of float16 (~1e-3), not float32 (~1e-6)
     assert all(r["ref_err_fp64"] > 1e-4 and r["limit"] <= r["tolerance"] for r in rows)
     # explicit --dtype, and the perturbed fp16 file fails
-    assert check_cmd.run(_cli_args(d / "llama16.onnx", "--reference", "models.llama:tiny", "--dtype", "float16")) == 0
+    assert check_cmd.run(_cli_args(d / "llama16.onnx", "--reference", "normexport.models.llama:tiny", "--dtype", "float16")) == 0
     assert "eager in float16 (--dtype)" in capsys.readouterr().out
-    assert check_cmd.run(_cli_args(d / "llama16_bad.onnx", "--reference", "models.llama:tiny",
+    assert check_cmd.run(_cli_args(d / "llama16_bad.onnx", "--reference", "normexport.models.llama:tiny",
                                    "--dtype", "float16")) == 1
     assert "FAILED" in capsys.readouterr().out
     with pytest.raises(SystemExit):
-        _cli_args(d / "llama16.onnx", "--reference", "models.llama:tiny", "--dtype", "int8")
+        _cli_args(d / "llama16.onnx", "--reference", "normexport.models.llama:tiny", "--dtype", "int8")
 
 
 def test_float32_file_is_not_cast(mlp):
@@ -508,7 +508,7 @@ def test_cli_usage_errors_exit_2_in_a_subprocess(mlp, tmp_path):
     exe = Path(sys.executable).with_name("normexport")
     cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "normexport"]
     cases = [
-        (["check", str(tmp_path / "missing.onnx"), "--reference", "models.llama:tiny"], "ONNX file not found"),
+        (["check", str(tmp_path / "missing.onnx"), "--reference", "normexport.models.llama:tiny"], "ONNX file not found"),
         (["check", str(d / "mlp.onnx"), "--reference", str(tmp_path / "missing.pt2")], "not found"),
         (["check", str(d / "mlp.onnx"), "--reference", "test_check:make_mlp", "--input", "x:4xq16",
           "--input", "y:4x16"], "malformed"),

@@ -479,7 +479,7 @@ def test_bfloat16_conv_model_exports_at_opset_22(tmp_path):
     import onnx
 
     out = tmp_path / "cbf.onnx"
-    code, stdout, err = run_cli("convert", "models.conv_bn:tiny", "--dtype", "bfloat16", "--no-check", "-o", out)
+    code, stdout, err = run_cli("convert", "normexport.models.conv_bn:tiny", "--dtype", "bfloat16", "--no-check", "-o", out)
     assert code == 0, err
     model = onnx.load(out)
     assert next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx")) == 22
@@ -487,5 +487,5 @@ def test_bfloat16_conv_model_exports_at_opset_22(tmp_path):
     assert not any(n.op_type == "BatchNormalization" for n in model.graph.node)
     onnx.checker.check_model(model, full_check=True)
     out.unlink()
-    _assert_usage_error(run_cli("convert", "models.conv_bn:tiny", "--dtype", "bfloat16", "--no-check", "--opset", "20",
+    _assert_usage_error(run_cli("convert", "normexport.models.conv_bn:tiny", "--dtype", "bfloat16", "--no-check", "--opset", "20",
                                 "-o", out), "--opset 22", out_dir=tmp_path)

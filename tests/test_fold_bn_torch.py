@@ -206,7 +206,7 @@ def test_sequential_fallback_when_fx_fails():
 
 
 def test_conv_bn_reference_model():
-    conv_bn = pytest.importorskip("models.conv_bn")
+    conv_bn = pytest.importorskip("normexport.models.conv_bn")
     model = conv_bn.tiny()
     inputs = model.example_inputs()
     folded, report, err = _check(model, *inputs, what="conv_bn.tiny")

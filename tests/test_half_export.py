@@ -18,7 +18,7 @@ from normexport.export import op_counts
 
 @pytest.mark.parametrize("name,op,n", [("dit", "AdaLNZero", 2), ("llama", "RMSNorm", 2)])
 def test_fp16_reference_block(name, op, n):
-    mod = __import__(f"models.{name}", fromlist=["tiny"])
+    mod = __import__(f"normexport.models.{name}", fromlist=["tiny"])
     block = mod.tiny().to(torch.float16)
     x = tuple(t.to(torch.float16) for t in block.example_inputs())
     model = normexport.convert_module(block, x, target="trt", input_names=block.input_names,

@@ -1,4 +1,4 @@
-"""The reference models in models/: build, run, deterministic, torch.export-able with their
+"""The reference models in normexport/models/: build, run, deterministic, torch.export-able with their
 dynamic axes, and the exported program runs at a second shape."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ NAMES = ("dit", "llama", "bert", "conv_bn", "norm_heavy")
 
 
 def _tiny(name):
-    return importlib.import_module(f"models.{name}").tiny()
+    return importlib.import_module(f"normexport.models.{name}").tiny()
 
 
 def dynamic_shapes(model):
@@ -67,7 +67,7 @@ def test_dit_modulation_not_zero():
     m = _tiny("dit")
     lin = m.adaLN_modulation[1]
     assert lin.weight.abs().min() > 0 and lin.bias.abs().max() > 0
-    from models.dit import modulate  # module-level function the prepare pass looks for
+    from normexport.models.dit import modulate  # module-level function the prepare pass looks for
 
     assert callable(modulate)
 
@@ -85,7 +85,7 @@ def test_conv_bn_stats_non_default():
 
 
 def test_norm_heavy_bench_size():
-    from models import norm_heavy
+    from normexport.models import norm_heavy
 
     assert norm_heavy.tiny().example_inputs()[0].shape == (64, 256)
     m = norm_heavy.NormHeavy(4096, 2048)  # bench() without the randomisation cost

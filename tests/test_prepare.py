@@ -14,7 +14,7 @@ from normexport import nn as nenn
 from normexport.ops import adaln_zero as A
 from normexport.ops import rms_norm as R
 from normexport.swap import REL_TOL, prepare, rel_err
-from models.dit import modulate  # module-level, so DiT-style blocks below use it like models.dit
+from normexport.models.dit import modulate  # module-level, so DiT-style blocks below use it like normexport.models.dit
 
 torch.set_grad_enabled(False)
 
@@ -243,7 +243,7 @@ def test_diffusers_adaln_zero_inside_model():
 
 # ---- reference models --------------------------------------------------------------------------
 def test_reference_dit_block():
-    from models import dit
+    from normexport.models import dit
 
     m = dit.tiny()
     report = []
@@ -270,7 +270,7 @@ def test_reference_dit_block():
 
 
 def test_dit_block_with_extra_norm_use_is_left_alone():
-    from models import dit
+    from normexport.models import dit
 
     class LeakyDiT(dit.DiTBlock):  # norm1's output also feeds the residual: fusing would be wrong
         def forward(self, x, c):
@@ -288,7 +288,7 @@ def test_dit_block_with_extra_norm_use_is_left_alone():
 
 
 def test_reference_llama_block():
-    from models import llama
+    from normexport.models import llama
 
     m = llama.tiny()
     x = m.example_inputs()
@@ -297,7 +297,7 @@ def test_reference_llama_block():
 
 
 def test_reference_models_other():
-    from models import bert, conv_bn, norm_heavy
+    from normexport.models import bert, conv_bn, norm_heavy
 
     for mod, n_rms in ((bert, 0), (conv_bn, 0), (norm_heavy, 2)):
         m = mod.tiny()
@@ -393,7 +393,7 @@ def test_onnx_export(name, op):
 
     from torch.export import Dim
 
-    mod = importlib.import_module(f"models.{name}")
+    mod = importlib.import_module(f"normexport.models.{name}")
     m = mod.tiny()
     new = prepare(m)
     batch, seq = Dim("batch", min=1, max=64), Dim("seq", min=1, max=512)

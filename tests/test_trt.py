@@ -55,7 +55,7 @@ def test_trt_parity_with_eager(plugin_lib, family, op):
 
     import normexport
 
-    models = importlib.import_module(f"models.{family}")
+    models = importlib.import_module(f"normexport.models.{family}")
     module = models.tiny().eval()
     inputs = module.example_inputs()
     with torch.no_grad():

@@ -13,7 +13,7 @@ Variants, for each model:
   (e) eager     PyTorch, torch.set_num_threads(2)
 
 Models: the LLaMA and DiT reference blocks at a moderate size (hidden 512, seq 256, batch 1)
-and the norm-heavy graph at benchmark size (models.norm_heavy.bench(): 4096 x 2048 fp32).
+and the norm-heavy graph at benchmark size (normexport.models.norm_heavy.bench(): 4096 x 2048 fp32).
 
 Method: onnxruntime CPU EP, intra_op_num_threads=2, inter_op 1, sequential, all graph
 optimisations; thread spinning off (ORT's allow_spinning=0, OMP_WAIT_POLICY=PASSIVE for torch)
@@ -80,9 +80,9 @@ LABELS = {
 
 # ---- models ------------------------------------------------------------------------------------
 def build_models(quick: bool) -> dict[str, torch.nn.Module]:
-    import models.dit
-    import models.llama
-    import models.norm_heavy
+    import normexport.models.dit
+    import normexport.models.llama
+    import normexport.models.norm_heavy
 
     def factory(mod, **size):
         """bench() when the module has one, else tiny() at a larger config."""
@@ -91,11 +91,11 @@ def build_models(quick: bool) -> dict[str, torch.nn.Module]:
         return mod.tiny(**size)
 
     if quick:
-        return {"llama": models.llama.tiny(), "dit": models.dit.tiny(), "norm_heavy": models.norm_heavy.tiny()}
+        return {"llama": normexport.models.llama.tiny(), "dit": normexport.models.dit.tiny(), "norm_heavy": normexport.models.norm_heavy.tiny()}
     return {
-        "llama": factory(models.llama, hidden=512, heads=8, kv_heads=4, head_dim=64, intermediate=1376, seq=256),
-        "dit": factory(models.dit, hidden=512, heads=8, seq=256),
-        "norm_heavy": factory(models.norm_heavy),
+        "llama": factory(normexport.models.llama, hidden=512, heads=8, kv_heads=4, head_dim=64, intermediate=1376, seq=256),
+        "dit": factory(normexport.models.dit, hidden=512, heads=8, seq=256),
+        "norm_heavy": factory(normexport.models.norm_heavy),
     }
 
 

@@ -76,7 +76,7 @@ def test_unknown_rank_kept():
 
 
 def test_conv_bn_reference_model_has_nothing_left():
-    conv_bn = pytest.importorskip("models.conv_bn")
+    conv_bn = pytest.importorskip("normexport.models.conv_bn")
     model = conv_bn.tiny()
     (x,) = model.example_inputs()
     before, after, _ = _run(model, x)

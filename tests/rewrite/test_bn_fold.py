@@ -242,7 +242,7 @@ def test_non_constant_running_stats_rejected():
 
 
 def test_conv_bn_reference_model():
-    conv_bn = pytest.importorskip("models.conv_bn")
+    conv_bn = pytest.importorskip("normexport.models.conv_bn")
     model = conv_bn.tiny()
     (x,) = model.example_inputs()
     before, after, err = _fold_and_compare(model, x, "conv_bn.tiny")

@@ -203,10 +203,10 @@ def _norm_heavy_ref(m, x, r, c):
 
 
 def test_exported_norm_heavy_target_ort(skip_on):
-    import models.norm_heavy
+    import normexport.models.norm_heavy
     from normexport.export import convert_module
 
-    m = models.norm_heavy.tiny()
+    m = normexport.models.norm_heavy.tiny()
     args = m.example_inputs()
     report: dict = {}
     out = convert_module(m, args, target="ort", input_names=m.input_names, report=report)
@@ -226,10 +226,10 @@ def test_exported_norm_heavy_target_ort(skip_on):
 def test_exported_llama_block_target_ort(skip_on):
     import torch
 
-    import models.llama
+    import normexport.models.llama
     from normexport.export import convert_module
 
-    m = models.llama.tiny()
+    m = normexport.models.llama.tiny()
     args = tuple(m.example_inputs(batch=1))
     out = convert_module(m, args, target="ort", input_names=m.input_names)
     (node,) = _skip_nodes(out)  # the second norm reads the residual sum; the first reads the input

@@ -1,6 +1,6 @@
 """Reference models for normexport tests and benchmarks.
 
-Every module here has a factory `tiny()` (CLI: `models.dit:tiny`) returning an eval-mode
+Every module here has a factory `tiny()` (CLI: `normexport.models.dit:tiny`) returning an eval-mode
 nn.Module with seeded random, non-trivial weights, plus `example_inputs(batch, seq)`,
 `input_names`, `output_names` and `dynamic_axes`.
 """
