@@ -231,18 +231,18 @@ def test_onnx_cpp_passes_run_without_the_weights():
     n = g.node("Div", y, g.node("Sqrt", g.node("Add", ms, g.init(np.array(1e-6, np.float32), "eps"))))
     model = g.model(g.node("Mul", n, g.init(G.WEIGHT, "scale")))
     w_name = next(t.name for t in model.graph.initializer if t.name.startswith("w"))
-    light, big, fake = rw._weightless(model)
+    light, big, fake = rw._weights.weightless(model)
     assert [t.name for t in big] == [w_name] and fake == {w_name}
     assert w_name not in {t.name for t in light.graph.initializer} and light.ByteSize() < 2000
-    back = rw._reweighted(light, big, fake)
+    back = rw._weights.reweighted(light, big, fake)
     assert [i.name for i in back.graph.input] == [i.name for i in model.graph.input]
     assert {t.name for t in back.graph.initializer} == {t.name for t in model.graph.initializer}
     as_input = onnx.ModelProto()
     as_input.CopyFrom(model)  # an overridable initializer (also a graph input) stays an input
     as_input.graph.input.append(onnx.helper.make_tensor_value_info(w_name, onnx.TensorProto.FLOAT, [64, G.H]))
-    light2, big2, fake2 = rw._weightless(as_input)
+    light2, big2, fake2 = rw._weights.weightless(as_input)
     assert [t.name for t in big2] == [w_name] and not fake2
-    back2 = rw._reweighted(light2, big2, fake2)
+    back2 = rw._weights.reweighted(light2, big2, fake2)
     assert [i.name for i in back2.graph.input] == [i.name for i in as_input.graph.input]
     up, how = rw.upgrade_opset(model, 18)
     assert "version_converter" in how

@@ -1,0 +1,106 @@
+"""What a rewrite did: per rule matched / applied / rejected (with the reason), per module its
+status, opset and node counts, the sizes it verified at and the comparison (DESIGN §5)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import onnx
+
+import normexport
+from normexport import sizes as _sizes
+
+from . import _verify
+
+
+@dataclasses.dataclass
+class RuleRecord:
+    name: str
+    module: str
+    matched: int = 0
+    applied: int = 0
+    rejected: list[dict[str, str]] = dataclasses.field(default_factory=list)
+
+    def reject(self, reason: str, where: str = "") -> None:
+        self.rejected.append({"reason": reason, "node": where})
+
+
+@dataclasses.dataclass
+class RewriteReport:
+    target: str = "trt"
+    verify: bool = True
+    rules: dict[str, RuleRecord] = dataclasses.field(default_factory=dict)
+    modules: dict[str, str] = dataclasses.field(default_factory=dict)
+    opset_before: int = 0
+    opset_after: int = 0
+    nodes_before: int = 0
+    nodes_after: int = 0
+    inputs: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    sizes: str = ""  # where the input sizes came from (normexport.sizes), "" while not run
+    verification: list[_verify.Comparison] = dataclasses.field(default_factory=list)
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+    def record(self, rule_name: str, module: str) -> RuleRecord:
+        if rule_name not in self.rules:
+            self.rules[rule_name] = RuleRecord(rule_name, module)
+        return self.rules[rule_name]
+
+    @property
+    def applied(self) -> int:
+        return sum(r.applied for r in self.rules.values())
+
+    def fused_ops(self) -> dict[str, int]:
+        by_module: dict[str, int] = {}
+        for r in self.rules.values():
+            by_module[r.module] = by_module.get(r.module, 0) + r.applied
+        return by_module
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "normexport_version": normexport.__version__,
+            "command": "rewrite",
+            "target": self.target,
+            "verify": self.verify,
+            "inputs": [{"name": i["name"], "shape": i["shape"], "dtype": i["dtype"]} for i in self.inputs],
+            "sizes": self.sizes or "not run (nothing to verify)",
+            "opset": {"before": self.opset_before, "after": self.opset_after},
+            "nodes": {"before": self.nodes_before, "after": self.nodes_after},
+            "modules": dict(self.modules),
+            "rules": [
+                {"name": r.name, "module": r.module, "matched": r.matched, "applied": r.applied,
+                 "rejected": list(r.rejected)}
+                for r in self.rules.values()
+            ],
+            # the reference here is the original graph run in onnxruntime (CPU)
+            "backends": {"ort": {c.output: c.to_dict() for c in self.verification}} if self.verification else {},
+            "notes": list(self.notes),
+        }
+
+    def summary(self) -> str:
+        lines = [f"normexport rewrite (target {self.target}, verify {'on' if self.verify else 'off'}): "
+                 f"{self.applied} fusion(s), nodes {self.nodes_before} -> {self.nodes_after}, "
+                 f"opset {self.opset_before} -> {self.opset_after}"]
+        for r in self.rules.values():
+            if not (r.matched or r.applied or r.rejected):
+                continue
+            reasons: dict[str, int] = {}
+            for rej in r.rejected:
+                reasons[rej["reason"]] = reasons.get(rej["reason"], 0) + 1
+            why = "; ".join(f"{k} x{v}" if v > 1 else k for k, v in reasons.items())
+            lines.append(f"  {r.module}/{r.name}: matched {r.matched}, applied {r.applied}"
+                         + (f", rejected: {why}" if why else ""))
+        for m, status in self.modules.items():
+            if status != "ok" and not status.startswith("not for target"):  # (those stay in the JSON report)
+                lines.append(f"  module {m}: {status}")
+        if self.sizes:
+            lines.append(f"  verified at {_sizes.describe({i['name']: i['shape'] for i in self.inputs})} ({self.sizes})")
+        lines.extend(f"  note: {n}" for n in self.notes)
+        return "\n".join(lines)
+
+
+def input_records(model: onnx.ModelProto, shapes: dict[str, list[int]]) -> list[dict[str, Any]]:
+    """RewriteReport.inputs for `shapes`: name, shape, ONNX element type and its name."""
+    return [{"name": i.name, "shape": list(shapes[i.name]), "elem_type": i.elem_type,
+             "dtype": onnx.helper.tensor_dtype_to_string(i.elem_type).replace("TensorProto.", "").lower()}
+            for i in _sizes.real_inputs(model) if i.name in shapes]
