@@ -18,7 +18,7 @@ Public API:
         same input), image-like (spatial axes of a rank-4/5 input)
         multiples of 32 (64x96, 64x64, 32x32, 128x128, ... 640x640).
         Raises SizesError (a ValueError) naming the first failure when no candidate runs, and
-        UsageError when `given` does not fit the model.
+        UsageError when `given` does not fit the model or the model does not run with it.
 
     find(model, given=None, seed=0) -> Found
         the same search, also keeping the random feeds and the model's outputs at the sizes
@@ -31,12 +31,13 @@ first line of the exception, quoted in our messages.
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any, Sequence
 
 import numpy as np
 import onnx
 
-from .errors import UsageError, first_line
+from .errors import UsageError
 
 #: the size sets tried, in order, per role of a dynamic dim (one set = one column)
 _PLANS: tuple[dict[str, Any], ...] = (
@@ -109,7 +110,8 @@ def parse_inputs(model: onnx.ModelProto, texts: Sequence[str]) -> dict[str, list
         if inp is not None and text.count(":") == 2:
             want = _ONNX_DTYPE.get(str(spec.dtype).replace("torch.", ""))
             if want is not None and inp.elem_type and want != inp.elem_type:
-                have = onnx.helper.tensor_dtype_to_string(inp.elem_type).replace("TensorProto.", "").lower()
+                have = next((k for k, v in _ONNX_DTYPE.items() if v == inp.elem_type),
+                            onnx.helper.tensor_dtype_to_string(inp.elem_type).replace("TensorProto.", "").lower())
                 raise UsageError(f"--input '{text}': the model's input '{spec.name}' is {have}; "
                                  f"drop ':{text.split(':')[2]}' or write :{have}")
     check_given(model, given)
@@ -258,23 +260,39 @@ def find(model: onnx.ModelProto, given: dict[str, Sequence[int]] | None = None, 
     tries = candidates(model, given)
     dynamic = any(i.dims is None or not all(isinstance(d, int) for d in i.dims)
                   for i in inputs if i.name not in (given or {}))
-    sess = _verify.session(model)
+    try:
+        sess = _verify.session(model)
+    except Exception as e:  # noqa: BLE001
+        raise SizesError(f"onnxruntime cannot load the model: {ort_error(e)}") from None
     errors = []
     for shapes in tries:
         feeds = feeds_for(model, shapes, seed)
         try:
             outputs = _verify.run_session(sess, feeds)
         except Exception as e:  # noqa: BLE001 - onnxruntime raises several kinds
-            errors.append((shapes, first_line(e, 160)))
+            errors.append((shapes, ort_error(e)))
             continue
         return Found(shapes, _how(given, dynamic, len(errors) + 1), feeds, outputs)
     shapes, why = errors[0]
-    at = ", ".join(f"{k}: {_show(v)}" for k, v in shapes.items())
+    at = describe(shapes)
+    if given:
+        raise UsageError(f"the model does not run at the --input sizes ({at}; onnxruntime: {why}): "
+                         "give sizes it takes" + (", or leave --input out to have them found" if dynamic else ""))
     if not dynamic:
-        src = "--input sizes" if given else "its fixed sizes"
-        raise SizesError(f"onnxruntime cannot run the model at {src} ({at}): {why}")
+        raise SizesError(f"onnxruntime cannot run the model at its fixed sizes ({at}): {why}")
     raise SizesError(f"onnxruntime ran the model at none of {len(errors)} size sets tried (first, {at}: {why}); "
                      "pass --input NAME:DIMS with sizes it takes")
+
+
+_ORT_PREFIX = re.compile(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ")
+_ORT_SOURCE = re.compile(r"\S+\.(?:h|cc|cpp):\d+ .*?\)\s+(?:[^.]*? was false\.\s+)?")
+
+
+def ort_error(e: BaseException, limit: int = 240) -> str:
+    """onnxruntime's exception in one line, without its status prefix and source location."""
+    text = " ".join(str(e).split())
+    text = _ORT_SOURCE.sub("", _ORT_PREFIX.sub("", text))
+    return (text or type(e).__name__)[:limit]
 
 
 def discover(model: onnx.ModelProto, given: dict[str, Sequence[int]] | None = None) -> tuple[dict[str, list[int]], str]:

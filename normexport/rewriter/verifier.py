@@ -6,7 +6,7 @@ from __future__ import annotations
 import onnx
 
 from normexport import sizes as _sizes
-from normexport.errors import first_line
+from normexport.errors import UsageError, first_line
 
 from . import _verify
 from .report import RewriteReport, input_records
@@ -26,8 +26,11 @@ class Verifier:
             return
         try:
             found = _sizes.find(self.original, self.given)
+        except UsageError:  # the user's --input sizes do not fit: their error, not a rule's
+            raise
         except Exception as e:  # noqa: BLE001
-            self._error = f"cannot run the original model: {first_line(e, 300)}"
+            self._error = "cannot run the original model (see the note)"
+            self.report.notes.append(f"verification: cannot run the original model: {first_line(e, 400)}")
             return
         self._feeds, self._ref = found.feeds, found.outputs
         self.report.inputs = input_records(self.original, found.shapes)
@@ -41,7 +44,7 @@ class Verifier:
         try:
             got = _verify.run(candidate, self._feeds)
         except Exception as e:  # noqa: BLE001
-            return f"rewritten model does not run: {first_line(e, 200)}"
+            return f"rewritten model does not run: {_sizes.ort_error(e)}"
         comps = _verify.compare(self._ref, got)
         if all(c.passed for c in comps):
             self.report.verification = comps
