@@ -18,6 +18,7 @@ from torch import nn
 import normexport.nn as nnn
 from normexport import parity as check_cmd
 from normexport.parity import check, limit_for, tolerance_for
+from normexport.parity.tolerances import plain_limit_for
 from normexport.errors import UsageError
 from normexport.ops import TRANSLATION_TABLE, attach_functions
 from normexport.testing import assert_parity
@@ -276,17 +277,18 @@ def test_tolerance_rules():
     assert tolerance_for(torch.int64, 5.0) == 0.0
     tol = tolerance_for(torch.float32, 1.0)
     eps32 = torch.finfo(torch.float32).eps
-    # fp32 (DESIGN §7): within tolerance *and* <= 2x eager, floored at 4 eps x max|ref|
+    # whole models (DESIGN §7): <= max(2x eager, floor), floored at 4 eps x max|ref|; the tolerance
+    # is the limit only without a float64 reference
     assert limit_for(torch.float32, tol, 1.0, 0.0) == pytest.approx(4 * eps32)  # floor
     assert limit_for(torch.float32, tol, 2.0, 1e-7) == pytest.approx(8 * eps32)  # floor scales with max|ref|
     assert limit_for(torch.float32, tol, 1.0, 1e-6) == pytest.approx(2e-6)  # 2x eager
-    assert limit_for(torch.float32, tol, 1.0, 1e-4) == pytest.approx(tol)  # capped by the tolerance
+    assert limit_for(torch.float32, tol, 1.0, 1e-4) == pytest.approx(2e-4)  # not capped: the tolerance only warns
     assert limit_for(torch.float32, tol, 1.0, None) == tol  # no float64 reference: tolerance alone
     t16 = tolerance_for(torch.float16, 1.0)
     assert limit_for(torch.float16, t16, 1.0, 1e-4) == pytest.approx(torch.finfo(torch.float16).eps)  # floor
     assert limit_for(torch.float16, t16, 1.0, 6e-4) == pytest.approx(1.2e-3)  # 2x eager
-    assert limit_for(torch.float16, t16, 1.0, 5e-3) == pytest.approx(t16)  # capped by the tolerance
     assert limit_for(torch.float16, t16, 1.0, None) == t16
+    assert plain_limit_for(torch.float32, 1.0, 1e-5) == pytest.approx(1.25e-5 + 4 * eps32)
 
 
 def test_float16_model_tolerance_path():
@@ -389,17 +391,22 @@ def test_within_tolerance_but_beyond_twice_eager_fails_fp32(mlp, tmp_path, capsy
     delta = 0.4 * row0.tolerance
     assert delta > 4 * row0.limit
     bad_model = _perturb_initializer(model, bias, delta)
-    bad = check(bad_model, m, inputs)
+    bad = check(bad_model, m, inputs, plain_export=True)  # the plain export does not rescue it
     r = bad.rows[0]
     assert r.max_abs_err < r.tolerance and r.max_abs_err > 2 * r.ref_err_fp64 and r.max_abs_err > r.limit
     assert not r.passed and not bad.passed
-    assert "2 x eager" in r.reason and "within tolerance" in r.reason
+    assert r.rule == "plain export" and r.plain_err is not None and r.plain_err < r.max_abs_err / 4
+    assert "2 x eager" in r.reason and "adds error" in r.reason
+    assert bad.plain_export["built"] is True
+    assert bad.rows[1].plain_err is None and bad.rows[1].rule == "2x eager"  # computed only where rule 1 fails
     assert bad.rows[1].passed  # the other output is untouched
     d = bad.to_dict()
     row_json = d["results"]["ort"][r.output][0]
-    for key in ("max_abs_err", "max_rel_err", "mean_abs_err", "ref_err_fp64", "tolerance", "passed", "limit"):
+    for key in ("max_abs_err", "max_rel_err", "mean_abs_err", "ref_err_fp64", "tolerance", "passed", "limit",
+                "plain_err", "rule", "floor", "warning"):
         assert key in row_json
-    assert row_json["passed"] is False and "2 x ref_err_fp64" in d["limit_rule"]
+    assert row_json["passed"] is False and row_json["rule"] == "plain export"
+    assert "2 x ref_err_fp64" in d["limit_rule"] and d["plain_export"]["built"] is True
     path = tmp_path / "mlp_bias.onnx"
     onnx.save(bad_model, str(path))
     capsys.readouterr()

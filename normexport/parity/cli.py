@@ -93,7 +93,7 @@ def run(args) -> int:
     dtype = getattr(args, "dtype", None)
     report = check(source.path, loaded.module, tuple(inputs), backends=(args.backend,), dynamic_axes=dynamic,
                    extra_shapes=args.extra_shapes, rtol=args.rtol, atol=args.atol, plugin=args.plugin, dtype=dtype,
-                   command="check")
+                   command="check", plain_export=True)
     if dtype:
         report.dtype_source = "--dtype"
     print(report.table())

@@ -13,6 +13,7 @@ from ..errors import UsageError
 from . import runners
 from ._util import (_LOW_FLOATS, _as_float64, _dtype_name, _elem_dtype, _flatten, _graph_inputs, _resolve_dtype,
                     _short)
+from .plain import Build, PlainExport, builder, opset_of
 from .reference import _cast_reference, _Float64Reference
 from .report import CheckReport, Row
 from .shapes import _extra_shapes, _inputs_like, _normalise_dynamic
@@ -20,12 +21,16 @@ from .verdict import _compare
 
 def check(onnx_model, reference: nn.Module, inputs, *, backends=("ort",), dynamic_axes: dict | None = None,
           extra_shapes: int = 2, rtol: float | None = None, atol: float | None = None, plugin: str | None = None,
-          dtype=None, command: str = "check") -> CheckReport:
+          dtype=None, command: str = "check", plain_export: Build | bool | None = None) -> CheckReport:
     """Compare `onnx_model` (path or ModelProto) with `reference` on `inputs` (positional tuple in
     the order of the ONNX graph inputs, or a dict keyed by ONNX input name) in each backend, on
     the given shape plus `extra_shapes` more when `dynamic_axes` ({input name: [axes]}) is given.
     `dtype` ("float32" / "float16" / "bfloat16" or a torch dtype) casts the reference and the float
     inputs; None: the ONNX model's first floating input decides when the inputs differ from it.
+    `plain_export` builds the plain torch.onnx export of the same model (same dtype) for the
+    second rule of the verdict (verdict.py), called only when a row fails the 2x-eager rule: a
+    function returning an onnx.ModelProto, True (built here from `reference` with the file's
+    input / output names, dynamic axes and opset), or None (no second rule).
 
     Raises UsageError for bad input (unreadable model, input count mismatch, a reference that
     rejects the inputs); a failed comparison is a report with passed False."""
@@ -33,13 +38,13 @@ def check(onnx_model, reference: nn.Module, inputs, *, backends=("ort",), dynami
     try:
         return _check(source, reference, inputs, backends=runners._backend_list(backends), dynamic_axes=dynamic_axes,
                       extra_shapes=extra_shapes, rtol=rtol, atol=atol, plugin=plugin, dtype=_resolve_dtype(dtype),
-                      command=command)
+                      command=command, plain_export=plain_export)
     finally:
         source.close()
 
 
 def _check(source: runners._ModelSource, reference, inputs, *, backends, dynamic_axes, extra_shapes, rtol, atol, plugin,
-           dtype, command) -> CheckReport:
+           dtype, command, plain_export=None) -> CheckReport:
     graph_inputs = _graph_inputs(source.proto)
     names = [i.name for i in graph_inputs]
     if isinstance(inputs, dict):
@@ -134,6 +139,21 @@ def _check(source: runners._ModelSource, reference, inputs, *, backends, dynamic
     report.fp64_reference = ({"available": True} if not fp64_reasons
                              else {"available": False, "reason": fp64_reasons[0]})
 
+    if plain_export is True:
+        plain_export = builder(reference, tuple(inputs), input_names=names, output_names=out_names,
+                               dynamic_axes={n: sorted(axes) for n, axes in dynamic.items()},
+                               opset=opset_of(source.proto))
+    plain = PlainExport(plain_export or None, plugin, names, cases[0][1] if cases else base)
+    try:
+        _run_backends(report, source, plain, cases, backends, names, out_infos, plugin, rtol, atol)
+    finally:
+        plain.close()
+    report.plain_export = plain.info
+    return report
+
+
+def _run_backends(report, source, plain, cases, backends, names, out_infos, plugin, rtol, atol) -> None:
+    out_names = [o.name for o in out_infos]
     for b in backends:
         if b in report.skipped:
             continue
@@ -160,6 +180,6 @@ def _check(source: runners._ModelSource, reference, inputs, *, backends, dynamic
                 if outs is None or j >= len(outs):
                     row.reason = err or f"backend returned {0 if outs is None else len(outs)} outputs"
                 else:
-                    _compare(row, outs[j], refs[j], eager[j], odt, errs[j], rtol, atol)
+                    _compare(row, outs[j], refs[j], eager[j], odt, errs[j], rtol, atol,
+                             plain=lambda b=b, k=k, xs=xs, j=j, r=refs[j]: plain.error(b, k, xs, j, r))
                 report.rows.append(row)
-    return report

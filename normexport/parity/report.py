@@ -33,6 +33,11 @@ class Row:
     worst_eager: float | None = None
     elements: int = 0  # elements compared (0: nothing was compared)
     reason: str | None = None  # why it failed, or how it was judged
+    floor: float | None = None  # the floor of both rules (eps-based, package docstring)
+    plain_err: float | None = None  # the runtime on the plain export vs float64 (when the first rule failed)
+    plain_reason: str | None = None  # why plain_err is missing though it was needed
+    rule: str | None = None  # the rule that decided: "2x eager", "plain export", "tolerance"
+    warning: str | None = None  # e.g. eager itself above the tolerance ("numerically fragile in float16")
 
     @property
     def compared(self) -> bool:
@@ -65,6 +70,7 @@ class CheckReport:
     dtype: str | None = None  # the dtype eager ran in when cast (None: as given)
     dtype_source: str | None = None  # "--dtype" / "argument", or "ONNX input '<name>'"
     no_extra_shapes: str | None = None  # why only the given shape was checked
+    plain_export: dict = dataclasses.field(default_factory=dict)  # {"built": bool, "reason"?}; {} when not needed
 
     @property
     def ran(self) -> list[str]:
@@ -116,6 +122,7 @@ class CheckReport:
             "shapes_summary": self.shapes_summary(),
             "limit_rule": LIMIT_RULE,
             "fp64_reference": self.fp64_reference,
+            "plain_export": self.plain_export,
             "backends": status,
             "results": results,
             "skipped": [{"backend": b, "reason": why} for b, why in self.skipped.items()],
@@ -128,15 +135,15 @@ class CheckReport:
         return write_json(self.to_dict(), path)
 
     def table(self) -> str:
-        head = ("backend", "shape", "output", "dtype", "max_abs_err", "max_rel_err", "mean_abs_err",
-                "eager_vs_fp64", "limit", "tolerance", "result")
+        head = ("backend", "shape", "output", "dtype", "eager_err", "plain_err", "file_err", "max_rel_err",
+                "limit", "tolerance", "rule", "result")
         lines = []
         for r in self.rows:
             shape = " ".join(f"{k}={'x'.join(map(str, v)) or 'scalar'}" for k, v in r.input_shapes.items())
             if len(shape) > 34:
                 shape = f"#{r.shape_index} " + shape[: 30] + ".."
-            lines.append((r.backend, shape, r.output, r.dtype, _fmt(r.max_abs_err), _fmt(r.max_rel_err),
-                          _fmt(r.mean_abs_err), _fmt(r.ref_err_fp64), _fmt(r.limit), _fmt(r.tolerance),
+            lines.append((r.backend, shape, r.output, r.dtype, _fmt(r.ref_err_fp64), _fmt(r.plain_err),
+                          _fmt(r.max_abs_err), _fmt(r.max_rel_err), _fmt(r.limit), _fmt(r.tolerance), r.rule or "-",
                           "PASS" if r.passed else "FAIL"))
         widths = [max(len(str(x)) for x in col) for col in zip(head, *lines)]
         in_dtype = f", eager in {self.dtype} ({self.dtype_source})" if self.dtype else ""
@@ -144,7 +151,14 @@ class CheckReport:
                f"(errors against the float64 reference{'' if self.fp64_reference.get('available') else ' -- unavailable, against eager'}"
                f"{in_dtype})"]
         out.append("  ".join(h.ljust(w) for h, w in zip(head, widths)))
-        out.extend("  ".join(str(x).ljust(w) for x, w in zip(line, widths)) for line in lines)
+        out.extend("  ".join(str(x).ljust(w) for x, w in zip(line, widths)).rstrip() for line in lines)
+        out.append("  max abs errors vs float64: eager_err = eager in the same dtype, plain_err = the backend on the "
+                   "plain torch.onnx export (only when 2x eager fails), file_err = the backend on this file")
+        for r in self.rows:
+            if r.warning:
+                out.append(f"  WARNING {r.backend} {r.output} shape #{r.shape_index}: {r.warning}")
+        if self.plain_export.get("reason"):
+            out.append(f"  plain export: {self.plain_export['reason']}")
         for r in self.rows:
             if not r.passed and r.reason:
                 out.append(f"  FAIL {r.backend} {r.output} shape #{r.shape_index}: {r.reason}")
