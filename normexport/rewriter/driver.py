@@ -15,7 +15,7 @@ from onnxscript.rewriter._basics import MatchStatus
 
 from normexport import ops as _ops
 from normexport import sizes as _sizes
-from normexport.errors import first_line
+from normexport.errors import UsageError, first_line
 
 from ._weights import reweighted, weightless
 from .diagnostics import Tracer, record_diagnostics, record_unapplied, where
@@ -176,6 +176,8 @@ def _try(ir_model: ir.Model, verifier: Verifier, verify: bool) -> tuple[onnx.Mod
     try:
         candidate = serialize(ir_model)
         why = verifier.check(candidate) if verify else None
+    except UsageError:  # the --input sizes do not fit the model
+        raise
     except Exception as e:  # noqa: BLE001 - e.g. attach_functions refusing a mixed form
         why = f"rewritten model invalid: {first_line(e, 200)}"
     return (candidate, None) if why is None else (None, why)

@@ -282,3 +282,41 @@ def test_fused_nodes_name_the_plugin_and_hand_made_ones_get_it(mixed):
     onnx.checker.check_model(again, full_check=True)
     x = G.xin(2, 3, G.H)
     np.testing.assert_array_equal(G.run(again, x=x)[0], G.run(bare, x=x)[0])
+
+
+def _rms_then_sevens():
+    """An RMSNorm whose output is reshaped to [-1, 7]: B * S * 8 must be a multiple of 7, which no
+    common size makes it."""
+    g = G.G(18)
+    ms = g.reduce_mean(g.node("Mul", "x", "x"), [-1])
+    n = g.node("Div", "x", g.node("Sqrt", g.node("Add", ms, g.init(np.array(1e-6, np.float32), "eps"))))
+    y = g.node("Mul", n, g.init(G.WEIGHT, "w"))
+    return g.model(g.node("Reshape", y, g.init(np.array([-1, 7], np.int64), "shape")))
+
+
+def test_verification_sizes_given_or_none_found():
+    """A model that runs at none of the common sizes: the rule is rejected with the cause said once
+    (a note); at sizes the caller gives it is fused and verified there; sizes that do not fit the
+    model are a UsageError before anything runs."""
+    model = _rms_then_sevens()
+    rep = RewriteReport()
+    out = rewrite(model, report=rep)
+    assert out == model and rep.applied == 0
+    reasons = [r["reason"] for r in rep.rules["rms_norm_scale_right"].rejected]
+    assert reasons == ["numeric verification: cannot run the original model (see the note)"], reasons
+    notes = [n for n in rep.notes if n.startswith("verification: cannot run the original model")]
+    assert len(notes) == 1 and "none of" in notes[0] and "--input" in notes[0], rep.notes
+    assert rep.to_dict()["sizes"] == "not run (nothing to verify)"
+
+    rep = RewriteReport()
+    out = rewrite(model, report=rep, inputs={"x": [1, 7, G.H]})
+    assert G.count(out, "RMSNorm", "normexport") == 1 and rep.applied == 1, rep.summary()
+    assert rep.to_dict()["inputs"] == [{"name": "x", "shape": [1, 7, G.H], "dtype": "float"}]
+    assert "  verified at x: 1x7x8 (--input)" in rep.summary().splitlines()
+    x = G.xin(1, 7, G.H)
+    G.assert_close(G.run(out, x=x)[0], G.rms_ref(x, G.WEIGHT).reshape(-1, 7))
+
+    with pytest.raises(UsageError, match="axis 2 is fixed to 8"):
+        rewrite(model, inputs={"x": [1, 7, 4]})
+    with pytest.raises(UsageError, match="does not run at the --input sizes"):
+        rewrite(model, inputs={"x": [1, 3, G.H]})
