@@ -4,6 +4,7 @@ translation table, function bodies for the custom ops, then the ONNX rewrite pas
 from __future__ import annotations
 
 import logging
+import re
 import warnings
 from typing import Any
 
@@ -11,7 +12,8 @@ import onnx
 import torch
 
 from . import ops
-from .errors import UsageError
+from .call import CallAdapter
+from .errors import ExportError, UsageError
 
 TARGETS = ("trt", "ort", "onnx")
 #: TensorRT 10 and most runtimes take opset 20. For target ort the rewriter raises the opset to 23
@@ -21,8 +23,9 @@ TARGETS = ("trt", "ort", "onnx")
 DEFAULT_OPSET = 20
 
 
-def dynamic_shapes_for(args: tuple, names: list[str], dynamic_axes: dict[str, list[int]] | None):
-    """torch.export dynamic_shapes (one dict per positional input) from {name: [axes]}."""
+def dynamic_shapes_for(args: tuple, names: list[str], dynamic_axes: dict[str, list[int]] | None, auto: bool = False):
+    """torch.export dynamic_shapes (one dict per positional input) from {name: [axes]}; `auto`:
+    candidate axes that torch.export may keep static (Dim.AUTO) instead of failing (--module)."""
     if not dynamic_axes:
         return None
     unknown = sorted(set(dynamic_axes) - set(names))
@@ -34,7 +37,8 @@ def dynamic_shapes_for(args: tuple, names: list[str], dynamic_axes: dict[str, li
         bad = [a for a in axes if a >= arg.dim()]
         if bad:
             raise UsageError(f"--dynamic {name}:{','.join(map(str, axes))} names axis {bad[0]} but '{name}' has rank {arg.dim()}")
-        shapes.append({a: torch.export.Dim.DYNAMIC for a in axes} or None)
+        dim = torch.export.Dim.AUTO if auto else torch.export.Dim.DYNAMIC
+        shapes.append({a: dim for a in axes} or None)
     return tuple(shapes)
 
 
@@ -52,33 +56,58 @@ def convert_module(module, args: tuple, *, target: str = "trt", opset: int | Non
                    input_names: list[str] | None = None, output_names: list[str] | None = None,
                    dynamic_axes: dict[str, list[int]] | None = None,
                    report: dict | None = None, fold_bn: bool = True, swap_norms: bool = True,
-                   rewrite: bool = True, verify: bool = True) -> onnx.ModelProto:
+                   rewrite: bool = True, verify: bool = True, auto_dynamic: bool = False) -> onnx.ModelProto:
     """Export `module` called with `args` to ONNX for `target` (DESIGN §3).
 
-    `report`, when given, receives the sections "fold_batchnorm", "prepare" and "rewrite"."""
+    torch.onnx's dynamo exporter first; when it raises, or writes a file that fails the ONNX
+    checker or cannot run in onnxruntime, the TorchScript-based exporter (dynamo=False) on the
+    module before the norm swaps, and the rewriter fuses what that left decomposed.
+
+    `report`, when given, receives the sections "fold_batchnorm", "prepare", "exporter"
+    ("dynamo" or "torchscript", with "dynamo_error" when the fallback ran) and "rewrite"."""
     if target not in TARGETS:
         raise UsageError(f"unknown target '{target}': use one of {', '.join(TARGETS)}")
-    opset = opset or DEFAULT_OPSET
+    asked_opset, opset = opset, opset or DEFAULT_OPSET
     if opset < ops.MIN_OPSET:
         raise UsageError(f"--opset {opset} is too old for the torch.onnx exporter: use {ops.MIN_OPSET} or newer")
     report = report if report is not None else {}
     module = to_exportable(module, args)
+    unswapped = module
     if isinstance(module, torch.nn.Module) and not isinstance(module, torch.fx.GraphModule):
         if fold_bn:
             from .fold_bn import fold_batchnorm
 
             report["fold_batchnorm"] = []
             module = fold_batchnorm(module, report["fold_batchnorm"], example_inputs=args)
+        unswapped = module
         if swap_norms and target == "trt":  # other targets keep standard ops (see rewrite)
             from .swap import prepare
 
             report["prepare"] = []
             module = prepare(module, report["prepare"])
     names = list(input_names) if input_names else [f"input_{i}" for i in range(len(args))]
-    model = _torch_onnx_export(module, args, names, output_names, dynamic_axes, opset)
-    ops.attach_functions(model)
-    if target != "trt":  # a model that calls normexport ops itself
-        model = inline_custom_ops(model)
+    try:
+        model = _torch_onnx_export(module, args, names, output_names, dynamic_axes, opset, auto_dynamic)
+        ops.attach_functions(model)
+        if target != "trt":  # a model that calls normexport ops itself
+            model = inline_custom_ops(model)
+        _validate(model, args)
+        report["exporter"] = {"name": "dynamo"}
+    except UsageError:
+        raise
+    except Exception as dynamo_error:
+        first = cause_summary(dynamo_error)
+        ts_opset = asked_opset or TORCHSCRIPT_OPSET
+        try:
+            model = _torchscript_export(unswapped, args, names, output_names, dynamic_axes, ts_opset)
+            ops.attach_functions(model)
+            if target != "trt":
+                model = inline_custom_ops(model)
+            _validate(model, args)
+        except Exception as e:
+            raise ExportError(f"torch.onnx cannot export the model: dynamo exporter: {first}; "
+                              f"TorchScript exporter: {cause_summary(e)}") from None
+        report["exporter"] = {"name": "torchscript", "opset": ts_opset, "dynamo_error": first}
     if rewrite:
         from . import rewriter
 
@@ -88,16 +117,81 @@ def convert_module(module, args: tuple, *, target: str = "trt", opset: int | Non
     return model
 
 
-def _torch_onnx_export(module, args, names, output_names, dynamic_axes, opset) -> onnx.ModelProto:
+#: the TorchScript-based exporter's opset when --opset does not say (its best-tested one)
+TORCHSCRIPT_OPSET = 17
+
+
+def _torch_onnx_export(module, args, names, output_names, dynamic_axes, opset, auto=False) -> onnx.ModelProto:
+    shapes = dynamic_shapes_for(args, names, dynamic_axes, auto)
+    if shapes is not None and isinstance(module, CallAdapter):
+        shapes = (shapes,)  # forward(*tensors): one entry, the tuple of the tensors' shapes
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         logging.getLogger("torch.onnx").setLevel(logging.ERROR)
         program = torch.onnx.export(
             module, args, dynamo=True, opset_version=opset, input_names=names, output_names=output_names,
-            dynamic_shapes=dynamic_shapes_for(args, names, dynamic_axes),
+            dynamic_shapes=shapes,
             custom_translation_table=ops.TRANSLATION_TABLE, optimize=True, verbose=False,
         )
     return program.model_proto
+
+
+def _torchscript_export(module, args, names, output_names, dynamic_axes, opset) -> onnx.ModelProto:
+    """torch.onnx.export(dynamo=False): traces the module (no custom ops in it: the module before
+    the norm swaps) and writes the decomposed norms the rewriter fuses."""
+    import io as _io
+
+    axes = {n: {a: f"{n}_dim{a}" for a in dynamic_axes[n]} for n in names if dynamic_axes and n in dynamic_axes}
+    buf = _io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        logging.getLogger("torch.onnx").setLevel(logging.ERROR)
+        torch.onnx.export(module, args, buf, dynamo=False, opset_version=opset, input_names=names,
+                          output_names=output_names, dynamic_axes=axes or None, do_constant_folding=True)
+    return onnx.load_from_string(buf.getvalue())
+
+
+#: files at least this large are checked by path later (protobuf's 2 GiB limit), not here
+_VALIDATE_LIMIT = 1 << 30
+
+
+def _validate(model: onnx.ModelProto, args: tuple) -> None:
+    """The exported file passes the ONNX checker (with shape inference) and runs in onnxruntime."""
+    if model.ByteSize() >= _VALIDATE_LIMIT:
+        return
+    onnx.checker.check_model(model, full_check=True)
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 4
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    if any(t.dtype == torch.bfloat16 for t in args):
+        return  # numpy has no bfloat16 feed; the session was built
+    feeds = {i.name: t.detach().cpu().numpy() for i, t in zip(session.get_inputs(), args)}
+    session.run(None, feeds)
+
+
+def cause_summary(e: BaseException, limit: int = 240) -> str:
+    """`Type: first line` of the first real cause of an export failure: torch.onnx wraps it in
+    errors whose text ends "Refer to the full stack trace above" and names it under
+    "## Exception summary"; otherwise the innermost explicit cause (`raise ... from`)."""
+    chain, seen = [], set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        chain.append(e)
+        e = e.__cause__
+    for exc in chain:
+        lines = [ln.strip() for ln in str(exc).splitlines()]
+        if "## Exception summary" in lines:
+            rest = [ln for ln in lines[lines.index("## Exception summary") + 1:] if ln]
+            if rest:
+                return re.sub(r"^<class '([\w.]+\.)?(\w+)'>:", r"\2:", rest[0])[:limit]
+    for exc in reversed(chain):
+        for line in str(exc).splitlines():
+            line = line.strip()
+            if line and "stack trace above" not in line.lower():
+                return f"{type(exc).__name__}: {line}"[:limit]
+    return type(chain[-1]).__name__
 
 
 def inline_custom_ops(model: onnx.ModelProto) -> onnx.ModelProto:

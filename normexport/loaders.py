@@ -55,7 +55,9 @@ def load(model: str, *, trust_pickle: bool = False, weights: str | None = None) 
     if not path.exists():
         raise UsageError(f"model file not found: '{model}': check the path, or pass `package.module:callable`")
     if path.is_dir():
-        raise UsageError(f"'{model}' is a directory: pass a .pt2, .pt/.pth file or `package.module:callable`")
+        from . import hf
+
+        return hf.load_folder(path)
     if path.suffix == ".pt2":
         return _load_pt2(path, trust_pickle)
     if path.suffix in TORCH_EXTS:
@@ -65,6 +67,9 @@ def load(model: str, *, trust_pickle: bool = False, weights: str | None = None) 
 
 
 def _load_pt2(path: Path, trust_pickle: bool = False) -> LoadedModel:
+    from .pytree_types import register_named_types
+
+    register_named_types(path)
     guard = contextlib.nullcontext() if trust_pickle else _weights_only_unpickling()
     try:
         with _quiet(), guard:
@@ -77,8 +82,6 @@ def _load_pt2(path: Path, trust_pickle: bool = False) -> LoadedModel:
     except Exception as e:
         raise UsageError(f"cannot read '{path}' as a torch.export .pt2 archive ({_short(e)}): re-save it with torch.export.save") from None
     args, kwargs = ep.example_inputs or ((), {})
-    if kwargs:
-        raise UsageError(f"'{path}' was exported with keyword inputs: export it with positional inputs only")
     names = [s.arg.name for s in ep.graph_signature.input_specs if s.kind == torch.export.graph_signature.InputKind.USER_INPUT]
     dynamic = {}
     for name, spec_node in zip(names, [n for n in ep.graph.nodes if n.op == "placeholder" and n.name in names]):
@@ -92,7 +95,16 @@ def _load_pt2(path: Path, trust_pickle: bool = False) -> LoadedModel:
             module = ep.module()
     except Exception as e:
         raise UsageError(f"'{path}' holds an exported program that cannot be run ({_short(e)}): re-export the model with torch.export") from None
-    return LoadedModel(module, "exported-program", tuple(args) or None, names, dynamic or None, ep)
+    example = tuple(args) or None
+    if kwargs or any(not isinstance(a, torch.Tensor) for a in args):  # keyword or nested inputs
+        from .call import CallAdapter
+
+        module = CallAdapter(module, tuple(args), dict(kwargs))
+        if len(module.example_inputs) == len(names):
+            module.input_names = names  # the names torch.export gave the file's inputs
+        example, names = module.example_inputs, module.input_names
+        dynamic = {n: a for n, a in dynamic.items() if n in names}
+    return LoadedModel(module, "exported-program", example, names, dynamic or None, ep)
 
 
 class _PickleRefused(pickle.UnpicklingError):

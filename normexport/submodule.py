@@ -1,0 +1,80 @@
+"""`--module NAME`: export one submodule (`model.layers.0`, `transformer_blocks.3`) with the inputs
+it receives when the whole model runs once on its example inputs.
+
+Tensors among the captured positional and keyword arguments (nested ones too, e.g.
+`position_embeddings=(cos, sin)`) become the block's ONNX inputs, named after its forward
+parameters; everything else (None, flags, ints) is fixed as a constant of the call. Dynamic axes:
+an axis of a captured tensor is a candidate when its size is the size of a dynamic axis of the
+whole model's inputs (batch, sequence); torch.export keeps those it can (Dim.AUTO) and the
+exported file's symbolic dims say which stayed dynamic.
+"""
+
+from __future__ import annotations
+
+import difflib
+
+import torch
+from torch import nn
+
+from .call import CallAdapter, unwrap
+from .errors import UsageError, first_line
+
+
+def find(model: nn.Module, name: str) -> nn.Module:
+    """The submodule called `name`; a wrong name is one line listing close names."""
+    modules = dict(unwrap(model).named_modules())
+    if name in modules and name:
+        return modules[name]
+    names = [n for n in modules if n]
+    close = difflib.get_close_matches(name, names, n=5, cutoff=0.5)
+    if not close:  # same parent, or the first few top-level names
+        parent = name.rsplit(".", 1)[0]
+        close = [n for n in names if n.startswith(parent + ".") and n.count(".") == name.count(".")][:5] or \
+            [n for n in names if "." not in n][:5]
+    raise UsageError(f"--module {name}: the model has no submodule of that name: close names: {', '.join(close)}")
+
+
+def capture(model: nn.Module, name: str, inputs: tuple, dynamic: dict[str, list[int]] | None, input_names: list[str]):
+    """(CallAdapter of the submodule, its inputs, names, dynamic axes) from one forward of `model`."""
+    block = find(model, name)
+    seen: list = []
+
+    def hook(_module, args, kwargs):
+        if not seen:
+            seen.append((args, dict(kwargs)))
+
+    handle = block.register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        with torch.no_grad():
+            model(*inputs)
+    except Exception as e:
+        raise UsageError(f"the model rejected its example inputs ({first_line(e, 160)}): fix --input") from None
+    finally:
+        handle.remove()
+    if not seen:
+        raise UsageError(f"--module {name}: the submodule is not called in a forward of the model on its inputs: "
+                         "name a submodule that runs")
+    args, kwargs = seen[0]
+    adapter = CallAdapter(block, tuple(_detach(a) for a in args), {k: _detach(v) for k, v in kwargs.items()})
+    if not adapter.example_inputs:
+        raise UsageError(f"--module {name}: the submodule receives no tensor inputs: name a block that takes tensors")
+    sizes = _dynamic_sizes(inputs, input_names, dynamic)
+    block_dynamic = {}
+    for n, t in zip(adapter.input_names, adapter.example_inputs):
+        axes = [i for i, d in enumerate(t.shape) if int(d) in sizes and int(d) > 1]
+        if axes:
+            block_dynamic[n] = axes
+    return adapter, adapter.example_inputs, adapter.input_names, block_dynamic or None
+
+
+def _detach(x):
+    return torch.utils._pytree.tree_map(lambda v: v.detach() if isinstance(v, torch.Tensor) else v, x)
+
+
+def _dynamic_sizes(inputs, names, dynamic) -> set[int]:
+    sizes = set()
+    for n, t in zip(names, inputs):
+        for a in (dynamic or {}).get(n, []):
+            if a < t.dim():
+                sizes.add(int(t.shape[a]))
+    return sizes
