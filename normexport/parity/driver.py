@@ -140,7 +140,7 @@ def _check(source: runners._ModelSource, reference, inputs, *, backends, dynamic
                              else {"available": False, "reason": fp64_reasons[0]})
 
     if plain_export is True:
-        plain_export = builder(reference, tuple(inputs), input_names=names, output_names=out_names,
+        plain_export = builder(reference, tuple(inputs), input_names=names, output_names=None,  # by position
                                dynamic_axes={n: sorted(axes) for n, axes in dynamic.items()},
                                opset=opset_of(source.proto))
     plain = PlainExport(plain_export or None, plugin, names, cases[0][1] if cases else base)

@@ -18,10 +18,10 @@ from .verdict import max_abs_error
 Build = Callable[[], onnx.ModelProto]
 
 
-def builder(reference, inputs: tuple, *, input_names: list[str], output_names: list[str],
+def builder(reference, inputs: tuple, *, input_names: list[str], output_names: list[str] | None,
             dynamic_axes: dict[str, list[int]], opset: int | None) -> Build:
     """A Build for `reference` called with `inputs` (already in the checked dtype), with the
-    checked file's input / output names, dynamic axes and opset."""
+    checked file's input names, dynamic axes and opset (outputs are matched by position)."""
 
     def build() -> onnx.ModelProto:
         from ..export import convert_module
