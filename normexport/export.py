@@ -3,8 +3,11 @@ translation table, function bodies for the custom ops, then the ONNX rewrite pas
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import re
+import sys
 import warnings
 from typing import Any
 
@@ -143,12 +146,31 @@ def _torchscript_export(module, args, names, output_names, dynamic_axes, opset) 
 
     axes = {n: {a: f"{n}_dim{a}" for a in dynamic_axes[n]} for n in names if dynamic_axes and n in dynamic_axes}
     buf = _io.BytesIO()
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), _silenced_output():
         warnings.simplefilter("ignore")
         logging.getLogger("torch.onnx").setLevel(logging.ERROR)
         torch.onnx.export(module, args, buf, dynamo=False, opset_version=opset, input_names=names,
                           output_names=output_names, dynamic_axes=axes or None, do_constant_folding=True)
     return onnx.load_from_string(buf.getvalue())
+
+
+@contextlib.contextmanager
+def _silenced_output():
+    """The TorchScript exporter prints graphs and diagnostics (from C++ too) when it fails: the
+    user gets our one-line error instead."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    with open(os.devnull, "w") as null:
+        os.dup2(null.fileno(), 1)
+        os.dup2(null.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            for fd in saved:
+                os.close(fd)
 
 
 #: files at least this large are checked by path later (protobuf's 2 GiB limit), not here

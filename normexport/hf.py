@@ -61,6 +61,7 @@ def load_folder(path: Path):
 def _from_pretrained(cls, path: Path):
     saved = os.environ.get("HF_HUB_OFFLINE")
     os.environ["HF_HUB_OFFLINE"] = "1"
+    _quiet_progress(cls.__module__.split(".", 1)[0])
     previous = logging.root.manager.disable
     logging.disable(logging.WARNING)
     try:
@@ -80,6 +81,14 @@ def _from_pretrained(cls, path: Path):
     if config is not None and hasattr(config, "use_cache"):
         config.use_cache = False  # no KV cache objects among the outputs
     return model.eval()
+
+
+def _quiet_progress(library: str) -> None:
+    """No progress bars on the terminal while the weights load."""
+    try:
+        importlib.import_module(f"{library}.utils.logging").disable_progress_bar()
+    except (ImportError, AttributeError):
+        pass
 
 
 #: inputs whose first axis is the batch (and, for token ids, the second the sequence)

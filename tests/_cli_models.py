@@ -45,3 +45,44 @@ class ScalarExampleInputs(RMSNormBlock):
 
 def scalar_example_inputs():
     return ScalarExampleInputs().eval()
+
+
+class PairOutput:
+    """A model output type of a library normexport does not know (registered with torch's
+    pytree under this module's name, as libraries do for their output classes)."""
+
+    def __init__(self, first, second):
+        self.first, self.second = first, second
+
+
+torch.utils._pytree.register_pytree_node(
+    PairOutput, lambda o: ([o.first, o.second], None), lambda leaves, _: PairOutput(*leaves),
+    serialized_type_name="_cli_models.PairOutput")
+
+
+class PairBlock(RMSNormBlock):
+    """Returns a PairOutput."""
+
+    def forward(self, x, y):
+        h = super().forward(x, y)
+        return PairOutput(h, h * 2)
+
+
+@torch.library.custom_op("normexport_test::opaque", mutates_args=())
+def opaque(x: torch.Tensor) -> torch.Tensor:
+    """An op neither torch.onnx exporter can translate."""
+    return x.sin()
+
+
+@opaque.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+class Unexportable(nn.Module):
+    def forward(self, x):
+        return opaque(x) + 1
+
+
+def unexportable():
+    return Unexportable().eval()
