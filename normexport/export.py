@@ -99,6 +99,8 @@ def convert_module(module, args: tuple, *, target: str = "trt", opset: int | Non
     except UsageError:
         raise
     except Exception as dynamo_error:
+        if "unsupported type: tensor(bfloat16)" in str(dynamo_error):
+            raise  # an op without a bfloat16 form at this opset: the opset is the fix, not another exporter
         first = cause_summary(dynamo_error)
         ts_opset = asked_opset or TORCHSCRIPT_OPSET
         try:
@@ -186,11 +188,16 @@ def _validate(model: onnx.ModelProto, args: tuple) -> None:
 
     options = ort.SessionOptions()
     options.log_severity_level = 4
-    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    if any(t.dtype == torch.bfloat16 for t in args):
-        return  # numpy has no bfloat16 feed; the session was built
-    feeds = {i.name: t.detach().cpu().numpy() for i, t in zip(session.get_inputs(), args)}
-    session.run(None, feeds)
+    try:
+        session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        if any(t.dtype == torch.bfloat16 for t in args):
+            return  # numpy has no bfloat16 feed; the session was built
+        feeds = {i.name: t.detach().cpu().numpy() for i, t in zip(session.get_inputs(), args)}
+        session.run(None, feeds)
+    except Exception as e:
+        if "NOT_IMPLEMENTED" in str(e):  # a kernel onnxruntime's CPU build lacks (bf16 Conv), not a bad file
+            return
+        raise
 
 
 def cause_summary(e: BaseException, limit: int = 240) -> str:
