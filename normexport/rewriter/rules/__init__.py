@@ -19,4 +19,5 @@ RULE_MODULES = (
     "rms_norm",  # decomposed RMSNorm -> normexport::RMSNorm / RMSNormalization
     "skip_rms_norm",  # ort: residual Add + RMSNormalization -> SkipSimplifiedLayerNormalization (large H)
     "adaln",  # LayerNormalization -> Mul(1 + scale) -> Add(shift) -> normexport::AdaLNZero
+    "adaln_continuous",  # (1 + scale) then unsqueeze / reshape, fp32 Casts around the LN -> AdaLNZero
 )
