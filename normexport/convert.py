@@ -33,11 +33,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--report", metavar="FILE.json", help="write a JSON report")
 
 
-def default_output(model: str) -> Path:
+def default_output(model: str, module: str | None = None) -> Path:
     if loaders.is_factory(model):
         mod, _, attr = model.partition(":")
-        return Path.cwd() / f"{mod.rsplit('.', 1)[-1]}_{attr}.onnx"
-    return Path(model).with_suffix(".onnx")
+        path = Path.cwd() / f"{mod.rsplit('.', 1)[-1]}_{attr}.onnx"
+    else:
+        path = Path(model).with_suffix(".onnx")
+    return path.with_name(f"{path.stem}.{module}.onnx") if module else path
 
 
 def resolve_inputs(loaded: loaders.LoadedModel, model: str, input_args: list[str], dynamic_args: list[str],
@@ -125,7 +127,7 @@ def run(args) -> int:
     from . import __version__
     from .parity import check
 
-    out = io.check_writable(args.output or default_output(args.model))
+    out = io.check_writable(args.output or default_output(args.model, args.module))
     if args.report:
         io.check_writable(args.report, "--report")
     if args.imports:
