@@ -18,7 +18,14 @@ visited):
   means ``torch.finfo(dtype).eps`` like torch; no affine means a ones scale.
 * diffusers ``AdaLayerNormZero``: replaced by `AdaLayerNormZeroNE`, which runs the original
   embedding / SiLU / Linear path and calls normexport AdaLNZero for x; the extra outputs
-  (gate_msa, shift_mlp, scale_mlp, gate_mlp) are unchanged.
+  (gate_msa, shift_mlp, scale_mlp, gate_mlp) are unchanged. Likewise ``AdaLayerNormZeroSingle``
+  (Flux single blocks), ``AdaLayerNormContinuous`` with a LayerNorm (SD3's context stream in a
+  context_pre_only block, norm_out of SD3 / Flux; its LayerNorm affine, if any, goes into the
+  op) and ``SD35AdaLayerNormZeroX`` (two AdaLNZero on the same x).
+* The modulations diffusers writes inline in a block's forward (the norm2 / norm2_context of
+  SD3 and Flux blocks, norm3 of BasicTransformerBlock, PixArt's ``scale_shift_table`` norm1 /
+  norm2, the norm_out of DiT / PixArt) have no module to swap: their nn.LayerNorm is exported
+  as LayerNormalization and the ONNX rewriter (rules/adaln*.py) fuses it with the modulation.
 * the RMSNorm family by attributes: a module with a 1-D ``weight`` (or weight None plus a
   ``dim``/``normalized_shape``/``hidden_size``) and a float ``variance_epsilon`` or ``eps``
   (HF LlamaRMSNorm, Qwen2RMSNorm, MistralRMSNorm, T5LayerNorm, diffusers RMSNorm with or
@@ -110,6 +117,58 @@ class AdaLayerNormZeroNE(nn.Module):
         shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = emb.chunk(6, dim=1)
         x = self.norm(x, shift_msa, scale_msa)
         return x, gate_msa, shift_mlp, scale_mlp, gate_mlp
+
+
+class AdaLayerNormZeroSingleNE(nn.Module):
+    """diffusers AdaLayerNormZeroSingle (Flux single blocks) with normexport AdaLNZero: same
+    signature and outputs (x_modulated, gate_msa)."""
+
+    def __init__(self, orig: nn.Module, adaln: nenn.AdaLNZero):
+        super().__init__()
+        self.silu = orig.silu
+        self.linear = orig.linear
+        self.norm = adaln
+
+    def forward(self, x, emb=None):
+        emb = self.linear(self.silu(emb))
+        shift_msa, scale_msa, gate_msa = emb.chunk(3, dim=1)
+        return self.norm(x, shift_msa, scale_msa), gate_msa
+
+
+class AdaLayerNormContinuousNE(nn.Module):
+    """diffusers AdaLayerNormContinuous with a LayerNorm (SD3 context stream of a
+    context_pre_only block, norm_out of SD3 / Flux): norm(x) * (1 + scale)[:, None] +
+    shift[:, None] as normexport AdaLNZero (with the LayerNorm's affine when it has one)."""
+
+    def __init__(self, orig: nn.Module, adaln: nenn.AdaLNZero):
+        super().__init__()
+        self.silu = orig.silu
+        self.linear = orig.linear
+        self.norm = adaln
+
+    def forward(self, x, conditioning_embedding):
+        emb = self.linear(self.silu(conditioning_embedding).to(x.dtype))
+        scale, shift = torch.chunk(emb, 2, dim=1)
+        return self.norm(x, shift, scale)
+
+
+class SD35AdaLayerNormZeroXNE(nn.Module):
+    """diffusers SD35AdaLayerNormZeroX (SD3.5 dual-attention blocks): its one LayerNorm output is
+    modulated twice; here two normexport AdaLNZero (the LayerNorm computed in each). Same outputs."""
+
+    def __init__(self, orig: nn.Module, adaln: nenn.AdaLNZero):
+        super().__init__()
+        self.silu = orig.silu
+        self.linear = orig.linear
+        self.norm = adaln
+
+    def forward(self, hidden_states, emb=None):
+        emb = self.linear(self.silu(emb))
+        shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp, shift_msa2, scale_msa2, gate_msa2 = \
+            emb.chunk(9, dim=1)
+        x = self.norm(hidden_states, shift_msa, scale_msa)
+        x2 = self.norm(hidden_states, shift_msa2, scale_msa2)
+        return x, gate_msa, shift_mlp, scale_mlp, gate_mlp, x2, gate_msa2
 
 
 class DeferredLayerNorm(nn.Module):
@@ -308,22 +367,39 @@ def _rms_family(m: nn.Module) -> list[Candidate]:
     return cands
 
 
+#: diffusers modules whose LayerNorm output is modulated inside the module: class name ->
+#: (replacement class, what the report says)
+_DIFFUSERS_ADALN = {
+    "AdaLayerNormZero": (AdaLayerNormZeroNE, "diffusers AdaLayerNormZero: LayerNorm * (1 + scale_msa) + shift_msa fused"),
+    "AdaLayerNormZeroSingle": (AdaLayerNormZeroSingleNE,
+                               "diffusers AdaLayerNormZeroSingle: LayerNorm * (1 + scale_msa) + shift_msa fused"),
+    "AdaLayerNormContinuous": (AdaLayerNormContinuousNE,
+                               "diffusers AdaLayerNormContinuous: LayerNorm * (1 + scale)[:, None] + shift[:, None] fused"),
+    "SD35AdaLayerNormZeroX": (SD35AdaLayerNormZeroXNE,
+                              "diffusers SD35AdaLayerNormZeroX: both modulations of its LayerNorm fused (2 AdaLNZero)"),
+}
+
+
 def _diffusers_adaln_zero(m: nn.Module) -> Candidate | None:
-    if type(m).__name__ != "AdaLayerNormZero" or not all(hasattr(m, a) for a in ("linear", "silu", "norm")):
+    kind = _DIFFUSERS_ADALN.get(type(m).__name__)
+    if kind is None or not all(hasattr(m, a) for a in ("linear", "silu", "norm")):
         return None
     norm = m.norm
     if not isinstance(norm, nn.LayerNorm) or len(norm.normalized_shape) != 1:
-        return None
+        return None  # e.g. AdaLayerNormContinuous(norm_type="rms_norm"): its RMSNorm is swapped instead
     hidden = norm.normalized_shape[0]
+    cls, reason = kind
 
     def build(dtype):
         w = norm.weight.detach().to(dtype) if norm.weight is not None else None
         b = norm.bias.detach().to(dtype) if norm.bias is not None else None
-        new = AdaLayerNormZeroNE(copy.deepcopy(m), nenn.AdaLNZero(hidden, norm.eps, w, b))
+        new = cls(copy.deepcopy(m), nenn.AdaLNZero(hidden, norm.eps, w, b))
         return new.to(dtype)
 
     def inputs():
         x = _rand((2, 5, hidden), 3)
+        if cls is not AdaLayerNormZeroNE:
+            return (x, _rand((2, m.linear.in_features), 4))
         if getattr(m, "emb", None) is None:
             return (x, None, None, None, _rand((2, m.linear.in_features), 4))
         n_classes = getattr(getattr(m.emb, "class_embedder", None), "num_classes", 1)
@@ -331,7 +407,7 @@ def _diffusers_adaln_zero(m: nn.Module) -> Candidate | None:
         labels = torch.randint(0, max(int(n_classes), 1), (2,), generator=_gen(5))
         return (x, t, labels, torch.float32, None)
 
-    return "AdaLNZero", build, inputs, "diffusers AdaLayerNormZero: LayerNorm * (1 + scale_msa) + shift_msa fused"
+    return "AdaLNZero", build, inputs, reason
 
 
 def _is_modulate(fn: Any, hidden: int) -> bool:
@@ -505,5 +581,6 @@ def prepare(module: nn.Module, report: list | None = None) -> nn.Module:
     return new
 
 
-__all__ = ["prepare", "rel_err", "REL_TOL", "AdaLayerNormZeroNE", "DeferredLayerNorm", "fused_class", "RMSNormWithBias",
+__all__ = ["prepare", "rel_err", "REL_TOL", "AdaLayerNormZeroNE", "AdaLayerNormZeroSingleNE", "AdaLayerNormContinuousNE",
+           "SD35AdaLayerNormZeroXNE", "DeferredLayerNorm", "fused_class", "RMSNormWithBias",
            "UpcastRMSNorm"]

@@ -241,6 +241,84 @@ def test_diffusers_adaln_zero_inside_model():
     check_swap(m, randn(2, 5, 32, seed=13), randn(2, 32, seed=14), op="AdaLNZero")
 
 
+def _diffusers_adaln_module(kind):
+    """(module, args, the fp64 formula's (x, shift, scale, weight, bias, eps) per modulated output)"""
+    from diffusers.models import normalization as dn
+
+    torch.manual_seed(0)
+    x, c = randn(2, 6, 32, seed=31), randn(2, 24, seed=32)
+    if kind == "single":
+        m = randomize(dn.AdaLayerNormZeroSingle(32), seed=33)
+        m.linear = randomize(nn.Linear(24, 96), seed=34)
+        parts = m.linear(m.silu(c)).chunk(3, dim=1)
+        return m, (x, c), {0: (parts[0], parts[1], None, None, 1e-6)}
+    if kind in ("continuous", "continuous_plain", "continuous_nobias"):
+        affine, bias = kind != "continuous_plain", kind != "continuous_nobias"
+        m = randomize(dn.AdaLayerNormContinuous(32, 24, elementwise_affine=affine, eps=1e-6 if affine else 3e-5,
+                                                bias=bias), seed=35)
+        scale, shift = m.linear(m.silu(c)).chunk(2, dim=1)
+        w = m.norm.weight if affine else None
+        b = m.norm.bias if affine and bias else None
+        return m, (x, c), {None: (shift, scale, w, b, m.norm.eps)}
+    assert kind == "sd35x"
+    m = randomize(dn.SD35AdaLayerNormZeroX(32), seed=36)
+    m.linear = randomize(nn.Linear(24, 9 * 32), seed=37)
+    parts = m.linear(m.silu(c)).chunk(9, dim=1)
+    return m, (x, c), {0: (parts[0], parts[1], None, None, 1e-6), 5: (parts[6], parts[7], None, None, 1e-6)}
+
+
+@pytest.mark.parametrize("kind", ["single", "continuous", "continuous_plain", "continuous_nobias", "sd35x"])
+def test_diffusers_adaln_family(kind):
+    """AdaLayerNormZeroSingle, AdaLayerNormContinuous (LayerNorm with / without affine / bias, its
+    own eps) and SD35AdaLayerNormZeroX become normexport AdaLNZero; the modulated outputs match
+    the op's fp64 formula from the module's own shift / scale, the other outputs are unchanged."""
+    m, args, mods = _diffusers_adaln_module(kind)
+    report = []
+    new = prepare(m, report)
+    assert len(swapped(report, "AdaLNZero")) == 1, report
+    assert count_modules(new, nenn.AdaLNZero) == 1 and count_modules(new, nn.LayerNorm) == 0
+    want, got = m(*args), new(*args)
+    want_t = list(want) if isinstance(want, tuple) else [want]
+    got_t = list(got) if isinstance(got, tuple) else [got]
+    assert len(got_t) == len(want_t)
+    for i, (g_, w_) in enumerate(zip(got_t, want_t)):
+        key = i if i in mods else (None if None in mods and i == 0 else -1)
+        if key == -1:
+            torch.testing.assert_close(g_, w_, rtol=0, atol=0)  # gates etc. unchanged
+            continue
+        shift, scale, w, b, eps = mods[key]
+        ref = A.reference(args[0].numpy(), shift.numpy(), scale.numpy(), None if w is None else w.numpy(),
+                          None if b is None else b.numpy(), epsilon=eps)
+        assert np.abs(g_.double().numpy() - ref).max() <= 1e-5 * np.abs(ref).max() + 1e-6
+        assert rel_err(g_, w_) <= REL_TOL
+
+
+def test_diffusers_adaln_continuous_rms_norm_is_not_adaln():
+    """AdaLayerNormContinuous(norm_type="rms_norm") is no LayerNorm: not AdaLNZero; its RMSNorm is swapped."""
+    from diffusers.models.normalization import AdaLayerNormContinuous
+
+    m = randomize(AdaLayerNormContinuous(32, 24, eps=1e-6, norm_type="rms_norm"), seed=38)
+    report = []
+    new = prepare(m, report)
+    assert swapped(report, "AdaLNZero") == [] and [e["name"] for e in swapped(report, "RMSNorm")] == ["norm"]
+    args = (randn(2, 6, 32, seed=39), randn(2, 24, seed=40))
+    assert rel_err(new(*args), m(*args)) <= REL_TOL
+
+
+def test_diffusers_adaln_continuous_half_precision_no_worse_than_eager():
+    from diffusers.models.normalization import AdaLayerNormContinuous
+
+    m = randomize(AdaLayerNormContinuous(48, 24, elementwise_affine=False, eps=1e-6), seed=41).half()
+    new = prepare(m)
+    assert count_modules(new, nenn.AdaLNZero) == 1
+    x, c = randn(3, 17, 48, seed=42).half(), randn(3, 24, seed=43).half()
+    scale, shift = m.linear(m.silu(c)).chunk(2, dim=1)
+    ref = A.reference(x.double().numpy(), shift.double().numpy(), scale.double().numpy(), epsilon=1e-6)
+    err_new = np.abs(new(x, c).double().numpy() - ref).max()
+    err_eager = np.abs(m(x, c).double().numpy() - ref).max()
+    assert err_new <= err_eager * (1 + 1e-6) and err_new <= 2e-3 * np.abs(ref).max(), (err_new, err_eager)
+
+
 # ---- reference models --------------------------------------------------------------------------
 def test_reference_dit_block():
     from normexport.models import dit
