@@ -44,6 +44,15 @@ def _one_plus(op, v):
 
 
 class AdaLNContinuousFusion(AdaLNFusion):
+    """remove_nodes=False: the modulation's own nodes (1 + scale, the unsqueezes) may be shared by
+    several sites (one shift / scale modulating two LayerNorms, or an exporter's CSE); they stay
+    while something reads them. The LayerNorm -> (Cast) -> Mul chain must be read by this site
+    alone (check), else the LayerNorm would run twice."""
+
+    def __init__(self, name: str, shift_left: bool):
+        pattern.RewriteRuleClassBase.__init__(self, name, remove_nodes=False)
+        self._shift_left = shift_left
+
     def pattern(self, op, x, w, shift, scale):
         ln = op.LayerNormalization(x, w, _allow_other_inputs=True, _allow_other_attributes=True, _outputs=["ln"])
         lnv = pattern.OrValue([op.Cast(ln), ln])
@@ -78,6 +87,26 @@ class AdaLNContinuousFusion(AdaLNFusion):
             raise ValueError(f"{what}: shape {bdims} is not [B, H] = {[xdims[0], xdims[-1]]} of x")
         return two_d, "bh"
 
+    @staticmethod
+    def _chain_alone(context, ln: ir.Value) -> str:
+        """Why LayerNormalization -> (Cast) -> Mul is read outside this match ("" when it is not)."""
+
+        def alone(v: ir.Value, what: str) -> str:
+            n = len(v.uses())
+            if n == 1 and not v.is_graph_output():
+                return ""
+            out = " and is a graph output" if v.is_graph_output() else ""
+            return f"{what} is read by {n} nodes{out}: fusing would compute it twice"
+
+        why = alone(ln, "LayerNormalization output")
+        user = ln.uses()[0][0] if not why else None
+        if user is not None and user.op_type == "Cast":
+            why = alone(user.outputs[0], "Cast of the LayerNormalization output")
+            user = user.outputs[0].uses()[0][0] if not why else None
+        if user is not None:  # the Mul
+            why = alone(user.outputs[0], "modulated LayerNorm (before the shift)")
+        return why
+
     def _input(self, x, full, two_d, axes, shape, what):
         if two_d is not None and shape is not None:
             return self._reshaped(x, two_d, shape, what)
@@ -97,6 +126,9 @@ class AdaLNContinuousFusion(AdaLNFusion):
         stash = node.attributes.get("stash_type")
         if stash is not None and stash.as_int() != 1:
             return r.fail(f"LayerNormalization stash_type {stash.as_int()} (AdaLNZero keeps float32 statistics)", ln)
+        why = self._chain_alone(context, ln)
+        if why:
+            return r.fail(why, ln)
         eps = node.attributes.get("epsilon")
         self._eps = eps.as_float() if eps is not None else 1e-5
         try:
