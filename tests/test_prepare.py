@@ -365,6 +365,21 @@ def test_dit_block_with_extra_norm_use_is_left_alone():
     torch.testing.assert_close(new(*x), m(*x), rtol=0, atol=0)
 
 
+def test_dit_block_with_a_different_eps_per_norm_is_left_alone_at_torch_level():
+    """One fused `modulate` serves every LayerNorm of the block: with a different eps per site the
+    block is left to the ONNX rewriter (each node keeps its eps there) and the report says why."""
+    from normexport.models import dit
+
+    m = dit.randomize_(dit.DiTBlock(), 0).eval()
+    m.norm2.eps = 1e-3
+    report = []
+    new = prepare(m, report)
+    assert not swapped(report, "AdaLNZero")
+    assert any(e["name"] == "norm1" and "different eps" in e["reason"] for e in report), report
+    x = m.example_inputs()
+    torch.testing.assert_close(new(*x), m(*x), rtol=0, atol=0)
+
+
 def test_reference_llama_block():
     from normexport.models import llama
 
