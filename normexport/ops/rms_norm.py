@@ -42,14 +42,15 @@ def _(x, scale, epsilon, axis):
 # ---- ONNX function body (standard ops only) --------------------------------------------------
 @onnxscript.script(_OPSET, default_opset=op)
 def RMSNorm(X, scale, epsilon: float = 1e-6, axis: int = -1):
+    # TensorRT's parser needs reduction axes that are constants at build time: flatten the
+    # normalized dims into one (Flatten takes `axis` as an attribute), reduce over that constant
+    # axis, and give the result X's shape back.
     xf = op.Cast(X, to=1)
-    rank = op.Size(op.Shape(X))
-    ax = op.Constant(value_int=axis)
-    first = op.Where(ax < 0, ax + rank, ax)
-    axes = op.Range(first, rank, op.Constant(value_int=1))
-    mean_sq = op.ReduceMean(xf * xf, axes, keepdims=1)
+    flat = op.Flatten(xf, axis=axis)
+    mean_sq = op.ReduceMean(flat * flat, op.Constant(value_ints=[1]), keepdims=1)
     inv_rms = op.Reciprocal(op.Sqrt(mean_sq + op.Constant(value_float=epsilon)))
-    return op.CastLike(xf * inv_rms * op.Cast(scale, to=1), X)
+    y = op.Reshape(flat * inv_rms, op.Shape(X))
+    return op.CastLike(y * op.Cast(scale, to=1), X)
 
 
 def translate(x, scale, epsilon: float, axis: int):
