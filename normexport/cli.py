@@ -20,6 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
     from . import convert as convert_cmd
     from . import demo as demo_cmd
     from .rewriter import cli as rewrite_cmd
+    from .trt import cli as build_cmd
 
     parser = _Parser(prog="normexport", description="Export PyTorch models to ONNX / TensorRT with "
                      "normalization layers done right.")
@@ -29,6 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("convert", convert_cmd, "export a PyTorch model to ONNX, with fused norm ops, and check parity"),
         ("rewrite", rewrite_cmd, "fuse decomposed norms and fold BatchNorm in any ONNX file"),
         ("check", check_cmd, "compare ONNX / TensorRT outputs with the eager model"),
+        ("build", build_cmd, "build a TensorRT engine from an ONNX file (with normexport's plugin when found)"),
         ("demo", demo_cmd, "convert and check the bundled reference models"),
     ):
         p = sub.add_parser(name, help=help_text, description=help_text)

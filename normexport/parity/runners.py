@@ -142,8 +142,6 @@ def _availability(backend: str) -> str | None:
             return "onnxruntime CUDAExecutionProvider not available (install onnxruntime-gpu on a machine with a GPU)"
         return None
     if backend == "trt":
-        if importlib.util.find_spec("tensorrt") is None:
-            return "tensorrt not importable"
         try:
             from .. import trt as ntrt
         except Exception as e:

@@ -16,6 +16,7 @@ import os
 import tempfile
 from pathlib import Path
 
+from . import profiles
 from .builder import BuildError, BuildResult, BuildSpec, build
 from .engine import Engine, deserialize, load_plugin_library, run_engine
 from .runtime import TensorRTUnavailable, load
@@ -68,5 +69,5 @@ def build_engine(onnx_path, plugin_lib: str | os.PathLike | None = None, fp16: b
                   layer_count=result.layers)
 
 
-__all__ = ["BuildError", "BuildResult", "BuildSpec", "Engine", "TensorRTUnavailable", "build", "build_engine",
+__all__ = ["profiles", "BuildError", "BuildResult", "BuildSpec", "Engine", "TensorRTUnavailable", "build", "build_engine",
            "can_build", "deserialize", "is_available", "load", "load_plugin_library", "run_engine"]

@@ -1,0 +1,298 @@
+"""A real TensorRT reads every --target trt file normexport writes: TensorRT for RTX (PyPI) parses and
+builds engines on this CPU-only machine, `tensorrt` where installed (normexport.trt takes either).
+
+- without the plugin: the normexport ops' function bodies parse and build (reference models, real
+  transformers / diffusers blocks; fp32, fp16, bf16; every axis / rank / modulation form of the ops)
+- with the plugin (needs TensorRT headers to build it: $TensorRT_ROOT, else skipped with that reason):
+  exactly one plugin layer per normexport node, engines build with dynamic-shape profiles
+- `normexport build` as a user runs it (a fresh process): summary, report, bad input
+Engines are not executed here (that needs an NVIDIA GPU: tests/test_trt.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import TensorProto, helper
+
+import normexport
+from normexport import ops, trt
+from normexport.export import op_counts
+
+_ok, _why = trt.can_build()
+if not _ok:
+    pytest.skip(f"no TensorRT: {_why}", allow_module_level=True)
+
+try:
+    from tests._plugin_build import build_plugins, find_nvcc, find_tensorrt_root
+except ImportError:
+    from _plugin_build import build_plugins, find_nvcc, find_tensorrt_root
+
+REFERENCE = ["bert", "conv_bn", "dit", "llama", "norm_heavy"]
+
+
+@pytest.fixture(scope="module")
+def plugin_lib():
+    path = os.environ.get("NORMEXPORT_PLUGIN_LIB")
+    if path:
+        return path
+    if find_nvcc() is None:
+        pytest.skip("nvcc not found: cannot build the plugin library")
+    if find_tensorrt_root() is None:
+        pytest.skip("TensorRT headers not found (set TensorRT_ROOT to a folder with include/NvInferRuntime.h, "
+                    "e.g. NVIDIA/TensorRT's repository): cannot build the plugin library")
+    build = build_plugins(archs="90", trt_headers_only=True)
+    if build.plugin_lib is None:
+        pytest.skip("CMake did not build the plugin library:\n" + build.configure_output[-500:])
+    return str(build.plugin_lib)
+
+
+def _profiles(model: onnx.ModelProto) -> dict:
+    shapes, _ = trt.profiles.profiles_for(model, {})
+    return shapes
+
+
+def _build(model: onnx.ModelProto, tmp_path: Path, plugin: str | None = None, name: str = "m") -> trt.BuildResult:
+    path = tmp_path / f"{name}.onnx"
+    onnx.save(model, str(path))
+    return trt.build(trt.BuildSpec(str(path), str(tmp_path / f"{name}.engine"), plugin=plugin, profiles=_profiles(model)))
+
+
+def _reference(name: str, dtype: torch.dtype) -> onnx.ModelProto:
+    mod = __import__(f"normexport.models.{name}", fromlist=["tiny"])
+    block = mod.tiny().to(dtype)
+    x = tuple(t.to(dtype) if t.is_floating_point() else t for t in block.example_inputs())
+    return normexport.convert_module(block, x, target="trt", input_names=block.input_names,
+                                     dynamic_axes=block.dynamic_axes, opset=22 if dtype == torch.bfloat16 else None,
+                                     verify=dtype != torch.bfloat16)
+
+
+_CONVERTED: dict = {}
+
+
+def reference(name: str, dtype: torch.dtype) -> onnx.ModelProto:
+    if (name, dtype) not in _CONVERTED:
+        _CONVERTED[name, dtype] = _reference(name, dtype)
+    return _CONVERTED[name, dtype]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("name", REFERENCE)
+def test_reference_models_build_without_plugin(name, dtype, tmp_path):
+    model = reference(name, dtype)
+    result = _build(model, tmp_path)
+    assert result.engine_bytes > 0 and Path(result.engine_path).stat().st_size == result.engine_bytes
+    assert result.plugin_layers == [] and result.normexport_nodes == len(ops.custom_nodes(model))
+    assert result.strongly_typed  # the file's dtypes decide: fp32 statistics of the bodies stay fp32
+
+
+@pytest.mark.parametrize("name", ["dit", "llama"])
+def test_bfloat16_files_build(name, tmp_path):
+    model = reference(name, torch.bfloat16)
+    assert model.graph.input[0].type.tensor_type.elem_type == TensorProto.BFLOAT16
+    assert _build(model, tmp_path).engine_bytes > 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize("name", ["dit", "llama", "norm_heavy"])
+def test_plugin_layer_per_normexport_node(plugin_lib, name, dtype, tmp_path):
+    model = reference(name, dtype)
+    n = len(ops.custom_nodes(model))
+    assert n > 0
+    result = _build(model, tmp_path, plugin=plugin_lib)
+    assert len(result.plugin_layers) == n == result.normexport_nodes, result
+    assert result.profiles and result.engine_bytes > 0
+
+
+# ---- real library blocks ---------------------------------------------------------------------
+def _hf_blocks():
+    from tests.test_thirdparty_export import DiTBlock, LlamaBlock, _dit_inputs, randomize_
+
+    llama = randomize_(LlamaBlock(), seed=4)
+    dit = randomize_(DiTBlock(), seed=1)
+    return {
+        "transformers-llama-layer": (llama, (torch.randn(2, 8, 64) + 0.3,), ["x"], {"x": [0, 1]}),
+        "diffusers-basic-block": (dit, _dit_inputs(2, 8, seed=2), ["x", "timestep", "class_labels"],
+                                  {"x": [0, 1], "timestep": [0], "class_labels": [0]}),
+    }
+
+
+@pytest.fixture(scope="module")
+def hf_files():
+    out = {}
+    for key, (module, args, names, dynamic) in _hf_blocks().items():
+        for dtype in (torch.float32, torch.float16):
+            m = module.to(dtype)
+            a = tuple(t.to(dtype) if t.is_floating_point() else t for t in args)
+            out[key, dtype] = normexport.convert_module(m, a, target="trt", input_names=names, dynamic_axes=dynamic)
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("key", ["transformers-llama-layer", "diffusers-basic-block"])
+def test_library_blocks_build(hf_files, key, dtype, tmp_path):
+    model = hf_files[key, dtype]
+    assert ops.custom_nodes(model)
+    assert _build(model, tmp_path).engine_bytes > 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("key", ["transformers-llama-layer", "diffusers-basic-block"])
+def test_library_blocks_with_plugin(plugin_lib, hf_files, key, dtype, tmp_path):
+    model = hf_files[key, dtype]
+    result = _build(model, tmp_path, plugin=plugin_lib)
+    assert len(result.plugin_layers) == len(ops.custom_nodes(model)) > 0
+
+
+# ---- every form of the ops' contracts, one node each -----------------------------------------
+_ELEM = {"fp32": (TensorProto.FLOAT, np.float32), "fp16": (TensorProto.FLOAT16, np.float16),
+         "bf16": (TensorProto.BFLOAT16, None)}
+
+
+def _single(op: str, x_shape, extra: dict, attrs: dict, dtype: str) -> onnx.ModelProto:
+    elem, np_dtype = _ELEM[dtype]
+    rng = np.random.default_rng(0)
+    inits = []
+    for name, shape in extra.items():
+        values = rng.standard_normal(shape).astype(np.float32)
+        t = helper.make_tensor(name, elem, shape, values.astype(np_dtype).tobytes() if np_dtype else
+                               (values.view(np.uint32) >> 16).astype(np.uint16).tobytes(), raw=True)
+        inits.append(t)
+    dims = ["b" if i == 0 else d for i, d in enumerate(x_shape)]
+    node = helper.make_node(op, ["X", *extra], ["Y"], domain=ops.DOMAIN, **attrs)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("X", elem, dims)],
+                              [helper.make_tensor_value_info("Y", elem, dims)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 22), helper.make_opsetid(ops.DOMAIN, 1)])
+    ops.attach_functions(model)
+    return model
+
+
+RMS_FORMS = {  # x shape, scale shape, axis
+    "rank3-axis-1": ((2, 8, 64), (64,), -1),
+    "rank3-axis-2": ((2, 8, 64), (8, 64), -2),
+    "rank3-axis1": ((2, 8, 64), (8, 64), 1),
+    "rank2-axis-1": ((4, 32), (32,), -1),
+    "rank4-axis-1": ((2, 3, 8, 32), (32,), -1),
+    "rank4-axis2": ((2, 3, 8, 32), (8, 32), 2),
+}
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize("form", list(RMS_FORMS))
+def test_rms_norm_body_every_axis_builds(form, dtype, tmp_path):
+    x_shape, s_shape, axis = RMS_FORMS[form]
+    model = _single("RMSNorm", x_shape, {"scale": s_shape}, {"axis": axis, "epsilon": 1e-5}, dtype)
+    onnx.checker.check_model(model, full_check=True)
+    assert _build(model, tmp_path).engine_bytes > 0
+
+
+@pytest.mark.parametrize("form", list(RMS_FORMS))
+def test_rms_norm_body_numerics_in_onnxruntime(form):
+    import onnxruntime as ort
+
+    x_shape, s_shape, axis = RMS_FORMS[form]
+    model = _single("RMSNorm", x_shape, {"scale": s_shape}, {"axis": axis, "epsilon": 1e-5}, "fp32")
+    x = np.random.default_rng(1).standard_normal(x_shape).astype(np.float32) * 3 + 0.5
+    scale = onnx.numpy_helper.to_array(model.graph.initializer[0])
+    got = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"X": x})[0]
+    # float64 from the formula: dims axis..rank-1 normalized
+    axes = tuple(range(axis % len(x_shape), len(x_shape)))
+    x64 = x.astype(np.float64)
+    ref = x64 / np.sqrt((x64 ** 2).mean(axis=axes, keepdims=True) + 1e-5) * scale.astype(np.float64)
+    assert np.abs(got - ref).max() <= 1e-5 * np.abs(ref).max() + 1e-6
+
+
+ADALN_FORMS = {  # x shape, shift/scale shape, with affine
+    "BH": ((2, 8, 64), (2, 64), False),
+    "BH-affine": ((2, 8, 64), (2, 64), True),
+    "full": ((2, 8, 64), (2, 8, 64), False),
+    "rank2": ((4, 64), (4, 64), True),
+    "rank4-BH": ((2, 3, 8, 32), (2, 32), True),
+}
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize("form", list(ADALN_FORMS))
+def test_adaln_body_every_form_builds(form, dtype, tmp_path):
+    x_shape, m_shape, affine = ADALN_FORMS[form]
+    extra = {"shift": m_shape, "scale": m_shape}
+    if affine:
+        extra.update(weight=(x_shape[-1],), bias=(x_shape[-1],))
+    model = _single("AdaLNZero", x_shape, extra, {"epsilon": 1e-6}, dtype)
+    onnx.checker.check_model(model, full_check=True)
+    assert _build(model, tmp_path).engine_bytes > 0
+
+
+# ---- normexport build, as a user runs it ------------------------------------------------------
+def _cli(*args, env=None, cwd=None):
+    return subprocess.run([sys.executable, "-m", "normexport", "build", *map(str, args)], capture_output=True,
+                          text=True, env={**os.environ, **(env or {})}, cwd=cwd, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def llama_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("cli") / "llama.onnx"
+    onnx.save(reference("llama", torch.float32), str(path))
+    return path
+
+
+def test_build_cli_without_plugin(llama_file, tmp_path):
+    out, rep = tmp_path / "l.engine", tmp_path / "r.json"
+    r = _cli(llama_file, "-o", out, "--no-plugin", "--report", rep, "--shapes", "x:1x1x64/2x16x64/4x64x64")
+    assert r.returncode == 0, r.stderr
+    assert "profile x: min 1x1x64, opt 2x16x64, max 4x64x64" in r.stdout
+    assert "normexport nodes: 2 (0 plugin layers, 2 as function bodies)" in r.stdout
+    report = json.loads(rep.read_text())
+    assert report["command"] == "build" and report["engine_bytes"] == out.stat().st_size > 0
+    assert report["tensorrt"].startswith(("TensorRT for RTX", "TensorRT")) and report["bodies"] == 2
+    assert report["inputs"] == [{"name": "x", "min": [1, 1, 64], "opt": [2, 16, 64], "max": [4, 64, 64]}]
+
+
+def test_build_cli_with_plugin_in_a_fresh_process(plugin_lib, llama_file, tmp_path):
+    out = tmp_path / "l.engine"
+    r = _cli(llama_file, "-o", out, "--plugin", plugin_lib)  # profiles derived from the file
+    assert r.returncode == 0, r.stderr
+    assert "normexport nodes: 2 (2 plugin layers, 0 as function bodies)" in r.stdout, r.stdout
+    assert out.stat().st_size > 0
+
+
+@pytest.mark.parametrize("case", ["not-onnx", "unknown-name", "min-gt-max", "bad-syntax", "fixed-dim", "plugin-not-lib",
+                                  "plugin-missing"])
+def test_build_cli_bad_input(case, llama_file, tmp_path):
+    out = tmp_path / "o.engine"
+    args = {
+        "not-onnx": [tmp_path / "x.onnx"],
+        "unknown-name": [llama_file, "--shapes", "y:1x1x64/1x2x64/1x4x64"],
+        "min-gt-max": [llama_file, "--shapes", "x:4x1x64/2x2x64/1x4x64"],
+        "bad-syntax": [llama_file, "--shapes", "x:1x1x64"],
+        "fixed-dim": [llama_file, "--shapes", "x:1x1x32/1x2x32/1x4x32"],
+        "plugin-not-lib": [llama_file, "--plugin", tmp_path / "x.onnx"],
+        "plugin-missing": [llama_file, "--plugin", tmp_path / "nope.so"],
+    }[case]
+    (tmp_path / "x.onnx").write_text("not a model")
+    r = _cli(*args, "-o", out)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert not out.exists() and not list(tmp_path.glob("*.tmp"))
+
+
+def test_build_cli_tensorrt_rejects(tmp_path):
+    """A node TensorRT has no importer for: exit 1 with TensorRT's own error text, no engine."""
+    node = helper.make_node("NoSuchOp", ["x"], ["y"], domain="acme")
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])])
+    path = tmp_path / "bad.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("acme", 1)]),
+              str(path))
+    r = _cli(path, "--no-plugin")
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert "NoSuchOp" in r.stderr and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert not path.with_suffix(".engine").exists()
