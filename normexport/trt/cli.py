@@ -82,7 +82,7 @@ def run(args) -> int:
         result = builder.build(spec)
         os.replace(tmp, out)
     except builder.BuildError as e:
-        print(f"normexport: build failed: {e}", file=sys.stderr)
+        print(f"normexport: build failed: {' '.join(str(e).split())}", file=sys.stderr)  # one line
         return 1
     finally:
         tmp.unlink(missing_ok=True)  # gone after the rename; a failed build leaves nothing
