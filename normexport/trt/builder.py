@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -45,6 +46,7 @@ class BuildSpec:
     timing_cache: str | None = None
     progress: bool = False  # print build phases (TensorRT's progress monitor) on stdout
     strongly_typed: bool | None = None  # None: when the file is not float32 or TensorRT has no FP16 flag
+    normexport_nodes: int | None = None  # counted by build() before the child starts
 
 
 @dataclasses.dataclass
@@ -73,8 +75,21 @@ class BuildResult:
 
 def build(spec: BuildSpec, *, timeout: float | None = None) -> BuildResult:
     """Build spec.onnx_path into spec.engine_path in a child process; raises BuildError."""
+    import onnx
+
+    from .. import ops
+
     t = runtime.load()
     with tempfile.TemporaryDirectory(prefix="normexport-build-") as tmp:
+        spec = dataclasses.replace(spec)
+        model = onnx.load(spec.onnx_path, load_external_data=False)
+        spec.normexport_nodes = len(ops.custom_nodes(model))
+        if spec.plugin and spec.prefer_plugins and ops.mark_plugin_nodes(model):
+            # files from normexport name their plugin already; older or hand-made ones may not
+            onnx.load_external_data_for_model(model, str(Path(spec.onnx_path).resolve().parent))
+            spec.onnx_path = str(Path(tmp) / "marked.onnx")
+            onnx.save(model, spec.onnx_path, save_as_external_data=model.ByteSize() > 2**30)
+        del model
         spec_file, result_file, log_file = (Path(tmp) / n for n in ("spec.json", "result.json", "trt.log"))
         spec_file.write_text(json.dumps(dataclasses.asdict(spec)))
         with open(log_file, "w") as log:
@@ -99,19 +114,19 @@ def _crash_message(code: int, log: str) -> str:
 
 
 # ---- the child's side ------------------------------------------------------------------------
-def _logger(trt, sink):
-    class Logger(trt.ILogger):
-        def __init__(self):
-            trt.ILogger.__init__(self)
-            self.errors: list[str] = []
+class _Errors(logging.Handler):
+    """Polygraphy's log (TensorRT's messages included): warnings and errors to stderr (the parent
+    keeps it for a crash message), errors collected for BuildError."""
 
-        def log(self, severity, msg):
-            if severity <= trt.ILogger.Severity.ERROR:
-                self.errors.append(msg)
-            if severity <= trt.ILogger.Severity.WARNING:
-                print(f"[TRT] {severity.name}: {msg}", file=sink, flush=True)
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.errors: list[str] = []
 
-    return Logger()
+    def emit(self, record):
+        msg = record.getMessage()
+        if record.levelno >= logging.ERROR:
+            self.errors.append(msg)
+        print(msg, file=sys.stderr, flush=True)
 
 
 def _progress_monitor(trt):
@@ -136,90 +151,82 @@ def _progress_monitor(trt):
     return Progress()
 
 
-def build_in_process(spec: BuildSpec) -> BuildResult:
-    """Parse and build in this process (the worker calls it). Raises BuildError."""
-    import onnx
+def _error_text(messages: list[str]) -> str:
+    """TensorRT's errors on one line: the parser's per-node errors where there are any (they name
+    the node and the cause), else every error logged, without Polygraphy's prefixes."""
+    lines = [" ".join(m.split()) for m in messages]
+    lines = [ln[4:] if ln[:4] in ("[E] ", "[!] ") else ln for ln in lines]
+    per_node = [ln for ln in lines if ln.startswith("In node")]
+    text = " | ".join(dict.fromkeys(per_node or lines)) or "no error logged"
+    return text[:2000]
 
-    from .. import ops
+
+def build_in_process(spec: BuildSpec) -> BuildResult:
+    """Parse and build in this process with Polygraphy (the worker calls it; build() has counted
+    and marked the normexport nodes, so no torch is imported here). Raises BuildError."""
+    import onnx
 
     t = runtime.load()
     trt = t.module
-    logger = _logger(trt, sys.stderr)
-    model = onnx.load(spec.onnx_path)  # with its external data, beside the file
-    n_custom = len(ops.custom_nodes(model))
+    try:
+        pg, G_LOGGER, PolygraphyException = runtime.polygraphy(t)
+    except (ImportError, runtime.TensorRTUnavailable) as e:
+        raise BuildError(f"{e}: normexport builds engines with Polygraphy (pip install polygraphy)") from None
+    errors = _Errors()
+    G_LOGGER.use_python_logging_system = True
+    G_LOGGER.module_severity = G_LOGGER.WARNING
+    log = logging.getLogger("Polygraphy")
+    log.handlers[:] = [errors]
+    log.propagate = False
+
+    def fail(what: str) -> BuildError:
+        return BuildError(f"{what}: {_error_text(errors.errors)}")
+
     if spec.plugin:
         if trt.get_plugin_registry().load_library(str(spec.plugin)) is None:
-            raise BuildError(f"TensorRT could not load the plugin library {spec.plugin}")
-        if spec.prefer_plugins:
-            ops.mark_plugin_nodes(model)
-
+            raise fail(f"TensorRT could not load the plugin library {spec.plugin}")
     strongly_typed = spec.strongly_typed
     if strongly_typed is None:
+        model = onnx.load(spec.onnx_path, load_external_data=False)
         file_types = {vi.type.tensor_type.elem_type for vi in list(model.graph.input) + list(model.graph.output)}
         strongly_typed = (not hasattr(trt.BuilderFlag, "FP16")) or bool(
             file_types & {onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16})
-    flags = 0
-    if strongly_typed and hasattr(trt.NetworkDefinitionCreationFlag, "STRONGLY_TYPED"):
-        flags |= 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
-    else:
-        strongly_typed = False
-    builder = trt.Builder(logger)
-    network = builder.create_network(flags)
-    parser = trt.OnnxParser(network, logger)
+        del model
+    strongly_typed = bool(strongly_typed and hasattr(trt.NetworkDefinitionCreationFlag, "STRONGLY_TYPED"))
+    flags = []
     if spec.plugin and spec.prefer_plugins and hasattr(trt.OnnxParserFlag, "ENABLE_PLUGIN_OVERRIDE"):
-        parser.set_flag(trt.OnnxParserFlag.ENABLE_PLUGIN_OVERRIDE)
-    if not parser.parse(model.SerializeToString(), str(Path(spec.onnx_path).resolve().parent)):
-        errors = [str(parser.get_error(i)) for i in range(parser.num_errors)] or logger.errors
-        raise BuildError("TensorRT's ONNX parser rejected the file: " + " | ".join(errors)[:2000])
+        flags.append(trt.OnnxParserFlag.ENABLE_PLUGIN_OVERRIDE)
+    try:
+        builder, network, parser = pg.NetworkFromOnnxPath(str(spec.onnx_path), flags=flags, strongly_typed=strongly_typed)()
+    except PolygraphyException:
+        raise fail("TensorRT's ONNX parser rejected the file") from None
 
     plugin_types = runtime.plugin_layer_types(trt)
     plugin_layers = [network.get_layer(i).name for i in range(network.num_layers)
                      if network.get_layer(i).type in plugin_types]
 
-    config = builder.create_builder_config()
-    config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, spec.workspace_bytes)
-    if not strongly_typed:
-        if not spec.tf32 and hasattr(trt.BuilderFlag, "TF32"):
-            config.clear_flag(trt.BuilderFlag.TF32)
-        for on, name in ((spec.fp16, "FP16"), (spec.bf16, "BF16")):
-            if on and hasattr(trt.BuilderFlag, name):
-                config.set_flag(getattr(trt.BuilderFlag, name))
-    monitor = _progress_monitor(trt) if spec.progress else None
-    if monitor is not None:
-        config.progress_monitor = monitor
-
-    dynamic = {}
-    for i in range(network.num_inputs):
-        tensor = network.get_input(i)
-        if any(d < 0 for d in tensor.shape):
-            dynamic[tensor.name] = tuple(tensor.shape)
+    dynamic = [network.get_input(i).name for i in range(network.num_inputs)
+               if any(d < 0 for d in network.get_input(i).shape)]
     missing = [n for n in dynamic if n not in spec.profiles]
     if missing:
         raise BuildError(f"no optimisation profile for the dynamic input(s) {', '.join(missing)}")
-    profiles = {}
-    if dynamic:
-        profile = builder.create_optimization_profile()
-        for name in dynamic:
-            lo, opt, hi = (tuple(int(d) for d in s) for s in spec.profiles[name])
-            profile.set_shape(name, lo, opt, hi)
-            profiles[name] = [list(lo), list(opt), list(hi)]
-        config.add_optimization_profile(profile)
-
-    cache = None
-    if spec.timing_cache and hasattr(config, "create_timing_cache"):
-        data = Path(spec.timing_cache).read_bytes() if Path(spec.timing_cache).exists() else b""
-        cache = config.create_timing_cache(data)
-        config.set_timing_cache(cache, ignore_mismatch=False)
-
+    profiles = {name: [[int(d) for d in s] for s in spec.profiles[name]] for name in dynamic}
+    profile = pg.Profile()
+    for name, (lo, opt, hi) in profiles.items():
+        profile.add(name, min=lo, opt=opt, max=hi)
+    weak = {} if strongly_typed else {"fp16": spec.fp16 or None, "bf16": spec.bf16 or None, "tf32": spec.tf32}
+    config = pg.CreateConfig(profiles=[profile] if profiles else None, load_timing_cache=spec.timing_cache,
+                             memory_pool_limits={trt.MemoryPoolType.WORKSPACE: spec.workspace_bytes},
+                             progress_monitor=_progress_monitor(trt) if spec.progress else None, **weak)
     start = time.monotonic()
-    serialized = builder.build_serialized_network(network, config)
+    try:
+        data = pg.EngineBytesFromNetwork((builder, network, parser), config=config,
+                                         save_timing_cache=spec.timing_cache)()
+    except PolygraphyException:
+        raise fail("TensorRT could not build the engine") from None
     seconds = time.monotonic() - start
-    if serialized is None:
-        raise BuildError("TensorRT could not build the engine: " + (" | ".join(logger.errors) or "no error logged")[:2000])
-    data = bytes(serialized)
+    data = bytes(data)
     Path(spec.engine_path).write_bytes(data)
-    if cache is not None:
-        Path(spec.timing_cache).write_bytes(bytes(config.get_timing_cache().serialize()))
     return BuildResult(tensorrt=str(t), layers=network.num_layers, plugin_layers=plugin_layers,
-                       normexport_nodes=n_custom, engine_bytes=len(data), build_seconds=round(seconds, 3),
-                       strongly_typed=bool(strongly_typed), profiles=profiles, engine_path=spec.engine_path)
+                       normexport_nodes=spec.normexport_nodes or 0, engine_bytes=len(data), build_seconds=round(seconds, 3),
+                       strongly_typed=strongly_typed, profiles=profiles, engine_path=spec.engine_path)

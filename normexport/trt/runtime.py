@@ -118,3 +118,26 @@ def loader_env(t: TensorRT) -> dict[str, str]:
 
 def plugin_layer_types(trt) -> set:
     return {getattr(trt.LayerType, n) for n in ("PLUGIN", "PLUGIN_V2", "PLUGIN_V3") if hasattr(trt.LayerType, n)}
+
+
+def polygraphy(t: TensorRT):
+    """(polygraphy.backend.trt, G_LOGGER, PolygraphyException) driving `t`. Polygraphy picks its
+    TensorRT when first imported (POLYGRAPHY_USE_TENSORRT_RTX) and imports TensorRT for RTX as
+    `tensorrt_rtx`, which PyPI's wheels name `tensorrt_rtx_bindings`: alias it before."""
+    import sys
+
+    rtx = t.flavour == "TensorRT for RTX"
+    if "polygraphy" not in sys.modules:
+        os.environ["POLYGRAPHY_USE_TENSORRT_RTX"] = "1" if rtx else "0"
+    if rtx:
+        sys.modules.setdefault("tensorrt_rtx", t.module)
+    from polygraphy import config
+    from polygraphy.exception import PolygraphyException
+    from polygraphy.logger import G_LOGGER
+
+    if config.USE_TENSORRT_RTX != rtx:
+        raise TensorRTUnavailable(f"Polygraphy was imported for {'TensorRT for RTX' if config.USE_TENSORRT_RTX else 'TensorRT'}, "
+                                  f"but {t} is in use: set POLYGRAPHY_USE_TENSORRT_RTX={int(rtx)}")
+    import polygraphy.backend.trt as pg
+
+    return pg, G_LOGGER, PolygraphyException
