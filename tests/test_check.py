@@ -4,7 +4,6 @@ dynamic shapes, tolerances (DESIGN §5, §7) and the `check` command handler."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import logging
 import warnings
@@ -18,12 +17,12 @@ from torch import nn
 import normexport.nn as nnn
 from normexport import parity as check_cmd
 from normexport.parity import check, limit_for, tolerance_for
+from normexport.parity.runners import _availability
 from normexport.parity.tolerances import plain_limit_for
 from normexport.errors import UsageError
 from normexport.ops import TRANSLATION_TABLE, attach_functions
 from normexport.testing import assert_parity
 
-HAS_TRT = importlib.util.find_spec("tensorrt") is not None
 
 
 # ---- small models (also importable as `test_check:<factory>` by the CLI loader) -------------
@@ -180,19 +179,20 @@ def test_cli_exit_codes(mlp, tmp_path, capsys):
 
 def test_cli_usage_errors(mlp, tmp_path):
     _, _, _, d = mlp
-    with pytest.raises(UsageError, match="--input"):  # no example inputs and no --input
-        check_cmd.run(_cli_args(d / "mlp.onnx", "--reference", "test_check:make_mlp"))
-    with pytest.raises(UsageError, match="2 input"):
-        check_cmd.run(_cli_args(d / "mlp.onnx", "--reference", "test_check:make_mlp", "--input", "x:4x16"))
+    with pytest.raises(UsageError, match="has no input 'z'"):
+        check_cmd.run(_cli_args(d / "mlp.onnx", "--reference", "test_check:make_mlp", "--input", "z:4x16"))
+    with pytest.raises(UsageError, match="axis 1 is fixed to 16"):
+        check_cmd.run(_cli_args(d / "mlp.onnx", "--reference", "test_check:make_mlp",
+                                "--input", "x:4x15", "--input", "y:4x15"))
     with pytest.raises(UsageError, match="not found"):
         check_cmd.run(_cli_args(tmp_path / "missing.onnx", "--reference", "test_check:make_mlp"))
     corrupt = tmp_path / "corrupt.onnx"
     corrupt.write_bytes(b"\x08\x07garbage" * 10)
     with pytest.raises(UsageError):
         check_cmd.run(_cli_args(corrupt, "--reference", "test_check:make_mlp"))
-    with pytest.raises(UsageError, match="reference model rejected"):
-        check_cmd.run(_cli_args(d / "mlp.onnx", "--reference", "test_check:make_mlp",
-                                "--input", "x:4x15", "--input", "y:4x15"))
+    with pytest.raises(UsageError, match="reference model rejected"):  # a reference of another model
+        check_cmd.run(_cli_args(d / "mlp.onnx", "--reference", "test_check:make_rms_block", "--input", "x:4x16",
+                                "--input", "y:4x16"))
 
 
 def test_assert_parity_messages(mlp, rms):
@@ -210,15 +210,18 @@ def test_assert_parity_messages(mlp, rms):
 
 
 # ---- backends --------------------------------------------------------------------------------
-@pytest.mark.skipif(HAS_TRT, reason="tensorrt is importable here")
+TRT_WHY = _availability("trt")  # None where TensorRT can build and run engines
+
+
+@pytest.mark.skipif(TRT_WHY is None, reason="TensorRT runs here")
 def test_trt_skipped_never_passed(mlp):
     m, inputs, model, _ = mlp
     report = check(model, m, inputs, backends=("ort", "trt"))
-    assert report.skipped["trt"] == "tensorrt not importable"
+    assert report.skipped["trt"] == TRT_WHY and TRT_WHY  # e.g. no tensorrt, or no CUDA GPU to run engines
     assert not [r for r in report.rows if r.backend == "trt"]
     d = report.to_dict()
-    assert d["backends"]["trt"] == {"status": "skipped", "reason": "tensorrt not importable"}
-    assert {"backend": "trt", "reason": "tensorrt not importable"} in d["skipped"]
+    assert d["backends"]["trt"] == {"status": "skipped", "reason": TRT_WHY}
+    assert {"backend": "trt", "reason": TRT_WHY} in d["skipped"]
     assert "trt" not in d["results"]
     assert report.passed  # ort ran and passed
     only_trt = check(model, m, inputs, backends=("trt",))
@@ -528,3 +531,127 @@ def test_cli_usage_errors_exit_2_in_a_subprocess(mlp, tmp_path):
         lines = r.stderr.strip().splitlines()
         assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
         assert lines[0].startswith("normexport: error:") and needle in lines[0], lines[0]
+
+
+# ---- sizes: --input, or sizes the ONNX file runs at (issue 14 item 7) --------------------------
+class TinyUNet(nn.Module):
+    """Conv + BatchNorm (non-default stats), two stride-2 levels, nearest upsample + Add skips: runs
+    only when H and W are multiples of 4 (elsewhere the Add cannot broadcast). No example inputs."""
+
+    def __init__(self, c: int = 4):
+        super().__init__()
+
+        def block(i, o, stride):
+            bn = nn.BatchNorm2d(o)
+            with torch.no_grad():
+                bn.running_mean.normal_(0.0, 0.5)
+                bn.running_var.uniform_(0.5, 2.0)
+                bn.weight.normal_(1.0, 0.3)
+                bn.bias.normal_(0.0, 0.3)
+            return nn.Sequential(nn.Conv2d(i, o, 3, stride, 1), bn, nn.ReLU())
+
+        self.stem = block(3, c, 1)
+        self.down = nn.ModuleList([block(c, c, 2), block(c, c, 2)])
+        self.head = nn.Conv2d(c, 2, 1)
+
+    def forward(self, x):
+        x = self.stem(x)
+        skips = []
+        for down in self.down:
+            skips.append(x)
+            x = down(x)
+        for skip in reversed(skips):
+            x = nn.functional.interpolate(x, scale_factor=2.0, mode="nearest") + skip
+        return self.head(x)
+
+
+def make_unet():
+    torch.manual_seed(14)
+    return TinyUNet().eval()
+
+
+@pytest.fixture(scope="module")
+def unet(tmp_path_factory):
+    """make_unet() through the TorchScript-based exporter (opset 17), N, H, W dynamic."""
+    import io
+
+    f = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(make_unet(), (torch.randn(1, 3, 32, 32),), f, dynamo=False, opset_version=17,
+                          input_names=["x"], output_names=["y"], dynamic_axes={"x": {0: "N", 2: "H", 3: "W"}})
+    path = tmp_path_factory.mktemp("unet") / "unet.onnx"
+    path.write_bytes(f.getvalue())
+    return path
+
+
+def test_cli_check_without_input_finds_sizes_and_says_which(unet, rms, tmp_path, capfd):
+    """No --input and a reference without example inputs: check runs at sizes the ONNX file takes
+    (image dims in multiples of 32, a sequence of 8 by a fixed width 32), says which, and compares
+    there (and at the extra shapes the reference accepts); onnxruntime writes nothing to stderr."""
+    out = tmp_path / "r.json"
+    assert check_cmd.run(_cli_args(unet, "--reference", "test_check:make_unet", "--json", out)) == 0
+    text, err = capfd.readouterr()
+    assert "  verified at x: 2x3x64x96 (discovered: tried 1 size set(s))" in text.splitlines()
+    assert "PASSED" in text and err == ""
+    rep = json.loads(out.read_text())
+    assert rep["sizes"] == "discovered: tried 1 size set(s)"
+    assert rep["inputs"] == [{"name": "x", "shape": [2, 3, 64, 96], "dtype": "float32"}]
+    (rows,) = rep["results"]["ort"].values()
+    # 65x97 (size + 1) is not a size this model takes: skipped with the eager error, not failed
+    assert [r["input_shapes"]["x"] for r in rows] == [[2, 3, 64, 96], [4, 3, 128, 192]]
+    assert all(r["passed"] and r["rule"] == "2x eager" and r["max_abs_err"] > 0 for r in rows)
+    assert "skipped" in rep["shapes"][1]
+
+    _, x, _, path = rms  # dims N x S x 32: batch 2, sequence 8
+    assert check_cmd.run(_cli_args(path, "--reference", "test_check:make_rms_block")) == 0
+    text, err = capfd.readouterr()
+    assert "  verified at x: 2x8x32 (discovered: tried 1 size set(s))" in text.splitlines() and err == ""
+
+
+def test_cli_check_input_sizes_are_used(unet, capfd):
+    assert check_cmd.run(_cli_args(unet, "--reference", "test_check:make_unet", "--input", "x:1x3x32x40",
+                                   "--extra-shapes", "0")) == 0
+    text, err = capfd.readouterr()
+    assert "  verified at x: 1x3x32x40 (--input)" in text.splitlines() and err == ""
+    assert "ort      x=1x3x32x40" in text and "1/1 rows" in text
+
+
+def test_cli_check_example_inputs_say_so(mlp, capsys):
+    _, _, _, d = mlp
+    assert check_cmd.run(_cli_args(d / "mlp.onnx", "--reference", "test_check:make_mlp_with_inputs")) == 0
+    assert "  verified at x: 4x16, y: 4x16 (example inputs of test_check:make_mlp_with_inputs)" in capsys.readouterr().out
+    # a file with fixed dims and a reference without example inputs: its static dims
+    assert check_cmd.run(_cli_args(d / "mlp.onnx", "--reference", "test_check:make_mlp")) == 0
+    assert "  verified at x: 4x16, y: 4x16 (static dims)" in capsys.readouterr().out
+    # one input given by name, the other found
+    assert check_cmd.run(_cli_args(d / "mlp.onnx", "--reference", "test_check:make_mlp", "--input", "y:4x16")) == 0
+    assert "  verified at x: 4x16, y: 4x16 (--input)" in capsys.readouterr().out  # x's dims are fixed
+
+
+def test_cli_check_bad_input_is_one_line_exit_2(unet, tmp_path):
+    """Through the entry point: a wrong name, a wrong rank, and sizes neither the model nor the
+    file take are one stderr line, exit 2; no --json file is left."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    exe = Path(sys.executable).with_name("normexport")
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "normexport"]
+    env = {**os.environ, "PYTHONWARNINGS": "ignore",
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+    out = tmp_path / "r.json"
+    cases = [
+        ("image:1x3x64x64", "--input 'image': the model has no input 'image' (its inputs: x); use one of those names"),
+        ("x:1x64x64", "--input 'x': the model's input 'x' has rank 4 (Nx3xHxW), --input gives 3 dims; give 4 sizes"),
+        ("x:1x4x64x64", "--input 'x': axis 1 is fixed to 3 in the model (Nx3xHxW), --input says 4; give 3 there"),
+        ("x:1x3x30x30", "the reference model rejected inputs of shape 1x3x30x30"),
+    ]
+    for given, needle in cases:
+        r = subprocess.run(cmd + ["check", str(unet), "--reference", "test_check:make_unet", "--input", given,
+                                  "--json", str(out)], capture_output=True, text=True, env=env)
+        assert r.returncode == 2, (given, r.stdout, r.stderr)
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("normexport: error: ") and needle in lines[0], r.stderr
+        assert not out.exists()

@@ -8,6 +8,7 @@ import os
 
 from ..errors import UsageError
 from ._util import _dims, _graph_inputs
+from .choose import choose
 from .driver import check
 from .runners import _ModelSource
 
@@ -16,7 +17,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reference", required=True, metavar="MODEL",
                    help="the eager model: x.pt2 | x.pt/x.pth | package.module:callable")
     p.add_argument("--input", action="append", default=[], metavar="NAME:DIMS[:DTYPE]",
-                   help="e.g. x:2x16x64 (positional, in the order of the ONNX inputs); default: the model's example inputs")
+                   help="e.g. x:2x16x64, by ONNX input name (the others get sizes the file runs at) or one per ONNX input "
+                        "in order; default: the reference's example inputs, else sizes the ONNX file runs at")
     p.add_argument("--dynamic", action="append", default=[], metavar="NAME:AXES",
                    help="dynamic axes of input NAME, e.g. x:0,1; default: the symbolic dims of the ONNX inputs")
     p.add_argument("--backend", choices=("ort", "ort-cuda", "trt", "all"), default="ort")
@@ -43,7 +45,7 @@ def _onnx_dynamic(graph_inputs) -> dict[str, list[int]]:
 
 def run(args) -> int:
     from .. import loaders
-    from ..inputs import make_inputs, parse_dynamic, parse_input
+    from ..inputs import parse_dynamic, parse_input
 
     for v, flag in ((args.rtol, "--rtol"), (args.atol, "--atol")):
         if v is not None and not (math.isfinite(v) and v >= 0):
@@ -59,19 +61,13 @@ def run(args) -> int:
     source = _ModelSource(args.onnx_model)  # UsageError for a missing / corrupt file, before loading torch models
     graph_inputs = _graph_inputs(source.proto)
     onnx_names = [i.name for i in graph_inputs]
-    specs = [parse_input(s) for s in args.input]
     dynamic_given = [parse_dynamic(d) for d in args.dynamic]
+    for text in args.input:
+        parse_input(text)  # malformed --input: one line before loading the reference
     loaded = loaders.load(args.reference, trust_pickle=args.trust_pickle, weights=args.weights)
-
-    if specs:
-        inputs = make_inputs(specs)
-        given_names = [s.name for s in specs]
-    elif loaded.example_inputs is not None:
-        inputs = tuple(loaded.example_inputs)
-        given_names = list(loaded.input_names or [])
-    else:
-        raise UsageError(f"cannot tell the inputs of '{args.reference}': add --input NAME:DIMS[:DTYPE] for each of the "
-                         f"{len(onnx_names)} ONNX input(s) ({', '.join(onnx_names)})")
+    chosen = choose(source.proto, list(args.input), loaded.example_inputs, loaded.input_names, args.reference,
+                    args.onnx_model)
+    inputs, given_names = chosen.inputs, chosen.names
     if len(inputs) != len(onnx_names):
         raise UsageError(f"'{args.onnx_model}' has {len(onnx_names)} input(s) ({', '.join(onnx_names)}) but "
                          f"{len(inputs)} were given: give one --input per ONNX input, in order")
@@ -94,6 +90,7 @@ def run(args) -> int:
     report = check(source.path, loaded.module, tuple(inputs), backends=(args.backend,), dynamic_axes=dynamic,
                    extra_shapes=args.extra_shapes, rtol=args.rtol, atol=args.atol, plugin=args.plugin, dtype=dtype,
                    command="check", plain_export=True)
+    report.sizes = chosen.how
     if dtype:
         report.dtype_source = "--dtype"
     print(report.table())

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from ..errors import UsageError
+from ..sizes import ort_error
 from . import runners
 from ._util import (_LOW_FLOATS, _as_float64, _dtype_name, _elem_dtype, _flatten, _graph_inputs, _resolve_dtype,
                     _short)
@@ -172,7 +173,7 @@ def _run_backends(report, source, plain, cases, backends, names, out_infos, plug
                 outs = runner.run(xs)
                 err = None
             except Exception as e:
-                outs, err = None, f"run failed: {type(e).__name__}: {_short(e)}"
+                outs, err = None, f"run failed: {type(e).__name__}: {ort_error(e)}"
             for j, name in enumerate(out_names):
                 odt = _elem_dtype(out_infos[j]) or eager_dtypes[j]
                 row = Row(backend=b, shape_index=k, input_shapes=shape, output=name, dtype=_dtype_name(odt),

@@ -71,6 +71,7 @@ class CheckReport:
     dtype_source: str | None = None  # "--dtype" / "argument", or "ONNX input '<name>'"
     no_extra_shapes: str | None = None  # why only the given shape was checked
     plain_export: dict = dataclasses.field(default_factory=dict)  # {"built": bool, "reason"?}; {} when not needed
+    sizes: str | None = None  # where the input sizes came from (`check`: parity/choose.py), None: given by the caller
 
     @property
     def ran(self) -> list[str]:
@@ -120,6 +121,7 @@ class CheckReport:
             "dtype_source": self.dtype_source,
             "shapes": self.shapes,
             "shapes_summary": self.shapes_summary(),
+            "sizes": self.sizes,
             "limit_rule": LIMIT_RULE,
             "fp64_reference": self.fp64_reference,
             "plain_export": self.plain_export,
@@ -152,6 +154,10 @@ class CheckReport:
                f"{in_dtype})"]
         out.append("  ".join(h.ljust(w) for h, w in zip(head, widths)))
         out.extend("  ".join(str(x).ljust(w) for x, w in zip(line, widths)).rstrip() for line in lines)
+        if self.sizes and self.shapes:
+            from ..sizes import describe
+
+            out.append(f"  verified at {describe(self.shapes[0]['inputs'])} ({self.sizes})")
         out.append("  max abs errors vs float64: eager_err = eager in the same dtype, plain_err = the backend on the "
                    "plain torch.onnx export (only when 2x eager fails), file_err = the backend on this file")
         for r in self.rows:

@@ -80,7 +80,7 @@ class _OrtBackend:
         import onnxruntime as ort
 
         so = ort.SessionOptions()
-        so.log_severity_level = 3
+        so.log_severity_level = 4  # quiet: its errors reach the user through the report's one-line reasons
         path_or_bytes = source.path if source.path else source.file()
         self.session = ort.InferenceSession(path_or_bytes, so, providers=[provider])
         if provider not in self.session.get_providers():
@@ -88,7 +88,11 @@ class _OrtBackend:
         self.names = [i.name for i in self.session.get_inputs()]
 
     def run(self, inputs: Sequence[torch.Tensor]) -> list[np.ndarray]:
-        return self.session.run(None, _ort_feed(self.session, self.names, inputs))
+        import onnxruntime as ort
+
+        ro = ort.RunOptions()
+        ro.log_severity_level = 4
+        return self.session.run(None, _ort_feed(self.session, self.names, inputs), ro)
 
 
 class _TrtBackend:
