@@ -210,3 +210,44 @@ def test_llama_fp16_perturbed_file_fails():
     report = check(bad, m, (x,), plain_export=True)
     assert not report.passed, report.table()
     assert "adds error" in report.rows[0].reason
+
+
+def _adaln_scale_minus(model: onnx.ModelProto, delta: float, sites: int = 1) -> tuple[onnx.ModelProto, int]:
+    """A copy whose first `sites` AdaLNZero nodes get `scale - delta` for `scale`. delta 1 drops the
+    `+ 1` of the modulation: LayerNorm(x) * scale + shift instead of LayerNorm(x) * (1 + scale) + shift."""
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    m.graph.initializer.append(onnx.numpy_helper.from_array(np.array(delta, dtype=np.float32), "scale_delta"))
+    nodes, edited = list(m.graph.node), 0
+    del m.graph.node[:]
+    for node in nodes:
+        if node.op_type == "AdaLNZero" and node.domain == "normexport" and edited < sites:
+            moved = f"{node.input[2]}_minus_delta_{edited}"
+            m.graph.node.append(onnx.helper.make_node("Sub", [node.input[2], "scale_delta"], [moved]))
+            node.input[2] = moved
+            edited += 1
+        m.graph.node.append(node)
+    return m, edited
+
+
+def test_flux_adaln_without_plus_one_fails(flux_files):
+    """A dropped `+ 1` in one AdaLN modulation of the converted Flux file (x * scale + shift) fails:
+    beyond 2x eager and beyond the plain export, "adds error". The control, the same graph edit
+    subtracting 0, passes by the 2x-eager rule."""
+    m, x, file, plain, _ = flux_files
+    same, n = _adaln_scale_minus(file, 0.0)
+    assert n == 1
+    onnx.checker.check_model(same, full_check=True)
+    ok = check(same, m, x, plain_export=lambda: plain)
+    assert ok.passed and ok.rows[0].rule == "2x eager", ok.table()
+
+    dropped, n = _adaln_scale_minus(file, 1.0)
+    assert n == 1
+    report = check(dropped, m, x, plain_export=lambda: plain)
+    (r,) = report.rows
+    assert not report.passed and not r.passed
+    assert r.rule == "plain export" and r.plain_err is not None
+    assert r.max_abs_err > 1.25 * r.plain_err + r.floor and r.max_abs_err > 2 * r.ref_err_fp64
+    assert "normexport's file adds error" in r.reason
+    text = report.table()
+    assert f"FAIL ort sample shape #0: max_abs_err {r.max_abs_err:.3g} >" in text and "FAILED" in text
