@@ -53,7 +53,11 @@ def run(args) -> int:
         model = convert_module(module, inputs, target=args.target, input_names=module.input_names,
                                output_names=module.output_names, dynamic_axes=module.dynamic_axes, report=sections)
         io.check_onnx(model, workdir=out)  # by path, with external data, when over 2 GiB
-        result = check(model, module, inputs, dynamic_axes=module.dynamic_axes, command="demo")
+        result = check(model, module, inputs, dynamic_axes=module.dynamic_axes, command="demo",
+                       plain_export=lambda: convert_module(  # DESIGN §7: the plain export, built on demand
+                           module, inputs, target="onnx", input_names=module.input_names,
+                           output_names=module.output_names, dynamic_axes=module.dynamic_axes,
+                           fold_bn=False, swap_norms=False, rewrite=False))
         path = io.save_onnx(model, out / f"{name}.onnx", flag="--out")
         err = _max_rel_err(result.to_dict())
         rows.append((name, fused_ops(op_counts(model), sections), f"{err:.2e}", "yes" if result.passed else "NO", path.name))

@@ -204,7 +204,12 @@ def test_assert_parity_messages(mlp, rms):
     out_name = model.graph.output[0].name
     assert f"output '{out_name}'" in msg
     assert "max_abs_err" in msg and "> limit" in msg and "tolerance" in msg
-    assert "worst element at index (" in msg and "got " in msg and "expected " in msg
+    assert "worst at index (" in msg and "got " in msg and "reference " in msg
+    # the plain export of the module was built for the second rule, and the file adds error
+    assert "rule 'plain export'" in msg and "normexport's file adds error" in msg and "not built" not in msg
+    with pytest.raises(AssertionError) as e:
+        assert_parity(m, perturb(model, 1e-2), inputs, plain_export=None)
+    assert "rule '2x eager'" in str(e.value) and "no plain export to compare with" in str(e.value)
     m2, x, _, path = rms
     assert_parity(m2, path, (x,), dynamic_axes={"x": [1]})
 
