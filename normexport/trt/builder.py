@@ -215,16 +215,24 @@ def build_in_process(spec: BuildSpec) -> BuildResult:
     for name, (lo, opt, hi) in profiles.items():
         profile.add(name, min=lo, opt=opt, max=hi)
     weak = {} if strongly_typed else {"fp16": spec.fp16 or None, "bf16": spec.bf16 or None, "tf32": spec.tf32}
-    config = pg.CreateConfig(profiles=[profile] if profiles else None, load_timing_cache=spec.timing_cache,
-                             memory_pool_limits={trt.MemoryPoolType.WORKSPACE: spec.workspace_bytes},
-                             progress_monitor=_progress_monitor(trt) if spec.progress else None, **weak)
-    start = time.monotonic()
     try:
-        data = pg.EngineBytesFromNetwork((builder, network, parser), config=config,
-                                         save_timing_cache=spec.timing_cache)()
+        config = pg.CreateConfig(profiles=[profile] if profiles else None,
+                                 memory_pool_limits={trt.MemoryPoolType.WORKSPACE: spec.workspace_bytes},
+                                 progress_monitor=_progress_monitor(trt) if spec.progress else None, **weak)(builder, network)
+        if spec.timing_cache and Path(spec.timing_cache).is_file() and hasattr(config, "create_timing_cache"):
+            cache = config.create_timing_cache(Path(spec.timing_cache).read_bytes())
+            if cache is None or not config.set_timing_cache(cache, ignore_mismatch=False):
+                raise fail(f"TensorRT cannot use the timing cache {spec.timing_cache} (another TensorRT's or "
+                           "not a timing cache): delete it or pass another --timing-cache")
+        start = time.monotonic()
+        data = pg.EngineBytesFromNetwork((builder, network, parser), config=config)()
+        seconds = time.monotonic() - start
     except PolygraphyException:
         raise fail("TensorRT could not build the engine") from None
-    seconds = time.monotonic() - start
+    if spec.timing_cache and hasattr(config, "get_timing_cache") and config.get_timing_cache() is not None:
+        tmp = Path(spec.timing_cache).with_name(f".{Path(spec.timing_cache).name}.{os.getpid()}.tmp")
+        tmp.write_bytes(bytes(config.get_timing_cache().serialize()))
+        os.replace(tmp, spec.timing_cache)  # the cache with this build's timings, written whole or not at all
     data = bytes(data)
     Path(spec.engine_path).write_bytes(data)
     return BuildResult(tensorrt=str(t), layers=network.num_layers, plugin_layers=plugin_layers,

@@ -135,6 +135,7 @@ def polygraphy(t: TensorRT):
     from polygraphy.exception import PolygraphyException
     from polygraphy.logger import G_LOGGER
 
+    G_LOGGER.colors = False  # else it warns once that the optional 'colored' module is missing
     if config.USE_TENSORRT_RTX != rtx:
         raise TensorRTUnavailable(f"Polygraphy was imported for {'TensorRT for RTX' if config.USE_TENSORRT_RTX else 'TensorRT'}, "
                                   f"but {t} is in use: set POLYGRAPHY_USE_TENSORRT_RTX={int(rtx)}")
