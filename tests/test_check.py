@@ -603,10 +603,10 @@ def test_cli_check_without_input_finds_sizes_and_says_which(unet, rms, tmp_path,
     assert rep["sizes"] == "discovered: tried 1 size set(s)"
     assert rep["inputs"] == [{"name": "x", "shape": [2, 3, 64, 96], "dtype": "float32"}]
     (rows,) = rep["results"]["ort"].values()
-    # 65x97 (size + 1) is not a size this model takes: skipped with the eager error, not failed
-    assert [r["input_shapes"]["x"] for r in rows] == [[2, 3, 64, 96], [4, 3, 128, 192]]
+    # extra shapes step image dims by their power-of-two alignment (96x128, not 65x97, which it cannot take)
+    assert [r["input_shapes"]["x"] for r in rows] == [[2, 3, 64, 96], [3, 3, 96, 128], [4, 3, 128, 192]]
     assert all(r["passed"] and r["rule"] == "2x eager" and r["max_abs_err"] > 0 for r in rows)
-    assert "skipped" in rep["shapes"][1]
+    assert not any("skipped" in s for s in rep["shapes"])
 
     _, x, _, path = rms  # dims N x S x 32: batch 2, sequence 8
     assert check_cmd.run(_cli_args(path, "--reference", "test_check:make_rms_block")) == 0
@@ -620,6 +620,11 @@ def test_cli_check_input_sizes_are_used(unet, capfd):
     text, err = capfd.readouterr()
     assert "  verified at x: 1x3x32x40 (--input)" in text.splitlines() and err == ""
     assert "ort      x=1x3x32x40" in text and "1/1 rows" in text
+    # extra shapes: batch + 1, and H, W by their alignment (32 -> 64, 40 = 8 x 5 -> 48)
+    assert check_cmd.run(_cli_args(unet, "--reference", "test_check:make_unet", "--input", "x:1x3x32x40",
+                                   "--extra-shapes", "1")) == 0
+    text, err = capfd.readouterr()
+    assert "ort      x=2x3x64x48" in text and "(0 skipped), 2/2 rows" in text and err == ""
 
 
 def test_cli_check_example_inputs_say_so(mlp, capsys):

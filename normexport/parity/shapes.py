@@ -33,7 +33,10 @@ def _normalise_dynamic(dynamic_axes, names: list[str], ranks: list[int]) -> dict
 
 def _extra_shapes(inputs: list[torch.Tensor], names: list[str], graph_inputs, dynamic, n: int) -> list[dict[str, list[int]]]:
     """`n` new shape sets. Dynamic axes sharing a symbol (the ONNX dim_param, the name given in
-    dynamic_axes, else the same size) change together: size + 1, 2 x size, size + 3, ..."""
+    dynamic_axes, else the same size) change together: size + step, 2 x size, size + 3 x step, ...
+    where step is 1, except on the spatial axes of an image-like input (float, rank 4 or 5), where
+    it is the largest power of two up to 32 that divides the size (a 64 x 96 image gets 96 x 128,
+    not 65 x 97, which strided convolutions and skip connections rarely take)."""
     groups: dict[Any, list[tuple[int, int]]] = {}
     for i, (name, t, vi) in enumerate(zip(names, inputs, graph_inputs)):
         graph_dims = _dims(vi)
@@ -44,19 +47,34 @@ def _extra_shapes(inputs: list[torch.Tensor], names: list[str], graph_inputs, dy
     if not groups:
         return []
 
-    def new_size(size: int, k: int) -> int:
-        return [size + 1, 2 * size, size + 3, max(1, size - 1), 3 * size][k % 5] + (k // 5) * 5
+    def new_size(size: int, k: int, step: int) -> int:
+        return [size + step, 2 * size, size + 3 * step, max(step, size - step), 3 * size][k % 5] + (k // 5) * 5 * step
 
     shapes = []
     for k in range(n):
         dims = [list(t.shape) for t in inputs]
         for members in groups.values():
             i0, a0 = members[0]
-            size = new_size(inputs[i0].shape[a0], k)
+            size = inputs[i0].shape[a0]
+            size = new_size(size, k, _step(inputs[i0], a0, size))
             for i, axis in members:
                 dims[i][axis] = size
         shapes.append({name: d for name, d in zip(names, dims)})
     return shapes
+
+
+def _step(t: torch.Tensor, axis: int, size: int) -> int:
+    """1, or on a spatial axis of an image-like input the power of two (<= 32) that divides `size`."""
+    if not t.is_floating_point() or t.dim() not in (4, 5):
+        return 1
+    channels_last = t.shape[-1] <= 4 < t.shape[1]
+    spatial = range(1, t.dim() - 1) if channels_last else range(2, t.dim())
+    if axis not in spatial or size <= 0:
+        return 1
+    step = 1
+    while step < 32 and size % (2 * step) == 0:
+        step *= 2
+    return step
 
 
 def _inputs_like(inputs: list[torch.Tensor], shape: dict[str, list[int]], names: list[str], seed: int) -> list[torch.Tensor]:
