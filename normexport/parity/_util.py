@@ -18,13 +18,6 @@ _ONNX_TO_TORCH = {
 }
 _LOW_FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
-#: the floor of the 2x-eager limit, in eps(dtype) x max|ref| (module docstring)
-FLOOR_EPS: dict[torch.dtype, float] = {
-    torch.float32: 4.0, torch.float64: 4.0, torch.float16: 1.0, torch.bfloat16: 1.0,
-}
-LIMIT_RULE = ("limit = min(tolerance, max(2 x ref_err_fp64, floor)); floor = 4 x eps x max|ref| "
-              "(float32, float64), 1 x eps x max|ref| (float16, bfloat16); limit = tolerance without "
-              "a float64 reference")
 
 
 def _dtype_name(dtype) -> str:
