@@ -168,7 +168,7 @@ def test_flux_file_that_adds_error_fails(flux_files):
             for a in node.attribute:
                 if a.name == "epsilon":
                     a.f, n = 1e-3, n + 1
-    assert n == 5
+    assert n == 6  # double block: norm1, norm1_context, norm2, norm2_context; single block: norm; norm_out
     for bad in (bad_weight, bad_eps):
         report = check(bad, m, x, plain_export=lambda: plain)
         (r,) = report.rows
