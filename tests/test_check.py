@@ -329,35 +329,6 @@ def test_twice_eager_rule_fails_within_tolerance():
     assert ok.passed
 
 
-def test_trt_backend_plumbing_with_a_fake_engine(rms, monkeypatch):
-    """The trt backend's use of normexport.trt (one engine per shape, numpy in, list out), with
-    onnxruntime standing in for TensorRT."""
-    import onnxruntime as ort
-
-    import normexport.parity.runners as ck
-    import normexport.trt as ntrt
-
-    built = []
-
-    def build_engine(onnx_path, plugin_lib=None, fp16=False, *, bf16=False, input_shapes=None):
-        built.append(input_shapes)
-        return ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
-
-    def run_engine(engine, inputs):
-        assert all(isinstance(v, np.ndarray) for v in inputs.values())
-        return engine.run(None, inputs)
-
-    monkeypatch.setattr(ntrt, "build_engine", build_engine)
-    monkeypatch.setattr(ntrt, "run_engine", run_engine)
-    real = ck._availability
-    monkeypatch.setattr(ck, "_availability", lambda b: None if b == "trt" else real(b))
-    m, x, _, path = rms
-    report = check(path, m, (x,), backends=("trt",), dynamic_axes={"x": [1]}, extra_shapes=2)
-    assert report.passed, report.table()
-    assert [s["x"] for s in built] == [tuple(s["inputs"]["x"]) for s in report.shapes]
-    assert {r.backend for r in report.rows} == {"trt"} and len(report.rows) == 3
-
-
 def test_float64_reference_keeps_float32_casts_in_float64():
     """`.float()` / dtype=float32 inside forward stay float64 in the reference run, so eager's
     float32 rounding shows as its own error instead of hiding in the reference."""
