@@ -25,34 +25,12 @@ from onnx import TensorProto, helper
 
 import normexport
 from normexport import ops, trt
-from normexport.export import op_counts
 
 _ok, _why = trt.can_build()
 if not _ok:
     pytest.skip(f"no TensorRT: {_why}", allow_module_level=True)
 
-try:
-    from tests._plugin_build import build_plugins, find_nvcc, find_tensorrt_root
-except ImportError:
-    from _plugin_build import build_plugins, find_nvcc, find_tensorrt_root
-
 REFERENCE = ["bert", "conv_bn", "dit", "llama", "norm_heavy"]
-
-
-@pytest.fixture(scope="module")
-def plugin_lib():
-    path = os.environ.get("NORMEXPORT_PLUGIN_LIB")
-    if path:
-        return path
-    if find_nvcc() is None:
-        pytest.skip("nvcc not found: cannot build the plugin library")
-    if find_tensorrt_root() is None:
-        pytest.skip("TensorRT headers not found (set TensorRT_ROOT to a folder with include/NvInferRuntime.h, "
-                    "e.g. NVIDIA/TensorRT's repository): cannot build the plugin library")
-    build = build_plugins(archs="90", trt_headers_only=True)
-    if build.plugin_lib is None:
-        pytest.skip("CMake did not build the plugin library:\n" + build.configure_output[-500:])
-    return str(build.plugin_lib)
 
 
 def _profiles(model: onnx.ModelProto) -> dict:

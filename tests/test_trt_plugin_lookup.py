@@ -27,11 +27,6 @@ _T = runtime.load()
 if _T.lib_dir is None or not (_T.lib_dir / "libtensorrt_rtx.so.1").exists():
     pytest.skip(f"{_T} is not the pip-installed TensorRT for RTX (nothing to work around)", allow_module_level=True)
 
-try:
-    from tests._plugin_build import build_plugins, find_nvcc, find_tensorrt_root
-except ImportError:
-    from _plugin_build import build_plugins, find_nvcc, find_tensorrt_root
-
 
 def test_private_link_to_the_wheels_library():
     assert not (_T.lib_dir / "libtensorrt_rtx.so").exists(), "the wheel now ships the unversioned name"
@@ -42,22 +37,6 @@ def test_private_link_to_the_wheels_library():
     env = runtime.loader_env(_T)
     assert env["LD_LIBRARY_PATH"].split(os.pathsep)[0] == str(folder)
     assert runtime.loader_dir(_T) == folder  # reused, not remade
-
-
-@pytest.fixture(scope="module")
-def plugin_lib():
-    path = os.environ.get("NORMEXPORT_PLUGIN_LIB")
-    if path:
-        return path
-    if find_nvcc() is None:
-        pytest.skip("nvcc not found: cannot build the plugin library")
-    if find_tensorrt_root() is None:
-        pytest.skip("TensorRT headers not found (set TensorRT_ROOT to a folder with include/NvInferRuntime.h, "
-                    "e.g. NVIDIA/TensorRT's repository): cannot build the plugin library")
-    build = build_plugins(archs="90", trt_headers_only=True)
-    if build.plugin_lib is None:
-        pytest.skip("CMake did not build the plugin library:\n" + build.configure_output[-500:])
-    return str(build.plugin_lib)
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,6 @@ RTX builds without a GPU; engines are not run here.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import onnx
@@ -23,10 +22,8 @@ if not _ok:
     pytest.skip(f"no TensorRT: {_why}", allow_module_level=True)
 
 try:
-    from tests._plugin_build import build_plugins, find_nvcc, find_tensorrt_root
     from tests.test_thirdparty_export import QwenGemmaNorms, randomize_
 except ImportError:
-    from _plugin_build import build_plugins, find_nvcc, find_tensorrt_root
     from test_thirdparty_export import QwenGemmaNorms, randomize_
 
 
@@ -67,22 +64,6 @@ def files(tmp_path_factory):
             onnx.save(model, str(path))
             out[key, dtype] = (path, model)
     return out
-
-
-@pytest.fixture(scope="module")
-def plugin_lib():
-    path = os.environ.get("NORMEXPORT_PLUGIN_LIB")
-    if path:
-        return path
-    if find_nvcc() is None:
-        pytest.skip("nvcc not found: cannot build the plugin library")
-    if find_tensorrt_root() is None:
-        pytest.skip("TensorRT headers not found (set TensorRT_ROOT to a folder with include/NvInferRuntime.h, "
-                    "e.g. NVIDIA/TensorRT's repository): cannot build the plugin library")
-    build = build_plugins(archs="90", trt_headers_only=True)
-    if build.plugin_lib is None:
-        pytest.skip("CMake did not build the plugin library:\n" + build.configure_output[-500:])
-    return str(build.plugin_lib)
 
 
 def _build(path: Path, model: onnx.ModelProto, plugin=None) -> trt.BuildResult:
