@@ -184,18 +184,41 @@ def test_folder_inputs_overridden_by_name(cli, files, tmp_path):
     assert _rel(got, models["llama"](ids).logits.detach()) < 1e-5
 
 
-def test_fallback_exporter_when_dynamo_fails(cli, files, tmp_path):
-    """torch.onnx's dynamo exporter cannot export T5EncoderModel (a view of a permuted tensor):
-    the TorchScript-based exporter writes it and the rewriter fuses all its RMSNorms."""
+def test_t5_encoder_converts(cli, files, tmp_path):
+    """T5EncoderModel: torch.onnx's dynamo exporter fails on it when run alone ("Cannot view a tensor
+    ..."), but after other exports in the same process it has been seen to succeed, so either
+    exporter may write the file; whichever did is named, and every RMSNorm ends up fused."""
+    import json
+
     d, _ = files
     out = _convert(cli, d / "t5", "-o", tmp_path / "t.onnx", "--report", tmp_path / "r.json")
-    assert "torchscript exporter" in out and "the dynamo exporter failed (" in out
     model, counts, ins, outs = _load(tmp_path / "t.onnx")
     assert counts == {"RMSNorm": 2 * LAYERS + 1}  # one per attention, one per feed-forward, final
     assert (ins, outs) == (["input_ids"], ["last_hidden_state"])
+    exporter = json.loads((tmp_path / "r.json").read_text())["exporter"]["name"]
+    assert f"{exporter} exporter" in out
+    if exporter == "torchscript":
+        assert "the dynamo exporter failed (" in out
+
+
+def test_fallback_exporter_when_dynamo_fails(cli, files, monkeypatch, tmp_path):
+    """When the dynamo export raises, the TorchScript-based exporter writes the file and the
+    rewriter fuses what it left decomposed; table and report name the exporter and the cause."""
     import json
 
-    assert json.loads((tmp_path / "r.json").read_text())["exporter"]["name"] == "torchscript"
+    import normexport.export as export
+
+    def dynamo_fails(*args, **kwargs):
+        raise RuntimeError("Cannot view a tensor with shape [1, 16, 4, 16] (simulated dynamo failure)")
+
+    monkeypatch.setattr(export, "_torch_onnx_export", dynamo_fails)
+    d, _ = files
+    out = _convert(cli, d / "dit", "-o", tmp_path / "d.onnx", "--report", tmp_path / "r.json")
+    assert "torchscript exporter" in out and "the dynamo exporter failed (" in out
+    model, counts, ins, outs = _load(tmp_path / "d.onnx")
+    assert counts == {"AdaLNZero": 2 * LAYERS + 1}  # fused by the rewriter on the TorchScript export
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["exporter"]["name"] == "torchscript" and "simulated dynamo failure" in json.dumps(report["exporter"])
 
 
 def test_both_exporters_fail_names_the_cause(cli, tmp_path):
