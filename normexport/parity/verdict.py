@@ -89,10 +89,18 @@ def _compare(row: Row, got, ref64: np.ndarray, eager64: np.ndarray, dtype: torch
     row.worst_ref = float(ref64[idx])
     row.worst_eager = float(eager64[idx]) if eager64.shape == got.shape else None
     if not math.isfinite(row.max_abs_err):
+        eager = "" if row.worst_eager is None else f", eager {row.worst_eager}"
         row.reason = (f"non-finite mismatch at index {tuple(row.worst_index)}: got {row.worst_value}, "
-                      f"reference {row.worst_ref}")
+                      f"reference {row.worst_ref}{eager}")
         return row
     _judge(row, dtype, eager_err, plain)
+    if eager64.shape == got.shape:
+        # eager's own error (the driver's ref_err_fp64) is taken where eager is finite; say where it is not
+        bad = int(np.count_nonzero(~np.isfinite(abs_diff(eager64, ref64))))
+        if bad:
+            note = (f"eager itself is non-finite at {bad} element(s) where the float64 reference is not "
+                    f"(eager's error is taken over the others)")
+            row.warning = note if row.warning is None else f"{row.warning}; {note}"
     return row
 
 
