@@ -1,8 +1,8 @@
 """normexport: PyTorch -> ONNX / TensorRT with normalization layers done right.
 
 Python API (imported lazily):
-    normexport.load(MODEL)                 -> LoadedModel   (loaders)
-    normexport.prepare(module)             -> module with normexport norm ops swapped in
+    normexport.load(MODEL)                 -> LoadedModel   (normexport/load/)
+    normexport.prepare(module)             -> module with normexport norm ops swapped in (normexport/prepare/)
     normexport.fold_batchnorm(module)      -> module with BatchNorm folded
     normexport.convert_module(module, args, target="trt") -> onnx.ModelProto
     normexport.rewrite(model_proto, target="trt")         -> onnx.ModelProto
@@ -14,9 +14,9 @@ import importlib
 __version__ = "0.1.0"
 
 _API = {
-    "load": ("normexport.loaders", "load"),
-    "prepare": ("normexport.swap", "prepare"),
-    "fold_batchnorm": ("normexport.fold_bn", "fold_batchnorm"),
+    "load": ("normexport.load", None),  # callable packages
+    "prepare": ("normexport.prepare", None),
+    "fold_batchnorm": ("normexport.prepare", "fold_batchnorm"),
     "convert_module": ("normexport.export", "convert_module"),
     "rewrite": ("normexport.rewriter", "rewrite"),
     "check": ("normexport.parity", "check"),
@@ -26,7 +26,8 @@ _API = {
 def __getattr__(name):
     if name in _API:
         module, attr = _API[name]
-        return getattr(importlib.import_module(module), attr)
+        mod = importlib.import_module(module)
+        return mod if attr is None else getattr(mod, attr)
     raise AttributeError(f"module 'normexport' has no attribute '{name}'")
 
 

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import inspect
 from pathlib import Path
 
 import torch
 
-from . import call, io, loaders
+from . import io, load
 from .errors import ExportError, UsageError, first_line
 from .export import TARGETS, convert_module, op_counts
-from .inputs import DTYPES, make_inputs, parse_dynamic, parse_input
+from .load import call
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -34,43 +33,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def default_output(model: str, module: str | None = None) -> Path:
-    if loaders.is_factory(model):
+    if load.is_factory(model):
         mod, _, attr = model.partition(":")
         path = Path.cwd() / f"{mod.rsplit('.', 1)[-1]}_{attr}.onnx"
     else:
         path = Path(model).with_suffix(".onnx")
     return path.with_name(f"{path.stem}.{module}.onnx") if module else path
-
-
-def resolve_inputs(loaded: loaders.LoadedModel, model: str, input_args: list[str], dynamic_args: list[str],
-                   dtype: str | None = None):
-    """(inputs, names, dynamic_axes, module) from the flags, or from what the model declares; the
-    module is the loaded one, or for a save_pretrained folder one called with the --input tensors."""
-    specs = [parse_input(s) for s in input_args]
-    dynamic = dict(parse_dynamic(d) for d in dynamic_args)
-    module = loaded.module
-    if specs and loaded.kind == "pretrained":  # by forward parameter name
-        from . import hf
-
-        module = hf.with_inputs(loaded, specs)
-        inputs, names = module.example_inputs, module.input_names
-    elif specs:
-        inputs, names = make_inputs(specs), [s.name for s in specs]
-    elif loaded.example_inputs is not None:
-        inputs = loaded.example_inputs
-        names = list(loaded.input_names or call.input_names(module, len(inputs)))
-        dynamic = dynamic or dict(loaded.dynamic_axes or {})
-    else:
-        hint = " (TorchScript files carry no input shapes)" if loaded.kind == "torchscript" else ""
-        raise UsageError(f"cannot tell the inputs of '{model}'{hint}: add --input NAME:DIMS[:DTYPE] for each forward input")
-    for i, t in enumerate(inputs):
-        if not isinstance(t, torch.Tensor):
-            raise UsageError(f"input {i} of '{model}' is a {type(t).__name__}, not a tensor: normexport exports tensor "
-                             "inputs only; give each forward input as --input NAME:DIMS[:DTYPE]")
-    if dtype:
-        inputs = tuple(t.to(DTYPES[dtype]) if t.is_floating_point() else t for t in inputs)
-    _check_arity(module, len(inputs))
-    return tuple(inputs), names, dynamic, module
 
 
 def run_eager(module, inputs: tuple):
@@ -88,36 +56,6 @@ def run_eager(module, inputs: tuple):
         raise UsageError(f"the model rejected inputs of shape {shapes} ({first}): fix --input") from None
 
 
-def _check_arity(module, n: int) -> None:
-    lo_hi = _arity(module)
-    if lo_hi is None:
-        return
-    lo, hi = lo_hi
-    if not lo <= n <= hi:
-        want = str(lo) if lo == hi else f"{lo} to {hi}"
-        raise UsageError(f"the model's forward takes {want} input(s) but {n} were given: give one --input per forward argument")
-
-
-def _arity(module) -> tuple[int, int] | None:
-    if isinstance(module, torch.jit.ScriptModule):
-        try:
-            args = module.forward.schema.arguments[1:]  # drop self
-        except (AttributeError, RuntimeError):
-            return None
-        return sum(1 for a in args if not a.has_default_value()), len(args)
-    if isinstance(module, torch.fx.GraphModule):
-        n = sum(1 for node in module.graph.nodes if node.op == "placeholder")
-        return n, n
-    try:
-        params = list(inspect.signature(module.forward).parameters.values())
-    except (TypeError, ValueError):
-        return None
-    if any(p.kind == p.VAR_POSITIONAL for p in params):
-        return None
-    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    return sum(1 for p in positional if p.default is p.empty), len(positional)
-
-
 #: the first opset whose Conv / Gemm / MatMul / Pow ... accept bfloat16; `--dtype bfloat16` exports
 #: at it unless --opset says otherwise
 BF16_OPSET = 22
@@ -130,20 +68,9 @@ def run(args) -> int:
     out = io.check_writable(args.output or default_output(args.model, args.module))
     if args.report:
         io.check_writable(args.report, "--report")
-    if args.imports:
-        from .pytree_types import import_modules
-
-        import_modules(args.imports)
-    loaded = loaders.load(args.model, trust_pickle=args.trust_pickle, weights=args.weights)
-    if args.dtype and loaded.kind == "exported-program":
-        _check_pt2_dtype(loaded, args.model, args.dtype)
-    inputs, names, dynamic, module = resolve_inputs(loaded, args.model, args.input, args.dynamic, args.dtype)
-    if args.dtype:
-        module = module.to(DTYPES[args.dtype])
-    if args.module:
-        from . import submodule
-
-        module, inputs, names, dynamic = submodule.capture(module, args.module, inputs, dynamic, names)
+    loaded = load.load(args.model, trust_pickle=args.trust_pickle, weights=args.weights, imports=args.imports)
+    job = load.call_for(loaded, args.model, args.input, args.dynamic, args.dtype, args.module)
+    module, inputs, names, dynamic = job.module, job.inputs, job.names, job.dynamic
     outputs = run_eager(module, inputs)
     output_names = loaded.output_names if loaded.output_names and not args.module else call.output_names(outputs)
 
@@ -204,20 +131,6 @@ def run(args) -> int:
             raise
     print(f"wrote {out}")
     return 0
-
-
-def _check_pt2_dtype(loaded: loaders.LoadedModel, model: str, dtype: str) -> None:
-    """A .pt2's graph is traced in one dtype (its casts and constants are fixed in it)."""
-    want = DTYPES[dtype]
-    floats = [t.dtype for t in (loaded.example_inputs or ()) if t.is_floating_point()]
-    floats += [p.dtype for p in loaded.exported_program.state_dict.values()
-               if isinstance(p, torch.Tensor) and p.is_floating_point()]
-    have = floats[0] if floats else None
-    if have is not None and have != want:
-        name = str(have).replace("torch.", "")
-        raise UsageError(f"'{model}' is fixed to {name}, the dtype it was exported in, so --dtype {dtype} cannot apply: "
-                         f"export the model in {dtype} (model.to(torch.{dtype}) and {dtype} inputs) with torch.export "
-                         f"and convert that file, or convert a save_pretrained folder or package.module:callable with --dtype")
 
 
 def onnx_dynamic_axes(model) -> dict[str, list[int]]:

@@ -15,7 +15,7 @@ import onnx
 import torch
 
 from . import ops
-from .call import CallAdapter
+from .load.call import CallAdapter
 from .errors import ExportError, UsageError
 
 TARGETS = ("trt", "ort", "onnx")
@@ -78,13 +78,13 @@ def convert_module(module, args: tuple, *, target: str = "trt", opset: int | Non
     unswapped = module
     if isinstance(module, torch.nn.Module) and not isinstance(module, torch.fx.GraphModule):
         if fold_bn:
-            from .fold_bn import fold_batchnorm
+            from .prepare.fold_bn import fold_batchnorm
 
             report["fold_batchnorm"] = []
             module = fold_batchnorm(module, report["fold_batchnorm"], example_inputs=args)
         unswapped = module
         if swap_norms and target == "trt":  # other targets keep standard ops (see rewrite)
-            from .swap import prepare
+            from .prepare.swap import prepare
 
             report["prepare"] = []
             module = prepare(module, report["prepare"])

@@ -97,7 +97,7 @@ def real_inputs(model: onnx.ModelProto) -> list[_Input]:
 # ---- --input -----------------------------------------------------------------------------------
 def parse_inputs(model: onnx.ModelProto, texts: Sequence[str]) -> dict[str, list[int]]:
     """`--input NAME:DIMS[:DTYPE]` texts -> {name: dims}, checked against `model`."""
-    from .inputs import parse_input
+    from .load.inputs import parse_input
 
     by_name = {i.name: i for i in real_inputs(model)}
     given: dict[str, list[int]] = {}

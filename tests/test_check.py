@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch import nn
 
-import normexport.nn as nnn
+import normexport.prepare.nn as nnn
 from normexport import parity as check_cmd
 from normexport.parity import check, limit_for, tolerance_for
 from normexport.parity.runners import _availability

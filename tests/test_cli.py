@@ -376,7 +376,7 @@ def test_pt2_success_has_clean_stderr(tmp_path, pt2):
 
 
 def test_internal_error_is_one_line_exit_1(cli, tmp_path, monkeypatch):
-    from normexport import loaders
+    from normexport import load as loaders
 
     def broken(*a, **k):
         raise ZeroDivisionError("a bug")

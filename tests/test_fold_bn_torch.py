@@ -1,4 +1,4 @@
-"""normexport.fold_bn.fold_batchnorm: torch-level BN folding, checked against a float64 reference.
+"""normexport.prepare.fold_bn.fold_batchnorm: torch-level BN folding, checked against a float64 reference.
 
 Tolerance: DESIGN §7 fp32 (max abs err <= 1e-5 * max|ref| + 1e-6), or, where folding's extra
 float32 rounding of the weights exceeds that, <= 2x the eager float32 model's own error + 1e-6
@@ -17,7 +17,7 @@ from torch import nn
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "rewrite"))
 import _bn_graphs as G  # noqa: E402
 
-from normexport.fold_bn import BatchNormAffine, FoldedLinearBatchNorm1d, fold_batchnorm  # noqa: E402
+from normexport.prepare.fold_bn import BatchNormAffine, FoldedLinearBatchNorm1d, fold_batchnorm  # noqa: E402
 
 _BN = nn.modules.batchnorm._BatchNorm
 

@@ -9,7 +9,7 @@ import torch
 from onnx import TensorProto, helper
 
 from normexport import ops
-from normexport.nn import AdaLNZero, RMSNorm
+from normexport.prepare.nn import AdaLNZero, RMSNorm
 from normexport.ops import adaln_zero, rms_norm
 
 G = torch.Generator().manual_seed(0)

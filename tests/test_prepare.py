@@ -10,10 +10,10 @@ import pytest
 import torch
 from torch import nn
 
-from normexport import nn as nenn
+from normexport.prepare import nn as nenn
 from normexport.ops import adaln_zero as A
 from normexport.ops import rms_norm as R
-from normexport.swap import REL_TOL, prepare, rel_err
+from normexport.prepare.swap import REL_TOL, prepare, rel_err
 from normexport.models.dit import modulate  # module-level, so DiT-style blocks below use it like normexport.models.dit
 
 torch.set_grad_enabled(False)

@@ -69,7 +69,7 @@ def _as_float64(a) -> np.ndarray:
 def _resolve_dtype(dtype):
     if dtype is None or isinstance(dtype, torch.dtype):
         return dtype
-    from ..inputs import DTYPES
+    from ..load.inputs import DTYPES
 
     if str(dtype).replace("torch.", "") not in DTYPES:
         raise UsageError(f"unknown dtype '{dtype}': use float32, float16 or bfloat16")

@@ -8,7 +8,7 @@
 3. else sizes the ONNX file accepts: its fixed dims, then common sizes tried in onnxruntime
    (normexport.sizes: batch 2 / 1, sequence 8 / 16 / ..., images in multiples of 32).
 
-The values are random and non-zero (normexport.inputs.make_inputs). A floating input is made in
+The values are random and non-zero (normexport.load.inputs.make_inputs). A floating input is made in
 float32 unless `--input` names its dtype, so that check() judges in the ONNX file's dtype as for
 the example inputs (driver.py). `how` is the text of the `verified at` line, as `rewrite` prints
 it: "--input", "--input, other dims discovered: tried N size set(s)", "example inputs of MODEL",
@@ -24,7 +24,7 @@ import torch
 
 from .. import sizes
 from ..errors import UsageError
-from ..inputs import _NAME, InputSpec, make_inputs, parse_input
+from ..load.inputs import _NAME, InputSpec, make_inputs, parse_input
 from ._util import _ONNX_TO_TORCH
 
 

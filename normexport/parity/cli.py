@@ -15,7 +15,7 @@ from .runners import _ModelSource
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("onnx_model", metavar="MODEL.onnx", help="the ONNX file to check")
     p.add_argument("--reference", required=True, metavar="MODEL",
-                   help="the eager model: x.pt2 | x.pt/x.pth | package.module:callable")
+                   help="the eager model: x.pt2 | x.pt/x.pth | package.module:callable | a save_pretrained folder")
     p.add_argument("--input", action="append", default=[], metavar="NAME:DIMS[:DTYPE]",
                    help="e.g. x:2x16x64, by ONNX input name (the others get sizes the file runs at) or one per ONNX input "
                         "in order; default: the reference's example inputs, else sizes the ONNX file runs at")
@@ -32,6 +32,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", metavar="FILE", help="write the JSON report")
     p.add_argument("--weights", metavar="FILE", help="state dict for a module:callable reference (weights_only=True)")
     p.add_argument("--trust-pickle", action="store_true", help="allow unpickling a pickled nn.Module reference")
+    p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
+                   help="import an installed module before loading the reference (pytree types of a .pt2)")
 
 
 def _onnx_dynamic(graph_inputs) -> dict[str, list[int]]:
@@ -44,8 +46,8 @@ def _onnx_dynamic(graph_inputs) -> dict[str, list[int]]:
 
 
 def run(args) -> int:
-    from .. import loaders
-    from ..inputs import parse_dynamic, parse_input
+    from ..load import load as load_reference
+    from ..load.inputs import parse_dynamic, parse_input
 
     for v, flag in ((args.rtol, "--rtol"), (args.atol, "--atol")):
         if v is not None and not (math.isfinite(v) and v >= 0):
@@ -64,7 +66,8 @@ def run(args) -> int:
     dynamic_given = [parse_dynamic(d) for d in args.dynamic]
     for text in args.input:
         parse_input(text)  # malformed --input: one line before loading the reference
-    loaded = loaders.load(args.reference, trust_pickle=args.trust_pickle, weights=args.weights)
+    loaded = load_reference(args.reference, trust_pickle=args.trust_pickle, weights=args.weights,
+                            imports=getattr(args, "imports", ()))
     chosen = choose(source.proto, list(args.input), loaded.example_inputs, loaded.input_names, args.reference,
                     args.onnx_model)
     inputs, given_names = chosen.inputs, chosen.names

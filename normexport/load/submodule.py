@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from .call import CallAdapter, unwrap
-from .errors import UsageError, first_line
+from ..errors import UsageError, first_line
 
 
 def find(model: nn.Module, name: str) -> nn.Module:
@@ -34,7 +34,8 @@ def find(model: nn.Module, name: str) -> nn.Module:
     raise UsageError(f"--module {name}: the model has no submodule of that name: close names: {', '.join(close)}")
 
 
-def capture(model: nn.Module, name: str, inputs: tuple, dynamic: dict[str, list[int]] | None, input_names: list[str]):
+def capture(model: nn.Module, name: str, inputs: tuple, dynamic: dict[str, list[int]] | None, input_names: list[str],
+            loaded=None):
     """(CallAdapter of the submodule, its inputs, names, dynamic axes) from one forward of `model`."""
     block = find(model, name)
     seen: list = []

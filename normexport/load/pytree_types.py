@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch.utils._pytree as pytree
 
-from .errors import UsageError, first_line
+from ..errors import UsageError, first_line
 
 #: libraries whose pytree types (model output classes) a .pt2 commonly names; importing them runs
 #: only installed, well-known code

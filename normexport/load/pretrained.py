@@ -16,17 +16,14 @@ import os
 import warnings
 from pathlib import Path
 
-import torch
-
+from ..errors import UsageError, first_line
 from .call import CallAdapter
-from .errors import UsageError, first_line
-
-BATCH, SEQ, TEXT_SEQ = 2, 8, 6
+from .examples import BATCHED, example_kwargs, forward_parameters
+from .inputs import make_inputs
+from .model import LoadedModel
 
 
 def load_folder(path: Path):
-    from .loaders import LoadedModel
-
     config_file = path / "config.json"
     if not config_file.is_file():
         raise UsageError(f"'{path}' is a directory without config.json: pass a save_pretrained folder of transformers "
@@ -54,7 +51,7 @@ def load_folder(path: Path):
     args = example_kwargs(module, library)
     adapter = CallAdapter(module, (), args)
     dynamic = {name: [0, 1] if name in ("input_ids", "attention_mask") else [0] for name in args
-               if name in _BATCHED}
+               if name in BATCHED}
     return LoadedModel(adapter, "pretrained", adapter.example_inputs, adapter.input_names, dynamic or None)
 
 
@@ -91,77 +88,10 @@ def _quiet_progress(library: str) -> None:
         pass
 
 
-#: inputs whose first axis is the batch (and, for token ids, the second the sequence)
-_BATCHED = ("input_ids", "attention_mask", "hidden_states", "timestep", "class_labels", "encoder_hidden_states",
-            "pooled_projections", "guidance", "encoder_attention_mask", "pixel_values", "sample")
-
-
-def _cfg(config, *names, default=None):
-    for n in names:
-        v = config.get(n) if isinstance(config, dict) else getattr(config, n, None)
-        if v is not None:
-            return v
-    return default
-
-
-def example_kwargs(model, library: str) -> dict[str, torch.Tensor]:
-    """Random example inputs (keyword, by forward parameter) that fit the model class."""
-    gen = torch.Generator().manual_seed(0)
-    config = model.config
-    params = _required_and_known(model)
-    if library == "transformers":
-        name = getattr(model, "main_input_name", "input_ids")
-        if name == "input_ids":
-            vocab = int(_cfg(config, "vocab_size", default=32))
-            return {"input_ids": torch.randint(0, vocab, (BATCH, SEQ), generator=gen)}
-        raise UsageError(f"{type(model).__name__} takes '{name}', for which normexport makes no example input: "
-                         f"pass --input {name}:DIMS[:DTYPE]")
-    out: dict[str, torch.Tensor] = {}
-    in_ch = int(_cfg(config, "in_channels", default=4))
-    size = int(_cfg(config, "sample_size", default=8) or 8)
-    text_dim = _cfg(config, "joint_attention_dim", "cross_attention_dim", "caption_channels")
-    for p in params:
-        if p == "hidden_states":
-            if "img_ids" in params:  # Flux: packed latents [B, tokens, C]
-                out[p] = torch.randn(BATCH, SEQ, in_ch, generator=gen)
-            else:
-                out[p] = torch.randn(BATCH, in_ch, size, size, generator=gen)
-        elif p == "timestep":
-            out[p] = (torch.rand(BATCH, generator=gen) if "img_ids" in params
-                      else torch.randint(1, 1000, (BATCH,), generator=gen))
-        elif p == "class_labels" and _cfg(config, "num_embeds_ada_norm"):
-            out[p] = torch.randint(0, int(_cfg(config, "num_embeds_ada_norm")), (BATCH,), generator=gen)
-        elif p == "encoder_hidden_states" and text_dim:
-            out[p] = torch.randn(BATCH, TEXT_SEQ, int(text_dim), generator=gen)
-        elif p == "pooled_projections" and _cfg(config, "pooled_projection_dim"):
-            out[p] = torch.randn(BATCH, int(_cfg(config, "pooled_projection_dim")), generator=gen)
-        elif p == "img_ids":
-            out[p] = torch.randn(SEQ, 3, generator=gen)
-        elif p == "txt_ids":
-            out[p] = torch.randn(TEXT_SEQ, 3, generator=gen)
-        elif p == "guidance" and _cfg(config, "guidance_embeds"):
-            out[p] = torch.full((BATCH,), 3.5)
-        elif p == "added_cond_kwargs" and _cfg(config, "use_additional_conditions"):
-            out[p] = {"resolution": torch.full((BATCH, 2), float(size * 8)),
-                      "aspect_ratio": torch.ones(BATCH, 1)}
-    if "hidden_states" not in out:
-        raise UsageError(f"{type(model).__name__} takes no 'hidden_states': normexport makes example inputs for "
-                         "diffusion transformers only; pass --input NAME:DIMS[:DTYPE] for each forward input")
-    return out
-
-
-def _required_and_known(model) -> list[str]:
-    import inspect
-
-    return list(inspect.signature(model.forward).parameters)
-
-
 def with_inputs(loaded, specs):
     """A pretrained model called with the user's --input tensors, by forward parameter name."""
-    from .inputs import make_inputs
-
     module = loaded.module.inner
-    params = _required_and_known(module)
+    params = forward_parameters(module)
     unknown = [s.name for s in specs if s.name not in params]
     if unknown:
         raise UsageError(f"--input {unknown[0]} is not a parameter of {type(module).__name__}.forward: "

@@ -7,7 +7,7 @@ import re
 
 import torch
 
-from .errors import UsageError
+from ..errors import UsageError
 
 DTYPES = {
     "float32": torch.float32, "float": torch.float32, "fp32": torch.float32,

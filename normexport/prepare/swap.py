@@ -1,8 +1,8 @@
 """Swap recognised normalization modules for normexport modules (DESIGN §1, issue 3).
 
 `prepare(module, report)` deep-copies `module` and replaces, wherever it can prove the swap
-preserves behaviour, RMSNorm-like modules with `normexport.nn.RMSNorm` and adaLN-Zero
-normalise-and-modulate steps with `normexport.nn.AdaLNZero`. Those call the
+preserves behaviour, RMSNorm-like modules with `normexport.prepare.nn.RMSNorm` and adaLN-Zero
+normalise-and-modulate steps with `normexport.prepare.nn.AdaLNZero`. Those call the
 `torch.ops.normexport.*` custom ops, which `torch.onnx.export(..., custom_translation_table=
 normexport.ops.TRANSLATION_TABLE)` turns into `normexport::RMSNorm` / `normexport::AdaLNZero`.
 

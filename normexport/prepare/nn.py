@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .ops import adaln_zero as _adaln  # noqa: F401  (registers torch.ops.normexport.*)
-from .ops import rms_norm as _rms  # noqa: F401
+from ..ops import adaln_zero as _adaln  # noqa: F401  (registers torch.ops.normexport.*)
+from ..ops import rms_norm as _rms  # noqa: F401
 
 
 class RMSNorm(nn.Module):

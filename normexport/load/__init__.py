@@ -1,0 +1,67 @@
+"""normexport.load: a MODEL argument -> the module to export, its example inputs, their names and
+dynamic axes (DESIGN §1, §4).
+
+    load(MODEL)           -> LoadedModel  (one entry point for every source)
+    call_for(loaded, ...) -> Call         (with --input / --dynamic / --dtype / --module applied)
+
+Sources, one module each: `pt2` (torch.export archives), `torch_file` (TorchScript, trusted
+pickle), `factory` (`package.module:callable` + `--weights`), `pretrained` (save_pretrained folders
+of transformers / diffusers). Example inputs are made in one place, `examples`; `inputs` parses
+`--input` / `--dynamic`; `call` adapts keyword / nested calls to flat tensor tuples and names
+inputs and outputs; `submodule` captures one block's call (`--module`). Imports go one way:
+this file -> resolve -> sources -> examples / call / inputs / model / _util; nothing imports this
+file back (tests/test_load_structure.py).
+
+The package is callable: `normexport.load(MODEL)` is `normexport.load.load(MODEL)`.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from pathlib import Path
+
+from ..errors import UsageError
+from .model import TORCH_EXTS, LoadedModel, is_factory
+from .pytree_types import import_modules
+from .resolve import Call, call_for
+
+
+def load(model: str, *, trust_pickle: bool = False, weights: str | None = None,
+         imports: list[str] | tuple = ()) -> LoadedModel:
+    """Load MODEL; raises UsageError (one line: the problem and the fix) on bad input.
+    `imports`: installed modules to import first (`--import`, pytree types of a .pt2)."""
+    import_modules(list(imports))
+    if is_factory(model):
+        from .factory import load_factory
+
+        return load_factory(model, weights)
+    if weights:
+        raise UsageError(f"--weights applies to a `package.module:callable` MODEL, not to the file '{model}'")
+    path = Path(model)
+    if not path.exists():
+        raise UsageError(f"model file not found: '{model}': check the path, or pass `package.module:callable`")
+    if path.is_dir():
+        from .pretrained import load_folder
+
+        return load_folder(path)
+    if path.suffix == ".pt2":
+        from .pt2 import load_pt2
+
+        return load_pt2(path, trust_pickle)
+    if path.suffix in TORCH_EXTS:
+        from .torch_file import load_torch_file
+
+        return load_torch_file(path, trust_pickle)
+    raise UsageError(f"unknown model extension '{path.suffix}' for '{model}': use .pt2 (torch.export), "
+                     ".pt/.pth (TorchScript or pickled module), a save_pretrained folder or `package.module:callable`")
+
+
+class _CallableModule(types.ModuleType):
+    def __call__(self, model: str, **kwargs) -> LoadedModel:
+        return load(model, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule
+
+__all__ = ["Call", "LoadedModel", "call_for", "is_factory", "load"]

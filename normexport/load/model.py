@@ -1,0 +1,26 @@
+"""What loading a MODEL gives: the module and what it says about its inputs (DESIGN §4)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+from torch import nn
+
+TORCH_EXTS = (".pt", ".pth", ".bin", ".ckpt")
+
+
+@dataclasses.dataclass
+class LoadedModel:
+    module: nn.Module
+    kind: str  # "exported-program" | "torchscript" | "pickle" | "factory" | "pretrained"
+    example_inputs: tuple | None = None
+    input_names: list[str] | None = None
+    dynamic_axes: dict[str, list[int]] | None = None
+    exported_program: Any = None  # torch.export.ExportedProgram for .pt2
+    output_names: list[str] | None = None
+
+
+def is_factory(model: str) -> bool:
+    return ":" in model and not os.path.exists(model) and not model.endswith((".pt2",) + TORCH_EXTS)

@@ -1,0 +1,118 @@
+"""From a loaded model and the flags to the call that is exported: the module, its example inputs,
+their names and dynamic axes (DESIGN §4). `--input` overrides what the model declares (by forward
+parameter name for a pretrained folder); `--dtype` casts module and inputs; `--module NAME` narrows
+the call to one submodule with the inputs it receives in a forward of the whole model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+
+import torch
+from torch import nn
+
+from ..errors import UsageError
+from . import pretrained, submodule
+from .call import input_names
+from .inputs import DTYPES, make_inputs, parse_dynamic, parse_input
+from .model import LoadedModel
+
+
+@dataclasses.dataclass
+class Call:
+    """What gets exported: `module(*inputs)`, inputs named `names`, `dynamic` axes by name."""
+    module: nn.Module
+    inputs: tuple
+    names: list[str]
+    dynamic: dict[str, list[int]]
+    loaded: LoadedModel
+
+
+def call_for(loaded: LoadedModel, model: str, input_args=(), dynamic_args=(), dtype: str | None = None,
+             module_name: str | None = None) -> Call:
+    """The exported call for `loaded` and the convert flags."""
+    if dtype and loaded.kind == "exported-program":
+        _check_pt2_dtype(loaded, model, dtype)
+    inputs, names, dynamic, module = resolve_inputs(loaded, model, list(input_args), list(dynamic_args), dtype)
+    if dtype:
+        module = module.to(DTYPES[dtype])
+    if module_name:
+        module, inputs, names, dynamic = submodule.capture(module, module_name, inputs, dynamic, names,
+                                                           loaded=loaded)
+    return Call(module, tuple(inputs), list(names), dict(dynamic or {}), loaded)
+
+
+def resolve_inputs(loaded: LoadedModel, model: str, input_args: list[str], dynamic_args: list[str],
+                   dtype: str | None = None):
+    """(inputs, names, dynamic_axes, module) from the flags, or from what the model declares; the
+    module is the loaded one, or for a save_pretrained folder one called with the --input tensors."""
+    specs = [parse_input(s) for s in input_args]
+    dynamic = dict(parse_dynamic(d) for d in dynamic_args)
+    module = loaded.module
+    if specs and loaded.kind == "pretrained":  # by forward parameter name
+        module = pretrained.with_inputs(loaded, specs)
+        inputs, names = module.example_inputs, module.input_names
+    elif specs:
+        inputs, names = make_inputs(specs), [s.name for s in specs]
+    elif loaded.example_inputs is not None:
+        inputs = loaded.example_inputs
+        names = list(loaded.input_names or input_names(module, len(inputs)))
+        dynamic = dynamic or dict(loaded.dynamic_axes or {})
+    else:
+        hint = " (TorchScript files carry no input shapes)" if loaded.kind == "torchscript" else ""
+        raise UsageError(f"cannot tell the inputs of '{model}'{hint}: add --input NAME:DIMS[:DTYPE] for each forward input")
+    for i, t in enumerate(inputs):
+        if not isinstance(t, torch.Tensor):
+            raise UsageError(f"input {i} of '{model}' is a {type(t).__name__}, not a tensor: normexport exports tensor "
+                             "inputs only; give each forward input as --input NAME:DIMS[:DTYPE]")
+    if dtype:
+        inputs = tuple(t.to(DTYPES[dtype]) if t.is_floating_point() else t for t in inputs)
+    _check_arity(module, len(inputs))
+    return tuple(inputs), names, dynamic, module
+
+
+def _check_arity(module, n: int) -> None:
+    lo_hi = _arity(module)
+    if lo_hi is None:
+        return
+    lo, hi = lo_hi
+    if not lo <= n <= hi:
+        want = str(lo) if lo == hi else f"{lo} to {hi}"
+        raise UsageError(f"the model's forward takes {want} input(s) but {n} were given: give one --input per forward argument")
+
+
+def _arity(module) -> tuple[int, int] | None:
+    if isinstance(module, torch.jit.ScriptModule):
+        try:
+            args = module.forward.schema.arguments[1:]  # drop self
+        except (AttributeError, RuntimeError):
+            return None
+        return sum(1 for a in args if not a.has_default_value()), len(args)
+    if isinstance(module, torch.fx.GraphModule):
+        n = sum(1 for node in module.graph.nodes if node.op == "placeholder")
+        return n, n
+    try:
+        params = list(inspect.signature(module.forward).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind == p.VAR_POSITIONAL for p in params):
+        return None
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return sum(1 for p in positional if p.default is p.empty), len(positional)
+
+
+def _check_pt2_dtype(loaded: LoadedModel, model: str, dtype: str) -> None:
+    """A .pt2's graph is traced in one dtype (its casts and constants are fixed in it)."""
+    want = DTYPES[dtype]
+    floats = [t.dtype for t in (loaded.example_inputs or ()) if t.is_floating_point()]
+    floats += [p.dtype for p in loaded.exported_program.state_dict.values()
+               if isinstance(p, torch.Tensor) and p.is_floating_point()]
+    have = floats[0] if floats else None
+    if have is not None and have != want:
+        name = str(have).replace("torch.", "")
+        raise UsageError(f"'{model}' is fixed to {name}, the dtype it was exported in, so --dtype {dtype} cannot apply: "
+                         f"export the model in {dtype} (model.to(torch.{dtype}) and {dtype} inputs) with torch.export "
+                         f"and convert that file, or convert a save_pretrained folder or package.module:callable with --dtype")
+
+

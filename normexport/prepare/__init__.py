@@ -1,0 +1,27 @@
+"""normexport.prepare: torch-side preparation before export (DESIGN §1).
+
+    fold_bn  BatchNorm folded into the conv / linear before it (fold_batchnorm)
+    swap     recognised norm modules swapped for normexport modules, each swap verified
+             numerically on random input, else skipped (prepare)
+    nn       the nn.Modules that call the normexport custom ops (RMSNorm, AdaLNZero)
+
+The package is callable: `normexport.prepare(module)` is `normexport.prepare.prepare(module)`.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+
+from .fold_bn import fold_batchnorm
+from .swap import prepare
+
+
+class _CallableModule(types.ModuleType):
+    def __call__(self, module, *args, **kwargs):
+        return prepare(module, *args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule
+
+__all__ = ["fold_batchnorm", "prepare"]
