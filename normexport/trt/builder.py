@@ -171,7 +171,7 @@ def build_in_process(spec: BuildSpec) -> BuildResult:
     try:
         pg, G_LOGGER, PolygraphyException = runtime.polygraphy(t)
     except (ImportError, runtime.TensorRTUnavailable) as e:
-        raise BuildError(f"{e}: normexport builds engines with Polygraphy (pip install polygraphy)") from None
+        raise BuildError(f"{e}: normexport builds engines with Polygraphy: pip install 'normexport[trt-rtx]' (TensorRT for RTX + Polygraphy) or 'normexport[trt]' (TensorRT + Polygraphy)") from None
     errors = _Errors()
     G_LOGGER.use_python_logging_system = True
     G_LOGGER.module_severity = G_LOGGER.WARNING
