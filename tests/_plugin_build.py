@@ -75,12 +75,38 @@ def find_cuobjdump() -> str | None:
 _TRT_INCLUDE_SUBDIRS = ("include", "include/x86_64-linux-gnu", "include/aarch64-linux-gnu")
 
 
-def find_tensorrt_root() -> str | None:
-    """A folder whose include/ holds TensorRT's NvInferRuntime.h: $TensorRT_ROOT, else the usual
-    system and tarball locations; None when there is none (headers are all the plugin needs)."""
-    candidates = [os.environ.get("TensorRT_ROOT"), "/usr", "/usr/local/tensorrt", "/opt/tensorrt"]
-    candidates += sorted(glob.glob("/usr/local/TensorRT-10*")) + sorted(glob.glob("/opt/TensorRT-10*"))
-    return next((root for root in candidates if root and tensorrt_include(root)), None)
+#: folders where users unpack TensorRT tarballs or clone NVIDIA/TensorRT (besides $TensorRT_ROOT and
+#: the system folders): /usr/local, /opt, $HOME, $HOME/Downloads, this checkout and the folder above it
+def _search_dirs() -> list[str]:
+    home = os.path.expanduser("~")
+    return ["/usr/local", "/opt", home, os.path.join(home, "Downloads"), str(REPO_ROOT), str(REPO_ROOT.parent)]
+
+
+#: folder names under those: the 10.x / 11.x tarballs (TensorRT-10.13.3.9, TensorRT-11.0.0.4, also as
+#: unpacked with the CUDA / OS suffix), and a clone of NVIDIA/TensorRT (TensorRT, or third_party/TensorRT)
+_ROOT_PATTERNS = ("TensorRT-1[0-9].*", "TensorRT-1[0-9]", "TensorRT", "tensorrt", "third_party/TensorRT")
+
+
+def tensorrt_root_candidates(search_dirs: list[str] | None = None) -> list[str]:
+    """Where find_tensorrt_root looks, in order: $TensorRT_ROOT, the system folders, then each of
+    `search_dirs` (default _search_dirs()) for _ROOT_PATTERNS, newest version first."""
+    found = [os.environ.get("TensorRT_ROOT"), "/usr", "/usr/local/tensorrt", "/opt/tensorrt"]
+    for d in _search_dirs() if search_dirs is None else search_dirs:
+        for pattern in _ROOT_PATTERNS:
+            hits = glob.glob(os.path.join(d, pattern))
+            found += sorted(hits, key=_version_key, reverse=True)
+    return [c for i, c in enumerate(found) if c and c not in found[:i]]
+
+
+def _version_key(path: str) -> tuple:
+    return tuple(int(n) for n in re.findall(r"\d+", os.path.basename(path))[:4])
+
+
+def find_tensorrt_root(search_dirs: list[str] | None = None) -> str | None:
+    """A folder whose include/ holds TensorRT's NvInferRuntime.h, as a user would have it: $TensorRT_ROOT,
+    a system install, a TensorRT-10.x / 11.x tarball folder or a clone of NVIDIA/TensorRT (headers
+    are all the plugin needs); None when there is none."""
+    return next((root for root in tensorrt_root_candidates(search_dirs) if tensorrt_include(root)), None)
 
 
 def tensorrt_include(root: str) -> str | None:
@@ -98,7 +124,7 @@ def build_plugins(archs: str | None = None, tensorrt_root: str | None = None,
     (80;86;89;90). `trt_headers_only`: build the plugin even where TensorRT's headers come without
     libnvinfer (NORMEXPORT_TRT_HEADERS_ONLY). Raises RuntimeError with the tool output on failure."""
     archs = archs or os.environ.get("NORMEXPORT_TEST_CUDA_ARCHS") or DEFAULT_ARCHS
-    tensorrt_root = tensorrt_root or os.environ.get("TensorRT_ROOT")
+    tensorrt_root = tensorrt_root or os.environ.get("TensorRT_ROOT") or find_tensorrt_root()
     key = (archs, tensorrt_root, trt_headers_only)
     if key in _CACHE:
         return _CACHE[key]

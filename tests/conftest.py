@@ -21,7 +21,7 @@ def cli(capsys):
 @pytest.fixture(scope="session")
 def plugin_lib():
     """libnormexport_plugins.so for the TensorRT build tests: $NORMEXPORT_PLUGIN_LIB, else built from
-    plugins/ against the TensorRT headers under $TensorRT_ROOT (headers alone suffice); skipped with
+    plugins/ against the TensorRT headers find_tensorrt_root finds (headers alone suffice); skipped with
     the reason where nvcc or the headers are missing."""
     try:
         from tests._plugin_build import build_plugins, find_nvcc, find_tensorrt_root
@@ -34,8 +34,9 @@ def plugin_lib():
     if find_nvcc() is None:
         pytest.skip("nvcc not found: cannot build the plugin library")
     if find_tensorrt_root() is None:
-        pytest.skip("TensorRT headers not found (set TensorRT_ROOT to a folder with include/NvInferRuntime.h, "
-                    "e.g. NVIDIA/TensorRT's repository): cannot build the plugin library")
+        pytest.skip("TensorRT headers not found (no $TensorRT_ROOT, no TensorRT-10.x / 11.x folder or NVIDIA/TensorRT "
+                    "clone in /usr/local, /opt, ~, ~/Downloads or next to this checkout; set TensorRT_ROOT to a folder "
+                    "with include/NvInferRuntime.h): cannot build the plugin library")
     build = build_plugins(archs="90", trt_headers_only=True)
     if build.plugin_lib is None:
         pytest.skip("CMake did not build the plugin library:\n" + build.configure_output[-500:])
