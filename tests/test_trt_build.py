@@ -3,8 +3,10 @@ builds engines on this CPU-only machine, `tensorrt` where installed (normexport.
 
 - without the plugin: the normexport ops' function bodies parse and build (reference models, real
   transformers / diffusers blocks; fp32, fp16, bf16; every axis / rank / modulation form of the ops)
-- with the plugin (needs TensorRT headers to build it: $TensorRT_ROOT, else skipped with that reason):
-  exactly one plugin layer per normexport node, engines build with dynamic-shape profiles
+- with the plugin (needs TensorRT headers to build it, found as tests/_plugin_build.find_tensorrt_root
+  says, else skipped with that reason): exactly one plugin layer per normexport node, engines build
+  with dynamic-shape profiles; counts read from the ONNX file and from the parsed network, not from
+  normexport's own count
 - `normexport build` as a user runs it (a fresh process): summary, report, bad input
 Engines are not executed here (that needs an NVIDIA GPU: tests/test_trt.py).
 """
@@ -44,8 +46,18 @@ def _build(model: onnx.ModelProto, tmp_path: Path, plugin: str | None = None, na
     return trt.build(trt.BuildSpec(str(path), str(tmp_path / f"{name}.engine"), plugin=plugin, profiles=_profiles(model)))
 
 
+def _model_module(name: str):
+    """The bundled reference model `name` (top-level models/, formerly normexport/models/)."""
+    import importlib
+
+    try:
+        return importlib.import_module(f"models.{name}")
+    except ModuleNotFoundError:
+        return importlib.import_module(f"normexport.models.{name}")
+
+
 def _reference(name: str, dtype: torch.dtype) -> onnx.ModelProto:
-    mod = __import__(f"normexport.models.{name}", fromlist=["tiny"])
+    mod = _model_module(name)
     block = mod.tiny().to(dtype)
     x = tuple(t.to(dtype) if t.is_floating_point() else t for t in block.example_inputs())
     return normexport.convert_module(block, x, target="trt", input_names=block.input_names,
@@ -62,14 +74,55 @@ def reference(name: str, dtype: torch.dtype) -> onnx.ModelProto:
     return _CONVERTED[name, dtype]
 
 
+#: normexport nodes per reference model, from the models' structure (README's table): LLaMA's two
+#: RMSNorms, DiT's two modulated LayerNorms, norm_heavy's two RMSNorms (its LayerNorm stays standard)
+NORMEXPORT_NODES = {"bert": {}, "conv_bn": {}, "dit": {"AdaLNZero": 2}, "llama": {"RMSNorm": 2},
+                    "norm_heavy": {"RMSNorm": 2}}
+
+
+def _file_nodes(model: onnx.ModelProto) -> dict[str, list[str]]:
+    """normexport nodes of the file's graph by op type -> node names, read from the ONNX file itself."""
+    out: dict[str, list[str]] = {}
+    for n in model.graph.node:
+        if n.domain == "normexport":
+            out.setdefault(n.op_type, []).append(n.name)
+    return out
+
+
+@pytest.fixture(scope="module")
+def parse():
+    """TensorRT's ONNX parser in this process (no plugin library loaded): the network, read here and
+    not through normexport.trt.build."""
+    t = trt.runtime.load()
+    pg, G_LOGGER, _ = trt.runtime.polygraphy(t)
+    G_LOGGER.module_severity = G_LOGGER.ERROR
+
+    def _parse(model: onnx.ModelProto):
+        builder, network, parser = pg.NetworkFromOnnxBytes(model.SerializeToString(), strongly_typed=True)()
+        layers = [network.get_layer(i) for i in range(network.num_layers)]
+        return t.module, layers, (builder, network, parser)
+
+    return _parse
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
 @pytest.mark.parametrize("name", REFERENCE)
-def test_reference_models_build_without_plugin(name, dtype, tmp_path):
+def test_reference_models_build_without_plugin(name, dtype, tmp_path, parse):
     model = reference(name, dtype)
+    nodes = _file_nodes(model)
+    assert {k: len(v) for k, v in nodes.items()} == NORMEXPORT_NODES[name]
     result = _build(model, tmp_path)
     assert result.engine_bytes > 0 and Path(result.engine_path).stat().st_size == result.engine_bytes
-    assert result.plugin_layers == [] and result.normexport_nodes == len(ops.custom_nodes(model))
+    n = sum(NORMEXPORT_NODES[name].values())
+    assert result.plugin_layers == [] and result.normexport_nodes == n and result.bodies == n
     assert result.strongly_typed  # the file's dtypes decide: fp32 statistics of the bodies stay fp32
+    # the network as TensorRT's parser makes it here: same layer count, no plugin layer, and one
+    # NORMALIZATION layer per AdaLNZero body (LayerNormalization inside) and per plain LayerNormalization
+    trt_mod, layers, _keep = parse(model)
+    assert len(layers) == result.layers
+    assert not [ly.name for ly in layers if ly.type in trt.runtime.plugin_layer_types(trt_mod)]
+    plain_ln = sum(nd.op_type == "LayerNormalization" and nd.domain in ("", "ai.onnx") for nd in model.graph.node)
+    assert sum(ly.type == trt_mod.LayerType.NORMALIZATION for ly in layers) == len(nodes.get("AdaLNZero", [])) + plain_ln
 
 
 @pytest.mark.parametrize("name", ["dit", "llama"])
@@ -82,17 +135,23 @@ def test_bfloat16_files_build(name, tmp_path):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["fp32", "fp16", "bf16"])
 @pytest.mark.parametrize("name", ["dit", "llama", "norm_heavy"])
 def test_plugin_layer_per_normexport_node(plugin_lib, name, dtype, tmp_path):
+    """One plugin layer per normexport node: the parsed network's plugin layers are named as the
+    file's normexport nodes, which the ONNX file (and the model's structure) says there are."""
     model = reference(name, dtype)
-    n = len(ops.custom_nodes(model))
-    assert n > 0
+    nodes = _file_nodes(model)
+    assert {k: len(v) for k, v in nodes.items()} == NORMEXPORT_NODES[name]
     result = _build(model, tmp_path, plugin=plugin_lib)
-    assert len(result.plugin_layers) == n == result.normexport_nodes, result
+    assert sorted(result.plugin_layers) == sorted(sum(nodes.values(), [])), result
+    assert result.normexport_nodes == sum(NORMEXPORT_NODES[name].values()) and result.bodies == 0
     assert result.profiles and result.engine_bytes > 0
 
 
 # ---- real library blocks ---------------------------------------------------------------------
 def _hf_blocks():
-    from tests.test_thirdparty_export import DiTBlock, LlamaBlock, _dit_inputs, randomize_
+    try:
+        from tests.test_thirdparty_export import DiTBlock, LlamaBlock, _dit_inputs, randomize_
+    except ImportError:  # tests/ itself on sys.path (plain `pytest`)
+        from test_thirdparty_export import DiTBlock, LlamaBlock, _dit_inputs, randomize_
 
     llama = randomize_(LlamaBlock(), seed=4)
     dit = randomize_(DiTBlock(), seed=1)
@@ -126,8 +185,13 @@ def test_library_blocks_build(hf_files, key, dtype, tmp_path):
 @pytest.mark.parametrize("key", ["transformers-llama-layer", "diffusers-basic-block"])
 def test_library_blocks_with_plugin(plugin_lib, hf_files, key, dtype, tmp_path):
     model = hf_files[key, dtype]
+    nodes = _file_nodes(model)
+    # LlamaDecoderLayer: input and post-attention RMSNorm; BasicTransformerBlock (ada_norm_zero): norm1
+    # is AdaLayerNormZero, norm3 a plain LayerNorm modulated by the block (both fused to AdaLNZero)
+    assert {k: len(v) for k, v in nodes.items()} == {"transformers-llama-layer": {"RMSNorm": 2},
+                                                     "diffusers-basic-block": {"AdaLNZero": 2}}[key]
     result = _build(model, tmp_path, plugin=plugin_lib)
-    assert len(result.plugin_layers) == len(ops.custom_nodes(model)) > 0
+    assert sorted(result.plugin_layers) == sorted(sum(nodes.values(), []))
 
 
 # ---- every form of the ops' contracts, one node each -----------------------------------------
