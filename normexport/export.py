@@ -104,7 +104,7 @@ def convert_module(module, args: tuple, *, target: str = "trt", opset: int | Non
         first = cause_summary(dynamo_error)
         ts_opset = asked_opset or TORCHSCRIPT_OPSET
         try:
-            model = _torchscript_export(unswapped, args, names, output_names, dynamic_axes, ts_opset)
+            model = _torchscript_export(_traceable(unswapped), args, names, output_names, dynamic_axes, ts_opset)
             ops.attach_functions(model)
             if target != "trt":
                 model = inline_custom_ops(model)
@@ -139,6 +139,21 @@ def _torch_onnx_export(module, args, names, output_names, dynamic_axes, opset, a
             custom_translation_table=ops.TRANSLATION_TABLE, optimize=True, verbose=False,
         )
     return program.model_proto
+
+
+def _traceable(module):
+    """The module a .pt2 holds (ExportedProgram.module(), a GraphModule, perhaps inside a
+    CallAdapter) refuses train(), which the TorchScript exporter calls (train(False)) before
+    tracing: the graph is already in eval form, so train() leaves these modules as they are."""
+    if isinstance(module, torch.nn.Module):
+        for m in module.modules():
+            if isinstance(m, torch.fx.GraphModule) or type(m).__name__ == "InterpreterModule":
+                m.train = _train_noop.__get__(m)
+    return module
+
+
+def _train_noop(self, mode: bool = True):
+    return self
 
 
 def _torchscript_export(module, args, names, output_names, dynamic_axes, opset) -> onnx.ModelProto:

@@ -35,6 +35,15 @@ class CallAdapter(nn.Module):
         self.input_names = [_input_name(paths[i], params) for i in self._slots]
         self.example_inputs = tuple(leaves[i] for i in self._slots)
 
+    def with_inner(self, inner: nn.Module) -> "CallAdapter":
+        """The same call (inputs, names, constants) of another module."""
+        new = CallAdapter.__new__(CallAdapter)
+        nn.Module.__init__(new)
+        new.inner = inner
+        for attr in ("_spec", "_slots", "_constants", "input_names", "example_inputs"):
+            setattr(new, attr, getattr(self, attr))
+        return new
+
     def forward(self, *tensors):
         return tuple(t for t in pytree.tree_leaves(self.call_inner(*tensors)) if isinstance(t, torch.Tensor))
 

@@ -42,7 +42,7 @@ def declared_inputs(module: nn.Module):
 
 #: inputs whose first axis is the batch (and, for token ids, the second the sequence)
 BATCHED = ("input_ids", "attention_mask", "hidden_states", "timestep", "class_labels", "encoder_hidden_states",
-            "pooled_projections", "guidance", "encoder_attention_mask", "pixel_values", "sample")
+            "pooled_projections", "guidance", "encoder_attention_mask", "pixel_values", "sample", "decoder_input_ids")
 
 
 def _cfg(config, *names, default=None):
@@ -54,49 +54,144 @@ def _cfg(config, *names, default=None):
 
 
 def example_kwargs(model, library: str) -> dict[str, torch.Tensor]:
-    """Random example inputs (keyword, by forward parameter) that fit the model class."""
+    """Random example inputs (keyword, by forward parameter) that fit the model class: every
+    parameter of forward without a default, plus the optional ones the config switches on
+    (class labels, pooled projections, guidance, ...). Shapes come from the parameter's name and
+    annotation and the config's sizes (channels, patch, frames, text dims); per-family layouts only
+    where the signature cannot tell (CogVideoX's [B, F, C, H, W] latents, LTX-Video's packed
+    tokens, Flux's packed latents). What cannot be made is one error listing every required input
+    with the shape the config implies."""
     gen = torch.Generator().manual_seed(0)
     config = model.config
-    params = forward_parameters(model)
+    signature = _signature(model)
+    params = list(signature)
+    required = [p for p, prm in signature.items()
+                if prm.default is inspect.Parameter.empty and prm.kind not in (prm.VAR_POSITIONAL, prm.VAR_KEYWORD)]
     if library == "transformers":
-        name = getattr(model, "main_input_name", "input_ids")
-        if name == "input_ids":
-            vocab = int(_cfg(config, "vocab_size", default=32))
-            return {"input_ids": torch.randint(0, vocab, (BATCH, SEQ), generator=gen)}
+        return _transformers_kwargs(model, config, required, gen)
+    sizes = _Sizes(type(model).__name__, config, params)
+    out: dict[str, torch.Tensor] = {}
+    for p in params:
+        value = sizes.make(p, signature[p], gen, required=p in required)
+        if value is not None:
+            out[p] = value
+    missing = [p for p in required if p not in out]
+    if missing or "hidden_states" not in out:
+        want = "; ".join(f"{p} {sizes.expected(p)}" for p in required) or "hidden_states"
+        raise UsageError(f"{type(model).__name__}: normexport cannot make example inputs for "
+                         f"{', '.join(missing or ['hidden_states'])}: pass --input NAME:DIMS[:DTYPE] for each "
+                         f"required forward input ({want})")
+    return out
+
+
+def _signature(model) -> dict:
+    try:
+        params = dict(inspect.signature(model.forward).parameters)
+    except (TypeError, ValueError):
+        return {}
+    params.pop("self", None)
+    return params
+
+
+def _transformers_kwargs(model, config, required, gen) -> dict[str, torch.Tensor]:
+    name = getattr(model, "main_input_name", "input_ids")
+    if name != "input_ids":
         raise UsageError(f"{type(model).__name__} takes '{name}', for which normexport makes no example input: "
                          f"pass --input {name}:DIMS[:DTYPE]")
-    out: dict[str, torch.Tensor] = {}
-    in_ch = int(_cfg(config, "in_channels", default=4))
-    size = int(_cfg(config, "sample_size", default=8) or 8)
-    text_dim = _cfg(config, "joint_attention_dim", "cross_attention_dim", "caption_channels")
-    for p in params:
-        if p == "hidden_states":
-            if "img_ids" in params:  # Flux: packed latents [B, tokens, C]
-                out[p] = torch.randn(BATCH, SEQ, in_ch, generator=gen)
-            else:
-                out[p] = torch.randn(BATCH, in_ch, size, size, generator=gen)
-        elif p == "timestep":
-            out[p] = (torch.rand(BATCH, generator=gen) if "img_ids" in params
-                      else torch.randint(1, 1000, (BATCH,), generator=gen))
-        elif p == "class_labels" and _cfg(config, "num_embeds_ada_norm"):
-            out[p] = torch.randint(0, int(_cfg(config, "num_embeds_ada_norm")), (BATCH,), generator=gen)
-        elif p == "encoder_hidden_states" and text_dim:
-            out[p] = torch.randn(BATCH, TEXT_SEQ, int(text_dim), generator=gen)
-        elif p == "pooled_projections" and _cfg(config, "pooled_projection_dim"):
-            out[p] = torch.randn(BATCH, int(_cfg(config, "pooled_projection_dim")), generator=gen)
-        elif p == "img_ids":
-            out[p] = torch.randn(SEQ, 3, generator=gen)
-        elif p == "txt_ids":
-            out[p] = torch.randn(TEXT_SEQ, 3, generator=gen)
-        elif p == "guidance" and _cfg(config, "guidance_embeds"):
-            out[p] = torch.full((BATCH,), 3.5)
-        elif p == "added_cond_kwargs" and _cfg(config, "use_additional_conditions"):
-            out[p] = {"resolution": torch.full((BATCH, 2), float(size * 8)),
-                      "aspect_ratio": torch.ones(BATCH, 1)}
-    if "hidden_states" not in out:
-        raise UsageError(f"{type(model).__name__} takes no 'hidden_states': normexport makes example inputs for "
-                         "diffusion transformers only; pass --input NAME:DIMS[:DTYPE] for each forward input")
+    vocab = int(_cfg(config, "vocab_size", default=32))
+    out = {"input_ids": torch.randint(0, vocab, (BATCH, SEQ), generator=gen)}
+    if _cfg(config, "is_encoder_decoder") and "decoder_input_ids" in _signature(model):
+        # encoder-decoders (T5, BART): the decoder's tokens, a shorter sequence than the encoder's
+        out["decoder_input_ids"] = torch.randint(0, vocab, (BATCH, DECODER_SEQ), generator=gen)
     return out
+
+
+DECODER_SEQ = 4
+#: latent frames of a video example (a multiple of the temporal patch)
+FRAMES = 2
+
+
+class _Sizes:
+    """The sizes a diffusers model's config implies for its forward inputs."""
+
+    def __init__(self, cls_name: str, config, params: list[str]):
+        self.cls, self.config, self.params = cls_name, config, params
+        c = lambda *n, default=None: _cfg(config, *n, default=default)  # noqa: E731
+        self.in_ch = int(c("in_channels", default=4))
+        patch = c("patch_size", default=1) or 1
+        self.patch = int(patch[-1] if isinstance(patch, (list, tuple)) else patch)
+        patch_t = c("patch_size_t") or (patch[0] if isinstance(patch, (list, tuple)) else 1)
+        self.patch_t = int(patch_t or 1)
+        size = c("sample_size")
+        if isinstance(size, (list, tuple)):
+            size = size[0]
+        # latents: the config's sample size when it is small, else 2 patches per side
+        self.size = int(size) if size and int(size) <= 16 else 2 * self.patch
+        self.height = int(c("sample_height", default=0) or 0) or self.size
+        self.width = int(c("sample_width", default=0) or 0) or self.size
+        if self.height > 16 or self.width > 16:
+            self.height = self.width = 2 * self.patch
+        self.video = "3D" in cls_name or c("patch_size_t") is not None or isinstance(patch, (list, tuple))
+        self.frames = FRAMES * self.patch_t if self.video else 0
+        self.text_dim = c("text_embed_dim", "text_dim", "cap_feat_dim", "joint_attention_dim", "caption_channels",
+                          "cross_attention_dim")
+        if isinstance(self.text_dim, (list, tuple)):
+            self.text_dim = self.text_dim[0]
+        self.text_seq = int(c("max_text_seq_length", default=TEXT_SEQ)) if c("use_learned_positional_embeddings") \
+            else TEXT_SEQ
+        self.packed = "img_ids" in params  # Flux: packed latents [B, tokens, C], float timesteps
+        self.tokens_in = "num_frames" in params and "video_coords" in params  # LTX-Video: patchified tokens
+
+    def hidden_shape(self) -> tuple:
+        if self.packed:
+            return BATCH, SEQ, self.in_ch
+        if self.tokens_in:
+            return BATCH, self.frames * self.height * self.width, self.in_ch
+        if self.video:
+            if self.cls.startswith("CogVideoX"):  # per family: frames before channels
+                return BATCH, self.frames, self.in_ch, self.height, self.width
+            return BATCH, self.in_ch, self.frames, self.height, self.width
+        return BATCH, self.in_ch, self.height, self.width
+
+    def expected(self, p: str) -> str:
+        shapes = {"hidden_states": "x".join(map(str, self.hidden_shape())), "timestep": f"{BATCH}",
+                  "encoder_hidden_states": f"{BATCH}x{self.text_seq}x{self.text_dim or 'TEXT_DIM'}",
+                  "encoder_attention_mask": f"{BATCH}x{self.text_seq}:bool",
+                  "pooled_projections": f"{BATCH}x{_cfg(self.config, 'pooled_projection_dim', default='DIM')}"}
+        return "[" + shapes.get(p, "shape unknown") + "]"
+
+    def make(self, p: str, prm, gen, required: bool):
+        c = lambda *n, default=None: _cfg(self.config, *n, default=default)  # noqa: E731
+        annotation = str(prm.annotation)
+        if p == "hidden_states":
+            return torch.randn(*self.hidden_shape(), generator=gen)
+        if p == "timestep":
+            if self.packed or ("Long" not in annotation and "int" not in annotation):
+                return torch.rand(BATCH, generator=gen)  # flow matching: t in [0, 1]
+            return torch.randint(1, 1000, (BATCH,), generator=gen)
+        if p == "encoder_hidden_states" and self.text_dim:
+            return torch.randn(BATCH, self.text_seq, int(self.text_dim), generator=gen)
+        if p == "encoder_attention_mask" and (required or "encoder_hidden_states" in self.params):
+            if not required:
+                return None
+            mask = torch.ones(BATCH, self.text_seq, dtype=torch.bool)
+            mask[1:, -2:] = False  # padding in all but the first prompt
+            return mask
+        if p == "pooled_projections" and c("pooled_projection_dim"):
+            return torch.randn(BATCH, int(c("pooled_projection_dim")), generator=gen)
+        if p == "class_labels" and c("num_embeds_ada_norm"):
+            return torch.randint(0, int(c("num_embeds_ada_norm")), (BATCH,), generator=gen)
+        if p == "img_ids":
+            return torch.randn(SEQ, 3, generator=gen)
+        if p == "txt_ids":
+            return torch.randn(TEXT_SEQ, 3, generator=gen)
+        if p == "guidance" and c("guidance_embeds"):
+            return torch.full((BATCH,), 3.5)
+        if p == "added_cond_kwargs" and c("use_additional_conditions"):
+            return {"resolution": torch.full((BATCH, 2), float(self.size * 8)), "aspect_ratio": torch.ones(BATCH, 1)}
+        if self.tokens_in and p in ("num_frames", "height", "width"):
+            return {"num_frames": self.frames, "height": self.height, "width": self.width}[p]
+        return None
 
 
 def forward_parameters(model) -> list[str]:

@@ -50,7 +50,7 @@ def load_folder(path: Path):
     module = _from_pretrained(cls, path)
     args = example_kwargs(module, library)
     adapter = CallAdapter(module, (), args)
-    dynamic = {name: [0, 1] if name in ("input_ids", "attention_mask") else [0] for name in args
+    dynamic = {name: [0, 1] if name in ("input_ids", "attention_mask", "decoder_input_ids") else [0] for name in args
                if name in BATCHED}
     return LoadedModel(adapter, "pretrained", adapter.example_inputs, adapter.input_names, dynamic or None)
 
@@ -64,7 +64,7 @@ def _from_pretrained(cls, path: Path):
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            model = cls.from_pretrained(str(path), local_files_only=True)
+            model = _load_weights(cls, path)
     except Exception as e:
         raise UsageError(f"cannot load '{path}' as {cls.__name__} ({first_line(e, 160)}): "
                          "check that the folder holds config.json and its weights (save_pretrained)") from None
@@ -78,6 +78,26 @@ def _from_pretrained(cls, path: Path):
     if config is not None and hasattr(config, "use_cache"):
         config.use_cache = False  # no KV cache objects among the outputs
     return model.eval()
+
+
+def _load_weights(cls, path: Path):
+    """from_pretrained, in float32 (the dtype the folder's model runs in eagerly). diffusers
+    without accelerate refuses a class with `_keep_in_fp32_modules` ("low_cpu_mem_usage cannot be
+    False when keep_in_fp32_modules is True"), although in float32 keeping modules in float32 is
+    no change: those classes load with the list set aside for the load, then restored (a cast to
+    float16 / bfloat16 keeps those modules in float32: normexport.load.resolve.cast)."""
+    try:
+        return cls.from_pretrained(str(path), local_files_only=True)
+    except ValueError as e:
+        keep = cls.__dict__.get("_keep_in_fp32_modules")
+        if "keep_in_fp32_modules" not in str(e) or not keep:
+            raise
+    cls._keep_in_fp32_modules = None
+    try:
+        model = cls.from_pretrained(str(path), local_files_only=True)
+    finally:
+        cls._keep_in_fp32_modules = keep
+    return model
 
 
 def _quiet_progress(library: str) -> None:

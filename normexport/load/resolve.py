@@ -14,7 +14,7 @@ from torch import nn
 
 from ..errors import UsageError
 from . import pretrained, submodule
-from .call import input_names
+from .call import input_names, unwrap
 from .inputs import DTYPES, make_inputs, parse_dynamic, parse_input
 from .model import LoadedModel
 
@@ -36,11 +36,31 @@ def call_for(loaded: LoadedModel, model: str, input_args=(), dynamic_args=(), dt
         _check_pt2_dtype(loaded, model, dtype)
     inputs, names, dynamic, module = resolve_inputs(loaded, model, list(input_args), list(dynamic_args), dtype)
     if dtype:
-        module = module.to(DTYPES[dtype])
+        module = cast(module, DTYPES[dtype])
     if module_name:
         module, inputs, names, dynamic = submodule.capture(module, module_name, inputs, dynamic, names,
                                                            loaded=loaded)
     return Call(module, tuple(inputs), list(names), dict(dynamic or {}), loaded)
+
+
+def keep_fp32(module: nn.Module) -> list[str]:
+    """Names of the modules / parameters the model's class keeps in float32 in any dtype
+    (transformers' and diffusers' `_keep_in_fp32_modules`, e.g. T5's `wo`, Wan's time embedder)."""
+    keep = getattr(unwrap(module), "_keep_in_fp32_modules", None)
+    return [k for k in (keep or []) if isinstance(k, str)]
+
+
+def cast(module: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """module.to(dtype), except what the class keeps in float32 (keep_fp32): those parameters and
+    buffers stay float32 in a float16 / bfloat16 export, as from_pretrained(torch_dtype=...) keeps them."""
+    module = module.to(dtype)
+    keep = keep_fp32(module) if dtype in (torch.float16, torch.bfloat16) else []
+    if keep:
+        inner = unwrap(module)
+        for name, t in list(inner.named_parameters()) + list(inner.named_buffers()):
+            if t.is_floating_point() and any(k in name.split(".") for k in keep):
+                t.data = t.data.float()
+    return module
 
 
 def resolve_inputs(loaded: LoadedModel, model: str, input_args: list[str], dynamic_args: list[str],

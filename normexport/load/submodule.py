@@ -16,8 +16,9 @@ import difflib
 import torch
 from torch import nn
 
-from .call import CallAdapter, unwrap
 from ..errors import UsageError, first_line
+from ._util import quiet
+from .call import CallAdapter, unwrap
 
 
 def find(model: nn.Module, name: str) -> nn.Module:
@@ -36,7 +37,11 @@ def find(model: nn.Module, name: str) -> nn.Module:
 
 def capture(model: nn.Module, name: str, inputs: tuple, dynamic: dict[str, list[int]] | None, input_names: list[str],
             loaded=None):
-    """(CallAdapter of the submodule, its inputs, names, dynamic axes) from one forward of `model`."""
+    """(CallAdapter of the submodule, its inputs, names, dynamic axes) from one forward of `model`.
+    For a .pt2 (`loaded.exported_program`), whose module is one flat graph, the program is
+    unflattened first (torch.export.unflatten): its submodules are the model's, called as in it."""
+    if loaded is not None and getattr(loaded, "exported_program", None) is not None:
+        model = _unflattened(model, loaded.exported_program)
     block = find(model, name)
     seen: list = []
 
@@ -79,3 +84,20 @@ def _dynamic_sizes(inputs, names, dynamic) -> set[int]:
             if a < t.dim():
                 sizes.add(int(t.shape[a]))
     return sizes
+
+
+def _unflattened(model: nn.Module, program) -> nn.Module:
+    """`model` (the program's flat module, perhaps inside a CallAdapter) with the hierarchy of
+    the module that was exported restored."""
+    try:
+        with quiet():
+            tree = torch.export.unflatten(program)
+    except Exception as e:
+        raise UsageError(f"--module: the exported program cannot be unflattened into its submodules ({first_line(e, 160)}): "
+                         "export the submodule itself with torch.export, or convert the model from Python or a folder") from None
+    tree.eval = tree.train = _no_train.__get__(tree)  # eval form already; UnflattenedModule refuses train()
+    return model.with_inner(tree) if isinstance(model, CallAdapter) else tree
+
+
+def _no_train(self, mode: bool = True):
+    return self
