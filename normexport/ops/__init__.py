@@ -71,5 +71,47 @@ def attach_functions(model: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
+def mark_plugin_nodes_ir(model) -> int:
+    """mark_plugin_nodes for an onnx_ir model (its main graph), in place."""
+    import onnx_ir as ir
+
+    changed = 0
+    for node in model.graph:
+        if node.domain != DOMAIN:
+            continue
+        missing = [k for k in PLUGIN_ATTRIBUTES if k not in node.attributes]
+        for k in missing:
+            node.attributes[k] = ir.Attr(k, ir.AttributeType.STRING, PLUGIN_ATTRIBUTES[k])
+        changed += bool(missing)
+    return changed
+
+
+def attach_functions_ir(model) -> None:
+    """attach_functions for an onnx_ir model, in place: the `normexport` opset import, one function
+    per custom op its main graph uses, the plugin attributes. The weights are not touched."""
+    import onnx_ir as ir
+
+    for key in [k for k, f in model.functions.items() if f.domain == DOMAIN]:
+        del model.functions[key]
+    by_type: dict[str, set[int]] = {}
+    for n in model.graph:
+        if n.domain == DOMAIN:
+            if n.op_type not in SPECS:
+                raise ValueError(f"unknown op {DOMAIN}::{n.op_type}")
+            by_type.setdefault(n.op_type, set()).add(len(n.inputs))
+    if not by_type:
+        return
+    opset = model.opset_imports.get("", 0)
+    if opset < MIN_OPSET:
+        raise ValueError(f"normexport custom ops need opset >= {MIN_OPSET}; this model imports {opset}")
+    model.opset_imports.setdefault(DOMAIN, VERSION)
+    for op_type, arities in sorted(by_type.items()):
+        if len(arities) > 1:
+            raise ValueError(f"{DOMAIN}::{op_type} is used with {sorted(arities)} inputs in one model; use one form")
+        f = ir.serde.deserialize_function(SPECS[op_type].function_proto(opset, arities.pop()))
+        model.functions[f.identifier()] = f
+    mark_plugin_nodes_ir(model)
+
+
 __all__ = ["DOMAIN", "VERSION", "MIN_OPSET", "PLUGIN_ATTRIBUTES", "SPECS", "TRANSLATION_TABLE", "attach_functions",
-           "custom_nodes", "default_opset", "mark_plugin_nodes"]
+           "attach_functions_ir", "custom_nodes", "default_opset", "mark_plugin_nodes", "mark_plugin_nodes_ir"]

@@ -1,5 +1,8 @@
-"""The rewrite loop: per rule module (rules.RULE_MODULES, in order) apply its rules, verify each
-rule's effect (site by site when a rule's sites fail together), keep what verifies."""
+"""The rewrite loop: per rule module (rules.RULE_MODULES, in order) apply its rules on the onnx-ir
+model; every match is verified locally (local.py: the matched subgraph against its replacement,
+vs float64) before it is applied, so the model never leaves onnx-ir and its weights are never
+copied or serialised whole (DESIGN §8). A whole-model comparison in onnxruntime runs as an extra
+where the model is small enough."""
 
 from __future__ import annotations
 
@@ -17,14 +20,17 @@ from normexport import ops as _ops
 from normexport import sizes as _sizes
 from normexport.errors import UsageError, first_line
 
-from ._weights import reweighted, weightless
 from .diagnostics import Tracer, record_diagnostics, record_unapplied, where
-from .opset import upgrade_opset
+from .local import LocalVerifier, concrete_shapes, probe_shapes
+from .opset import model_opset, upgrade_opset_ir
 from .report import RewriteReport, input_records
-from .serialize import serialize
+from .serialize import finish
 from .verifier import Verifier
 
 TARGETS = ("trt", "ort", "onnx")
+#: the whole-model comparison (an extra beside the local checks) runs when the weights are at most
+#: this large: it holds the original and the rewritten model in onnxruntime at once
+WHOLE_MODEL_LIMIT = 256 << 20
 
 
 def _load_module(name: str):
@@ -49,39 +55,99 @@ def _apply(rules, ir_model: ir.Model, tracer=None) -> int:
         ir_model.functions.update(ours)
 
 
-def rewrite(model: onnx.ModelProto, target: str = "trt", verify: bool = True,
-            report: RewriteReport | None = None, inputs: dict[str, list[int]] | None = None) -> onnx.ModelProto:
-    """Fuse decomposed LayerNorm / RMSNorm / AdaLN (and whatever RULE_MODULES lists) in `model`
-    for `target`. Returns a new model; `model` is not mutated. With `verify`, every rule's
-    effect is checked in onnxruntime and reverted when outputs differ, at the sizes `inputs`
-    gives ({input name: dims}; the others found by normexport.sizes: sizes the model runs at)."""
+def weight_bytes(model: ir.Model) -> int:
+    """Bytes of the model's initializers (lazy external tensors are not read)."""
+    total = 0
+    for v in model.graph.initializers.values():
+        t = v.const_value
+        if t is not None:
+            try:
+                total += t.nbytes
+            except Exception:  # noqa: BLE001 - a tensor without a size
+                pass
+    return total
+
+
+def interface(model: ir.Model) -> onnx.ModelProto:
+    """The model's graph inputs and outputs alone (no nodes, no weights): what normexport.sizes
+    reads to check --input sizes."""
+    inits = set(model.graph.initializers)
+    ins = [ir.serde.serialize_value(v) for v in model.graph.inputs if v.name not in inits]
+    outs = [ir.serde.serialize_value(v) for v in model.graph.outputs]
+    graph = onnx.helper.make_graph([], model.graph.name or "g", ins, outs)
+    return onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid(d, v) for d, v in model.opset_imports.items()])
+
+
+def rewrite(model, target: str = "trt", verify: bool = True, report: RewriteReport | None = None,
+            inputs: dict[str, list[int]] | None = None):
+    """Fuse decomposed LayerNorm / RMSNorm / AdaLN (and whatever RULE_MODULES lists) for `target`.
+
+    `model`: an onnx.ModelProto (not mutated; a new ModelProto is returned) or an onnx_ir.Model
+    (rewritten in place and returned; weights stay where they are, lazy or memory-mapped).
+    With `verify`, each fusion is verified locally before it is applied (DESIGN §8) and, for
+    models of at most WHOLE_MODEL_LIMIT bytes of weights, the result is also compared with the
+    original as a whole in onnxruntime at the sizes `inputs` gives ({input name: dims}; else
+    sizes the model runs at, found by normexport.sizes)."""
+    if isinstance(model, onnx.ModelProto):
+        ir_model = ir.serde.deserialize_model(model)  # shares the proto's tensor bytes
+        report = report if report is not None else RewriteReport()
+        out = rewrite_ir(ir_model, target, verify, report, inputs, original=model)
+        if report.applied:
+            return ir.serde.serialize_model(out)
+        same = onnx.ModelProto()  # nothing fused: the model as it came (plugin attributes added)
+        same.CopyFrom(model)
+        _ops.mark_plugin_nodes(same)
+        report.opset_after = report.opset_before
+        return same
+    return rewrite_ir(model, target, verify, report, inputs)
+
+
+def rewrite_ir(model: ir.Model, target: str = "trt", verify: bool = True, report: RewriteReport | None = None,
+               inputs: dict[str, list[int]] | None = None, original: onnx.ModelProto | None = None) -> ir.Model:
+    """rewrite() on an onnx_ir model; returns the rewritten model (the same object unless an opset
+    conversion had to build a new one). `original`: the model as a proto, when the caller has it
+    (for the whole-model extra)."""
     from . import RULE_MODULES  # read at call time: tests and tools swap the package's list
 
     if target not in TARGETS:
         raise ValueError(f"unknown target {target!r}; use one of {', '.join(TARGETS)}")
-    _sizes.check_given(model, inputs)
+    face = interface(model)
+    _sizes.check_given(face, inputs)
     if report is None:
         report = RewriteReport()
     report.target, report.verify = target, verify
-    report.opset_before = report.opset_after = _ops.default_opset(model)
-    report.nodes_before = report.nodes_after = len(model.graph.node)
+    report.opset_before = report.opset_after = model_opset(model)
+    report.nodes_before = report.nodes_after = len(model.graph)
     try:
-        report.inputs = input_records(model, _sizes.candidates(model, inputs)[0])
+        first = _sizes.candidates(face, inputs)[0]  # the --input sizes, else the first sizes normexport.sizes tries
     except ValueError:
-        report.inputs = []
+        first = dict(inputs or {})
+    report.inputs = input_records(face, first)
 
-    light, big, fake = weightless(model)
-    try:
-        light = onnx.shape_inference.infer_shapes(light, data_prop=True)
-    except Exception as e:  # noqa: BLE001
-        report.notes.append(f"shape inference failed ({first_line(e, 120)}); rules see fewer shapes")
-    work = reweighted(light, big, fake)
-    verifier = Verifier(model, report, inputs)
-    changed = False
+    whole = None
+    if verify:
+        nbytes = weight_bytes(model)
+        if nbytes <= WHOLE_MODEL_LIMIT:
+            whole = original if original is not None else ir.serde.serialize_model(model)
+        else:
+            report.whole_model = (f"not run: {nbytes / 2**30:.2f} GiB of weights (the extra runs up to "
+                                  f"{WHOLE_MODEL_LIMIT >> 20} MiB); every fusion was verified locally")
+
+    ir.passes.common.ShapeInferencePass(check_type=False, strict_mode=False, data_prop=True)(model)
+    local = None
+    if verify:
+        concrete = concrete_shapes(model, first)
+        if whole is not None:  # small: what shape inference left unknown, from one run
+            probed, why = probe_shapes(whole, model, concrete, inputs)
+            concrete.update(probed)
+            if why:
+                report.notes.append(f"local verification: sizes of intermediate values not probed ({why})")
+        local = LocalVerifier(model, _symbol_sizes(model, first), concrete=concrete)
+    report.local = local
 
     explain = None  # the previous module's explain_unapplied hook, run on the model it left
     for mod_name in RULE_MODULES:
-        record_unapplied(explain, work, report)
+        record_unapplied(explain, model, report)
         explain = None
         mod = _load_module(mod_name)
         if mod is None:
@@ -97,16 +163,15 @@ def rewrite(model: onnx.ModelProto, target: str = "trt", verify: bool = True,
         if not rules:
             continue
         records = {r.name: report.record(r.name, mod_name) for r in rules}
-        ir_model = ir.serde.deserialize_model(work)
         tracer = Tracer()
-        _apply(rules, ir_model, tracer)
+        _apply([_verified(r, None, None) for r in rules], model, tracer)  # a dry run: what matches, near-misses, failed checks
         if not any(ev[3] == MatchStatus.SUCCESS for ev in tracer.events):
             record_diagnostics(tracer, records)
             continue
         need = mod.required_opset(target) if hasattr(mod, "required_opset") else 0
-        if _ops.default_opset(work) < need:
+        if model_opset(model) < need:
             try:
-                upgraded, how = upgrade_opset(work, need)
+                model, how = upgrade_opset_ir(model, need)
             except ValueError as e:
                 for ev in tracer.events:
                     if ev[3] == MatchStatus.SUCCESS:
@@ -115,95 +180,96 @@ def rewrite(model: onnx.ModelProto, target: str = "trt", verify: bool = True,
                         rec.reject(f"failed check: needs opset {need}: {e}", where(ev[1]))
                 record_diagnostics(tracer, records)
                 continue
-            why = verifier.check(upgraded) if verify else None
-            if why:
-                report.notes.append(f"{mod_name}: opset upgrade to {need} rejected: numeric verification: {why}")
-                for ev in tracer.events:
-                    if ev[3] == MatchStatus.SUCCESS:
-                        records[ev[0].name].matched += 1
-                        records[ev[0].name].reject(f"numeric verification: opset upgrade to {need}: {why}", where(ev[1]))
-                continue
             report.notes.append(f"{mod_name}: {how}")
-            work = upgraded
-            ir_model = ir.serde.deserialize_model(work)
+            if local is not None:
+                local.model = model
+            ir.passes.common.ShapeInferencePass(check_type=False, strict_mode=False, data_prop=True)(model)
             tracer = Tracer()
-            _apply(rules, ir_model, tracer)
+            _apply([_verified(r, None, None) for r in rules], model, tracer)
         record_diagnostics(tracer, records)
+        for rule in rules:  # one rule at a time, in the module's order
+            _apply([_verified(rule, records[rule.name], local)], model)
+    record_unapplied(explain, model, report)
 
-        for rule in rules:
-            rec = records[rule.name]
-            n = _apply([rule], ir_model)
-            if n == 0:
-                continue
-            rec.matched += n
-            candidate, why = _try(ir_model, verifier, verify)
-            if candidate is not None:
-                rec.applied += n
-                work, changed = candidate, True
-                continue
-            ir_model = ir.serde.deserialize_model(work)
-            sites = _sites(rule, ir_model) if n > 1 else []
-            if len(sites) < 2:
-                rec.reject(f"numeric verification: {why}", f"{n} site(s)")
-                continue
-            # one site spoiled the lot: keep every site that verifies on its own
-            for site in sites:
-                if _apply([_only_at(rule, site)], ir_model) == 0:
-                    continue
-                candidate, why1 = _try(ir_model, verifier, verify)
-                if candidate is not None:
-                    rec.applied += 1
-                    work, changed = candidate, True
-                else:
-                    rec.reject(f"numeric verification: {why1}", f"{site[0]} -> {', '.join(site[1])}")
-                    ir_model = ir.serde.deserialize_model(work)
-    record_unapplied(explain, work, report)
-
-    if not changed:
-        work = onnx.ModelProto()
-        work.CopyFrom(model)
-    marked = _ops.mark_plugin_nodes(work)  # nodes from other tools may lack them; ours have them
+    marked = _ops.mark_plugin_nodes_ir(model)  # nodes from other tools may lack them; ours have them
+    finish(model)
     if marked:
         report.notes.append(f"added plugin_namespace / plugin_version to {marked} normexport node(s) "
                             "so that TensorRT's ONNX parser runs the plugin rather than the function body")
-    report.opset_after = _ops.default_opset(work)
-    report.nodes_after = len(work.graph.node)
-    return work
+    report.opset_after = model_opset(model)
+    report.nodes_after = len(model.graph)
+    if whole is not None and report.applied:
+        _whole_model(whole, model, report, inputs)
+    return model
 
 
-def _try(ir_model: ir.Model, verifier: Verifier, verify: bool) -> tuple[onnx.ModelProto | None, str | None]:
-    """(the serialized candidate, None) when it verifies, else (None, the reason)."""
-    try:
-        candidate = serialize(ir_model)
-        why = verifier.check(candidate) if verify else None
-    except UsageError:  # the --input sizes do not fit the model
-        raise
-    except Exception as e:  # noqa: BLE001 - e.g. attach_functions refusing a mixed form
-        why = f"rewritten model invalid: {first_line(e, 200)}"
-    return (candidate, None) if why is None else (None, why)
-
-
-def _site(node: ir.Node) -> tuple[str, tuple[str, ...]]:
-    """A match site by its root node, stable across serialize / deserialize: op and output names."""
-    return node.op_type, tuple(o.name or "" for o in node.outputs)
-
-
-def _sites(rule, ir_model: ir.Model) -> list[tuple[str, tuple[str, ...]]]:
-    """Where `rule` would rewrite (a dry run: the rewriter does not rewrite under a tracer)."""
-    tracer = Tracer()
-    _apply([rule], ir_model, tracer)
-    return list(dict.fromkeys(_site(node) for _, node, _, status in tracer.events if status == MatchStatus.SUCCESS))
-
-
-def _only_at(rule, site):
-    """A copy of `rule` whose check also requires the match's root to be `site`."""
+def _verified(rule, rec, local: LocalVerifier | None):
+    """A copy of `rule` that counts its matches in `rec` and, with `local`, applies a match only
+    when the local check passes (else records why and leaves the match as it was)."""
     one = copy.copy(rule)
-    check = rule._condition_function
+    inner = rule.try_rewrite
 
-    def condition(context, **bindings):
-        if _site(context.root) != site:
-            return pattern.MatchResult().fail("not the site being verified")
-        return check(context, **bindings)
+    def try_rewrite(model, graph_or_function, node, *, verbose=None, tracer=None):
+        delta = inner(model, graph_or_function, node, verbose=verbose, tracer=tracer)
+        if delta is None:
+            return None
+        if tracer is not None:  # a dry run: the replacement is dropped
+            _detach(delta)
+            return delta
+        rec.matched += 1
+        if local is not None:
+            try:
+                why = local.verify(rule.name, where(node), delta)
+            except UsageError:
+                raise
+            except Exception as e:  # noqa: BLE001 - a verifier failure is a rejection, never a crash
+                why = f"cannot verify locally: {type(e).__name__}: {first_line(e, 160)}"
+            if why is not None:
+                rec.reject(f"local verification: {why}", where(node))
+                _detach(delta)
+                return None
+        rec.applied += 1
+        return delta
 
-    one._condition_function = condition
+    one.try_rewrite = try_rewrite
     return one
+
+
+def _detach(delta) -> None:
+    """Unhook a replacement that will not be inserted: its nodes read graph values, and every such
+    read counts as a use of the value (a later rule would see phantom readers)."""
+    for n in delta.new_nodes:
+        for i in range(len(n.inputs)):
+            n.replace_input_with(i, None)
+
+
+def _symbol_sizes(model: ir.Model, given: dict[str, list[int]] | None) -> dict[str, int]:
+    """{symbolic dim name: size} from sizes of the graph inputs ({input name: dims}: the --input
+    sizes, else the first that normexport.sizes tries, e.g. batch 2, sequence 8)."""
+    out: dict[str, int] = {}
+    for v in model.graph.inputs:
+        dims = (given or {}).get(v.name)
+        if dims is None or v.shape is None or len(v.shape) != len(dims):
+            continue
+        for d, n in zip(v.shape, dims):
+            if not isinstance(d, int) and getattr(d, "value", None):
+                out.setdefault(d.value, int(n))
+    return out
+
+
+def _whole_model(original: onnx.ModelProto, model: ir.Model, report: RewriteReport, inputs) -> None:
+    """The extra: the rewritten model against the original, whole, in onnxruntime (reported, not a
+    veto: the local checks decided each fusion)."""
+    try:
+        candidate = ir.serde.serialize_model(model)
+    except Exception as e:  # noqa: BLE001
+        report.whole_model = f"not run: the rewritten model does not serialise ({first_line(e, 160)})"
+        return
+    verifier = Verifier(original, report, inputs)
+    why = verifier.check(candidate)
+    if why is None:
+        report.whole_model = "passed"
+    elif why.startswith("cannot run the original model"):
+        report.whole_model = f"not run: {report.notes[-1].removeprefix('verification: ') if report.notes else why}"
+    else:
+        report.whole_model = f"differs: {why}"

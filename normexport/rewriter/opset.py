@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import onnx
+import onnx_ir as ir
 
 from normexport import ops as _ops
 from normexport.errors import first_line
@@ -61,3 +62,45 @@ def upgrade_opset(model: onnx.ModelProto, version: int) -> tuple[onnx.ModelProto
     except Exception as e:  # noqa: BLE001 - the converter raises many kinds
         raise ValueError(f"onnx.version_converter {old} -> {version} failed: {first_line(e, 200)}") from e
     return reweighted(out, big, fake), f"opset converted {old} -> {version} with onnx.version_converter"
+
+
+def model_opset(model: ir.Model) -> int:
+    return model.opset_imports.get("", model.opset_imports.get("ai.onnx", 0))
+
+
+def upgrade_opset_ir(model: ir.Model, version: int) -> tuple[ir.Model, str]:
+    """upgrade_opset for an onnx_ir model: bumped in place when no op the model uses changed in
+    between, else converted by onnx.version_converter on the model without its weights (a new
+    model, the same weight tensors). Raises ValueError when neither is possible."""
+    from onnx_ir.passes.common import _c_api_utils
+
+    old = model_opset(model)
+    bump = True
+    for n in ir.traversal.RecursiveGraphIterator(model.graph):
+        if n.domain not in ("", "ai.onnx"):
+            continue
+        try:
+            schema = onnx.defs.get_schema(n.op_type, version, "")
+        except onnx.defs.SchemaError:
+            bump = False
+            break
+        if schema.since_version > old:
+            bump = False
+            break
+    if bump:
+        model.opset_imports[""] = version
+        return model, f"opset import bumped {old} -> {version} (no op changed in between)"
+    weights = {name: v.const_value for name, v in model.graph.initializers.items()}
+    real = {v.name for v in model.graph.inputs}
+    try:
+        proto = _c_api_utils.call_onnx_api(lambda p: onnx.version_converter.convert_version(p, version), model)
+    except Exception as e:  # noqa: BLE001 - the converter raises many kinds
+        raise ValueError(f"onnx.version_converter {old} -> {version} failed: {first_line(e, 200)}") from e
+    new = ir.serde.deserialize_model(proto)
+    for v in list(new.graph.inputs):
+        if v.name in weights and v.name not in real:
+            new.graph.inputs.remove(v)
+            if v.name not in new.graph.initializers:
+                v.const_value = weights[v.name]
+                new.graph.register_initializer(v)
+    return new, f"opset converted {old} -> {version} with onnx.version_converter"

@@ -40,6 +40,8 @@ class RewriteReport:
     sizes: str = ""  # where the input sizes came from (normexport.sizes), "" while not run
     verification: list[_verify.Comparison] = dataclasses.field(default_factory=list)
     notes: list[str] = dataclasses.field(default_factory=list)
+    local: Any = None  # the LocalVerifier (local.py) when verification ran: its checks
+    whole_model: str = ""  # the whole-model extra: "passed", "differs: ...", "not run: ..."
 
     def record(self, rule_name: str, module: str) -> RuleRecord:
         if rule_name not in self.rules:
@@ -49,6 +51,15 @@ class RewriteReport:
     @property
     def applied(self) -> int:
         return sum(r.applied for r in self.rules.values())
+
+    def unverified(self) -> list[dict[str, str]]:
+        """The matches not applied because they failed (or could not be given) local verification."""
+        return [r for rec in self.rules.values() for r in rec.rejected if r["reason"].startswith("local verification")]
+
+    @property
+    def nothing_verifiable(self) -> bool:
+        """Fusions matched, none applied, and verification is why (the CLI exits 1)."""
+        return self.applied == 0 and bool(self.unverified())
 
     def fused_ops(self) -> dict[str, int]:
         by_module: dict[str, int] = {}
@@ -72,9 +83,21 @@ class RewriteReport:
                  "rejected": list(r.rejected)}
                 for r in self.rules.values()
             ],
-            # the reference here is the original graph run in onnxruntime (CPU)
+            "verification": self._verification_dict(),
+            # the whole-model extra: the original graph run in onnxruntime (CPU) is the reference
             "backends": {"ort": {c.output: c.to_dict() for c in self.verification}} if self.verification else {},
             "notes": list(self.notes),
+        }
+
+    def _verification_dict(self) -> dict[str, Any]:
+        checks = self.local.checks if self.local is not None else []
+        return {
+            "local": {**(self.local.summary() if self.local is not None else {"checked": 0}),
+                      "how": ("each fusion's matched subgraph (its own constants) vs the fused node(s) on random "
+                              "inputs of the shapes it sees, both against a float64 evaluation of the subgraph "
+                              "(onnx reference evaluator); onnxruntime CPU runs bfloat16 widened to float32"),
+                      "checks": [c.to_dict() for c in checks]},
+            "whole_model": self.whole_model or ("not run: verification off" if not self.verify else "not run: nothing applied"),
         }
 
     def summary(self) -> str:
@@ -93,6 +116,17 @@ class RewriteReport:
         for m, status in self.modules.items():
             if status != "ok" and not status.startswith("not for target"):  # (those stay in the JSON report)
                 lines.append(f"  module {m}: {status}")
+        if self.local is not None and self.local.checks:
+            sm = self.local.summary()
+            lines.append(f"  local verification: {sm['passed']} of {sm['checked']} fusion(s) verified against float64 "
+                         f"({sm['distinct']} distinct subgraph(s) run"
+                         + ("; bfloat16 widened to float32 for onnxruntime" if sm["widened_bf16"] else "") + ")")
+        bad = self.unverified()
+        if bad:
+            first = bad[0]["reason"].removeprefix("local verification: ")
+            lines.append(f"  NOT APPLIED: {len(bad)} fusion(s) failed local verification (first: {bad[0]['node']}: {first})")
+        if self.whole_model:
+            lines.append(f"  whole-model comparison: {self.whole_model}")
         if self.sizes:
             lines.append(f"  verified at {_sizes.describe({i['name']: i['shape'] for i in self.inputs})} ({self.sizes})")
         lines.extend(f"  note: {n}" for n in self.notes)

@@ -1,4 +1,4 @@
-"""The rewritten onnx_ir model back to a ModelProto, with the function bodies of our custom ops."""
+"""The rewritten onnx_ir model made whole: one AdaLNZero form, the function bodies of our custom ops."""
 
 from __future__ import annotations
 
@@ -31,10 +31,14 @@ def _one_adaln_form(ir_model: ir.Model) -> None:
         n.replace_input_with(4, extra[1])
 
 
-def serialize(ir_model: ir.Model) -> onnx.ModelProto:
-    """`ir_model` as a ModelProto; normexport nodes get their ONNX functions attached."""
+def finish(ir_model: ir.Model) -> None:
+    """In place: one AdaLNZero form, and the ONNX functions (and plugin attributes) of the
+    normexport nodes the model has."""
     _one_adaln_form(ir_model)
-    proto = ir.serde.serialize_model(ir_model)
-    if _ops.custom_nodes(proto):
-        _ops.attach_functions(proto)
-    return proto
+    _ops.attach_functions_ir(ir_model)
+
+
+def serialize(ir_model: ir.Model) -> onnx.ModelProto:
+    """`ir_model` (finished in place) as a ModelProto, for models that fit one protobuf."""
+    finish(ir_model)
+    return ir.serde.serialize_model(ir_model)

@@ -215,13 +215,13 @@ def _factor_why(f: ir.Value) -> str | None:
     return "modulation factor is not (1 + scale) (no `1 +` before the Mul)"
 
 
-def explain_unapplied(proto) -> list[tuple[ir.Node, str]]:
+def explain_unapplied(proto: "ir.Model | onnx.ModelProto") -> list[tuple[ir.Node, str]]:
     """Each LayerNormalization left whose output is multiplied by a runtime value (a modulation
     that was not fused) with the reason."""
     out = []
-    if not any(n.op_type == "LayerNormalization" for n in proto.graph.node):
+    model = proto if isinstance(proto, ir.Model) else ir.serde.deserialize_model(proto)
+    if not any(n.op_type == "LayerNormalization" for n in model.graph):
         return out
-    model = ir.serde.deserialize_model(proto)
     for node in model.graph:
         if node.op_type != "LayerNormalization" or node.domain not in _ONNX:
             continue

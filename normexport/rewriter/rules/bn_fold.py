@@ -380,14 +380,14 @@ class FoldMatMulBN(_FoldBase):
 _PRODUCERS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
 
 
-def explain_unapplied(proto) -> list[tuple[ir.Node, str]]:
+def explain_unapplied(proto: "ir.Model | onnx.ModelProto") -> list[tuple[ir.Node, str]]:
     """Why each BatchNormalization still in the graph (an onnx.ModelProto) was not folded (the
     driver's report hook): every BN is reported folded or skipped with a reason, including those no
     rule got near."""
     out = []
-    if not any(n.op_type == "BatchNormalization" for n in proto.graph.node):
+    model = proto if isinstance(proto, ir.Model) else ir.serde.deserialize_model(proto)
+    if not any(n.op_type == "BatchNormalization" for n in model.graph):
         return out
-    model = ir.serde.deserialize_model(proto)
     for node in model.graph:
         if node.op_type != "BatchNormalization" or node.domain not in _ONNX:
             continue
