@@ -23,6 +23,16 @@ from normexport.errors import UsageError
 from normexport.ops import TRANSLATION_TABLE, attach_functions
 from normexport.testing import assert_parity
 
+try:  # the bundled reference models: normexport/models/, moving to the checkout's top-level models/
+    from normexport.models.llama import tiny as llama_tiny
+    LLAMA_TINY = "normexport.models.llama:tiny"
+except ImportError:
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout, where models/ is
+    from models.llama import tiny as llama_tiny
+    LLAMA_TINY = "models.llama:tiny"
 
 
 # ---- small models (also importable as `test_check:<factory>` by the CLI loader) -------------
@@ -315,18 +325,22 @@ def test_float16_model_tolerance_path():
 
 
 def test_twice_eager_rule_fails_within_tolerance():
-    """fp16: an error inside the tolerance but beyond 2x eager's own error fails, with the reason."""
+    """fp16: an error inside the tolerance but beyond 2x eager's own error fails, with the reason;
+    the floor (eps16 x max|ref| = 1.95e-3) is below both the failing and the passing error, so the
+    2x rule decides both."""
     from normexport.parity import Row
     from normexport.parity.verdict import _compare
 
-    ref = np.linspace(-4.0, 4.0, 101)
-    eager = ref + 1e-3  # eager's own error 1e-3; limit = max(2e-3, eps16 * 4 = 3.9e-3)
-    tol = tolerance_for(torch.float16, 4.0)  # 8e-3
-    row = _compare(Row("ort", 0, {"x": [101]}, "y", "float16"), ref + 5e-3, ref, eager, torch.float16, 1e-3, None, None)
-    assert row.max_abs_err < tol and not row.passed
+    ref = np.linspace(-2.0, 2.0, 101)
+    eager = ref + 1.5e-3  # eager's own error 1.5e-3; limit = max(3e-3, floor 1.95e-3) = 3e-3
+    tol = tolerance_for(torch.float16, 2.0)  # 4e-3
+    floor = torch.finfo(torch.float16).eps * 2.0
+    row = _compare(Row("ort", 0, {"x": [101]}, "y", "float16"), ref + 3.3e-3, ref, eager, torch.float16, 1.5e-3, None, None)
+    assert floor < 2.7e-3 < 3e-3 < row.max_abs_err < tol and not row.passed
+    assert row.limit == pytest.approx(3e-3) and row.rule == "2x eager"
     assert "2 x eager" in row.reason and "worst at index" in row.reason
-    ok = _compare(Row("ort", 0, {"x": [101]}, "y", "float16"), ref + 3e-3, ref, eager, torch.float16, 1e-3, None, None)
-    assert ok.passed
+    ok = _compare(Row("ort", 0, {"x": [101]}, "y", "float16"), ref + 2.7e-3, ref, eager, torch.float16, 1.5e-3, None, None)
+    assert ok.passed and ok.max_abs_err > ok.floor
 
 
 def test_float64_reference_keeps_float32_casts_in_float64():
@@ -397,9 +411,8 @@ def test_within_tolerance_but_beyond_twice_eager_fails_fp32(mlp, tmp_path, capsy
 @pytest.fixture(scope="module")
 def llama16(tmp_path_factory):
     import normexport
-    from normexport.models.llama import tiny
 
-    block = tiny().half()
+    block = llama_tiny().half()
     (x,) = block.example_inputs()
     model = normexport.convert_module(block, (x,), target="trt", input_names=["x"], dynamic_axes={"x": [0, 1]})
     d = tmp_path_factory.mktemp("llama16")
@@ -414,7 +427,7 @@ def test_cli_check_float16_file_in_float16(llama16, tmp_path, capsys):
     model, d = llama16
     assert model.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT16
     out = tmp_path / "r.json"
-    assert check_cmd.run(_cli_args(d / "llama16.onnx", "--reference", "normexport.models.llama:tiny", "--json", out)) == 0
+    assert check_cmd.run(_cli_args(d / "llama16.onnx", "--reference", LLAMA_TINY, "--json", out)) == 0
     text = capsys.readouterr().out
     assert "eager in float16 (ONNX input 'x')" in text and "PASSED" in text
     rep = json.loads(out.read_text())
@@ -424,13 +437,13 @@ def test_cli_check_float16_file_in_float16(llama16, tmp_path, capsys):
     # eager's own error is that of float16 (~1e-3), not float32 (~1e-6)
     assert all(r["ref_err_fp64"] > 1e-4 and r["limit"] <= r["tolerance"] for r in rows)
     # explicit --dtype, and the perturbed fp16 file fails
-    assert check_cmd.run(_cli_args(d / "llama16.onnx", "--reference", "normexport.models.llama:tiny", "--dtype", "float16")) == 0
+    assert check_cmd.run(_cli_args(d / "llama16.onnx", "--reference", LLAMA_TINY, "--dtype", "float16")) == 0
     assert "eager in float16 (--dtype)" in capsys.readouterr().out
-    assert check_cmd.run(_cli_args(d / "llama16_bad.onnx", "--reference", "normexport.models.llama:tiny",
+    assert check_cmd.run(_cli_args(d / "llama16_bad.onnx", "--reference", LLAMA_TINY,
                                    "--dtype", "float16")) == 1
     assert "FAILED" in capsys.readouterr().out
     with pytest.raises(SystemExit):
-        _cli_args(d / "llama16.onnx", "--reference", "normexport.models.llama:tiny", "--dtype", "int8")
+        _cli_args(d / "llama16.onnx", "--reference", LLAMA_TINY, "--dtype", "int8")
 
 
 def test_float32_file_is_not_cast(mlp):
@@ -494,7 +507,7 @@ def test_cli_usage_errors_exit_2_in_a_subprocess(mlp, tmp_path):
     exe = Path(sys.executable).with_name("normexport")
     cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "normexport"]
     cases = [
-        (["check", str(tmp_path / "missing.onnx"), "--reference", "normexport.models.llama:tiny"], "ONNX file not found"),
+        (["check", str(tmp_path / "missing.onnx"), "--reference", LLAMA_TINY], "ONNX file not found"),
         (["check", str(d / "mlp.onnx"), "--reference", str(tmp_path / "missing.pt2")], "not found"),
         (["check", str(d / "mlp.onnx"), "--reference", "test_check:make_mlp", "--input", "x:4xq16",
           "--input", "y:4x16"], "malformed"),

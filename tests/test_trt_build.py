@@ -51,9 +51,12 @@ def _model_module(name: str):
     import importlib
 
     try:
-        return importlib.import_module(f"models.{name}")
-    except ModuleNotFoundError:
         return importlib.import_module(f"normexport.models.{name}")
+    except ModuleNotFoundError:
+        root = str(Path(__file__).resolve().parents[1])  # the checkout, where models/ is
+        if root not in sys.path:
+            sys.path.insert(0, root)
+        return importlib.import_module(f"models.{name}")
 
 
 def _reference(name: str, dtype: torch.dtype) -> onnx.ModelProto:
