@@ -65,6 +65,75 @@ def save_onnx(model: onnx.ModelProto, path: str | os.PathLike, external_data: bo
     return path
 
 
+def save_ir(model, path: str | os.PathLike, external_data: bool | None = None, flag: str = "-o") -> Path:
+    """Write an onnx_ir model to `path` atomically, its weights streamed tensor by tensor into
+    `<name>.data` beside it (never one protobuf) when `external_data` or when they exceed
+    EXTERNAL_BYTES; large tensors aligned to 64 KiB so that runtimes can memory-map them. Files
+    get the umask's permissions, an existing output (and its .data) is replaced, and on failure
+    nothing is left behind. `model` is left as it was (its lazy weights included)."""
+    import onnx_ir as ir
+
+    path = check_writable(path, flag)
+    if external_data is None:
+        external_data = _ir_weight_bytes(model) > EXTERNAL_BYTES
+    data_name = path.name + ".data"
+    try:
+        tmpdir = tempfile.mkdtemp(prefix=".normexport-", dir=path.parent)
+        try:
+            tmp = Path(tmpdir) / path.name
+            if external_data:
+                ir.save(model, tmp, external_data=data_name, size_threshold_bytes=1024, alignment=65536, max_workers=2)
+            else:
+                ir.save(model, tmp)
+            written = [tmp] + ([Path(tmpdir) / data_name] if (Path(tmpdir) / data_name).exists() else [])
+            mode = 0o666 & ~_umask()
+            for f in written:
+                os.chmod(f, mode)
+            if len(written) > 1:
+                os.replace(written[1], path.parent / data_name)
+            elif (path.parent / data_name).exists() and path.exists():
+                (path.parent / data_name).unlink()  # the old output's weights: this one has none outside
+            os.replace(tmp, path)
+        finally:
+            shutil.rmtree(tmpdir, ignore_errors=True)
+    except OSError as e:
+        raise UsageError(f"cannot write '{path}' ({e.strerror or first_line(e, 160)}): free some space or choose another {flag} path") from None
+    return path
+
+
+#: an onnx_ir model with more weight bytes than this is written with external data
+EXTERNAL_BYTES = 1 << 30
+
+
+def _ir_weight_bytes(model) -> int:
+    total = 0
+    for v in model.graph.initializers.values():
+        t = v.const_value
+        if t is not None:
+            total += t.nbytes
+    return total
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def load_ir(path: str | os.PathLike):
+    """An ONNX file as an onnx_ir model, its external data memory-mapped (read lazily, never
+    copied); UsageError when it is missing or not ONNX."""
+    import onnx_ir as ir
+
+    path = Path(path)
+    if not path.is_file():
+        raise UsageError(f"ONNX file not found: '{path}': check the path")
+    try:
+        return ir.load(str(path))
+    except Exception as e:
+        raise UsageError(f"cannot read '{path}' as ONNX ({first_line(e, 160)}): pass a valid .onnx file") from None
+
+
 def check_onnx(model: onnx.ModelProto, workdir: str | os.PathLike | None = None) -> None:
     """onnx.checker.check_model(full_check=True), also for models over protobuf's 2 GiB limit (which
     the checker only takes by path: they are saved with external data to a temp folder in `workdir`)."""

@@ -45,8 +45,11 @@ def run(args: argparse.Namespace) -> int:
     if os.path.isdir(out_path):
         raise UsageError(f"{out_path}: is a folder; pass a file path with -o")
     report = rewrite_file(in_path, out_path, target=args.target, verify=not args.no_verify,
-                          report_path=args.report, inputs=args.inputs)
+                          report_path=args.report, inputs=getattr(args, "inputs", None) or None)
     print(report.summary())
+    if report.nothing_verifiable:
+        print(f"nothing applied: every fusion that matched failed local verification; {out_path} not written")
+        return 1
     print(f"wrote {out_path}")
     return 0
 

@@ -100,7 +100,24 @@ def upgrade_opset_ir(model: ir.Model, version: int) -> tuple[ir.Model, str]:
     for v in list(new.graph.inputs):
         if v.name in weights and v.name not in real:
             new.graph.inputs.remove(v)
-            if v.name not in new.graph.initializers:
-                v.const_value = weights[v.name]
-                new.graph.register_initializer(v)
+    for name, tensor in weights.items():  # the original tensors (lazy, memory-mapped), not the proto's copies
+        v = new.graph.initializers.get(name)
+        if v is None:
+            v = next((x for x in new.graph.inputs if x.name == name), None) or _used_value(new, name)
+            if v is None:
+                continue
+            v.const_value = tensor
+            new.graph.register_initializer(v)
+        else:
+            v.const_value = tensor
     return new, f"opset converted {old} -> {version} with onnx.version_converter"
+
+
+def _used_value(model: ir.Model, name: str) -> ir.Value | None:
+    """The value named `name` that a node of the main graph reads (an initializer the converter
+    received as a stripped input)."""
+    for n in model.graph:
+        for v in n.inputs:
+            if v is not None and v.name == name:
+                return v
+    return None
