@@ -114,10 +114,10 @@ def test_flux_fp32_converts_and_passes_every_target(cli, tmp_path, target):
     assert out.is_file() and "PASSED" in stdout
     d = json.loads(rep.read_text())
     (rows,) = d["results"]["ort"].values()
-    for r in rows:
-        assert r["rule"] in ("2x eager", "plain export") and r["passed"] is True
+    for r in rows:  # onnxruntime on this tiny Flux stays within 2x eager: rule 1 decides, for every target
+        assert r["rule"] == "2x eager" and r["passed"] is True and r["max_abs_err"] <= max(2 * r["ref_err_fp64"], r["floor"])
         assert r["ref_err_fp64"] > 0 and r["max_abs_err"] > 0
-        assert (r["plain_err"] is None) == (r["rule"] == "2x eager")  # built only when rule 1 fails
+        assert r["plain_err"] is None  # built only when rule 1 fails
         for key in ("max_abs_err", "max_rel_err", "mean_abs_err", "ref_err_fp64", "tolerance", "passed", "floor"):
             assert key in r
     assert "eager_err" in stdout and "plain_err" in stdout and "file_err" in stdout
@@ -189,7 +189,8 @@ def test_llama_fp16_fragile_model_warns_not_fails(cli, tmp_path):
     (rows,) = d["results"]["ort"].values()
     (r,) = rows
     assert r["dtype"] == "float16" and r["ref_err_fp64"] > r["tolerance"]  # eager itself beyond tolerance
-    assert r["passed"] is True and r["rule"] in ("2x eager", "plain export")
+    assert r["passed"] is True and r["rule"] == "2x eager" and r["plain_err"] is None  # decided by rule 1
+    assert r["max_abs_err"] <= 2 * r["ref_err_fp64"]
     assert "numerically fragile in float16" in r["warning"]
 
 
