@@ -325,3 +325,38 @@ def test_verification_sizes_given_or_none_found():
         rewrite(model, inputs={"x": [1, 7, 4]})
     with pytest.raises(UsageError, match="does not run at the --input sizes"):
         rewrite(model, inputs={"x": [1, 3, G.H]})
+
+
+def test_rewrite_file_twice_to_one_output_with_external_data(tmp_path, mixed):
+    """-o over an existing output with external data works (the old .data replaced, not read), and
+    both files get the umask's permissions (0644 under umask 022), like every tool users know."""
+    src = tmp_path / "m.onnx"
+    copy = onnx.ModelProto()
+    copy.CopyFrom(mixed)
+    onnx.save_model(copy, str(src), save_as_external_data=True, location="m.onnx.data", size_threshold=0)
+    dst = tmp_path / "rw.onnx"
+    old = os.umask(0o022)
+    try:
+        for _ in range(2):
+            rep = rewrite_file(src, dst)
+            assert rep.applied == 3
+            for f in (dst, tmp_path / "rw.onnx.data"):
+                assert (os.stat(f).st_mode & 0o777) == 0o644, oct(os.stat(f).st_mode)
+    finally:
+        os.umask(old)
+    out = onnx.load(str(dst))
+    x = G.xin(2, 3, G.H)
+    G.assert_close(G.run(out, x=x)[0], G.run(mixed, x=x)[0])
+    assert not [p for p in os.listdir(tmp_path) if p.startswith(".normexport-")]
+
+
+def test_cli_nothing_verifiable_exits_1_and_writes_nothing(tmp_path, monkeypatch, capsys):
+    """Never silent: a rewrite whose every match fails local verification says so in one line with
+    the count and the cause, writes no file and exits 1."""
+    monkeypatch.setattr(rms_norm, "rules_for", lambda target: [_WrongEps.rule("rms_norm_scale_right", root="scale")])
+    src = tmp_path / "r.onnx"
+    onnx.save(G.rms_graph(scale="right"), str(src))
+    assert cli.run(_args(str(src), "-o", str(tmp_path / "o.onnx"))) == 1
+    out = capsys.readouterr().out
+    assert "NOT APPLIED: 1 fusion(s) failed local verification" in out and "not written" in out, out
+    assert not (tmp_path / "o.onnx").exists()

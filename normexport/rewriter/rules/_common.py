@@ -69,7 +69,7 @@ def const(val: ir.Value | None) -> np.ndarray | None:
 
 def const_scalar(val: ir.Value | None) -> float | None:
     arr = const(val)
-    if arr is None or arr.size != 1 or arr.dtype.kind != "f":
+    if arr is None or arr.size != 1 or not (arr.dtype.kind == "f" or arr.dtype.name == "bfloat16"):
         return None
     return float(arr.reshape(()))
 

@@ -1,0 +1,151 @@
+"""Local verification (DESIGN §8): each fusion's matched subgraph against its replacement, both vs
+float64. Planted wrong fusions (epsilon, axis, a dropped weight) must be rejected; correct
+fusions downstream of huge activations and upstream of an op onnxruntime lacks must be applied."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+import onnx
+import pytest
+
+from normexport import ops
+from normexport.rewriter import RewriteReport, rewrite
+from normexport.rewriter.rules import rms_norm
+
+sys.path.insert(0, os.path.dirname(__file__))
+import _graphs as G  # noqa: E402
+
+
+class _Planted(rms_norm.RMSNormFusion):
+    """The RMSNorm rule with one planted mistake in what it writes."""
+
+    plant = ""
+
+    def check(self, context, **kw):
+        r = super().check(context, **kw)
+        if r and self.plant == "eps":
+            self._eps = self._eps * 10  # 1e-6 -> 1e-5: invisible on unit-variance rows
+        return r
+
+    def rewrite(self, op, x, scale=None, **kw):
+        if self.plant == "axis":  # normalize over the last two dims (S=3, H) instead of the last one
+            wide = op.Expand(scale, op.Constant(value_ints=[3, G.H]))
+            return op.RMSNorm(self._src, wide, _domain="normexport", _version=1, epsilon=self._eps, axis=-2)
+        if self.plant == "weight":  # the weight dropped (a unit scale)
+            return op.RMSNorm(self._src, op.Constant(value=onnx.numpy_helper.from_array(np.ones(G.H, np.float32))),
+                              _domain="normexport", _version=1, epsilon=self._eps, axis=-1)
+        return super().rewrite(op, x, scale=scale, **kw)
+
+
+def _with_plant(monkeypatch, plant):
+    cls = type(f"Planted_{plant}", (_Planted,), {"plant": plant})
+    monkeypatch.setattr(rms_norm, "rules_for", lambda target: [cls.rule("rms_norm_scale_right", root="scale")])
+
+
+def _static(shape):
+    return G.rms_graph(x_shape=list(shape))
+
+
+@pytest.mark.parametrize("plant", ["eps", "axis", "weight"])
+def test_planted_wrong_fusion_is_rejected(monkeypatch, plant):
+    _with_plant(monkeypatch, plant)
+    model = _static([2, 3, G.H])
+    rep = RewriteReport()
+    out = rewrite(model, report=rep)
+    rec = rep.rules["rms_norm_scale_right"]
+    assert rec.matched == 1 and rec.applied == 0 and G.count(out, "RMSNorm", "normexport") == 0, rep.summary()
+    assert rec.rejected[0]["reason"].startswith("local verification: max abs err"), rec.rejected
+    (check,) = rep.local.checks
+    assert not check.passed and check.err_fused > check.tolerance and check.err_original <= check.tolerance
+    assert "NOT APPLIED: 1 fusion(s) failed local verification" in rep.summary()
+
+
+def test_unplanted_rule_passes_the_same_check(monkeypatch):
+    """The control: the same subclass without a plant fuses (the rejections above are the plants)."""
+    _with_plant(monkeypatch, "")
+    rep = RewriteReport()
+    out = rewrite(_static([2, 3, G.H]), report=rep)
+    assert G.count(out, "RMSNorm", "normexport") == 1, rep.summary()
+    assert rep.local.checks[0].passed
+
+
+def test_eps_plant_is_invisible_to_unit_variance_data(monkeypatch):
+    """Why the local inputs have rows of tiny variance: on unit-variance rows (what a whole model's
+    random input gives) the eps plant is within fp32 tolerance of the float64 formula."""
+    x = G.xin(2, 3, G.H)
+    assert np.abs(G.rms_ref(x, G.WEIGHT, 1e-5) - G.rms_ref(x, G.WEIGHT, 1e-6)).max() < 1e-5 * np.abs(G.rms_ref(x, G.WEIGHT)).max()
+
+
+def test_correct_fusion_downstream_of_large_activations_is_applied():
+    """An RMSNorm after a MatMul that blows activations up to ~1e4, then an amplifying MatMul: the
+    whole-model comparison drowns in the fp32 error of the big MatMuls; the local check sees the
+    RMSNorm alone and accepts it."""
+    rng = np.random.default_rng(3)
+    g = G.G(18)
+    g.inputs[0] = onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 16, 64])
+    h = g.node("MatMul", "x", g.init((rng.standard_normal((64, G.H)) * 300).astype(np.float32), "w_up"))
+    ms = g.reduce_mean(g.node("Mul", h, h), [-1])
+    n = g.node("Div", h, g.node("Sqrt", g.node("Add", ms, g.init(np.array(1e-6, np.float32), "eps"))))
+    y = g.node("Mul", n, g.init(G.WEIGHT, "w"))
+    out_big = g.node("MatMul", y, g.init((rng.standard_normal((G.H, 256)) * 1e3).astype(np.float32), "w_amp"))
+    model = g.model(out_big)
+    rep = RewriteReport()
+    out = rewrite(model, report=rep)
+    assert G.count(out, "RMSNorm", "normexport") == 1 and rep.applied == 1, rep.summary()
+    assert rep.local.checks[0].passed
+    x = rng.standard_normal((2, 16, 64)).astype(np.float32)
+    w_up = onnx.numpy_helper.to_array(next(t for t in model.graph.initializer if t.name.startswith("w_up")))
+    w_amp = onnx.numpy_helper.to_array(next(t for t in model.graph.initializer if t.name.startswith("w_amp")))
+    ref = G.rms_ref(x.astype(np.float64) @ w_up, G.WEIGHT) @ w_amp.astype(np.float64)
+    got = G.run(out, x=x)[0]
+    assert np.abs(got - ref).max() <= 1e-4 * np.abs(ref).max()
+
+
+def test_correct_fusion_upstream_of_an_op_onnxruntime_lacks_is_applied():
+    """A node of a private domain after the RMSNorm: onnxruntime cannot run the model as a whole
+    (the extra says so), the fusion is verified locally and applied."""
+    g = G.G(18)
+    ms = g.reduce_mean(g.node("Mul", "x", "x"), [-1])
+    n = g.node("Div", "x", g.node("Sqrt", g.node("Add", ms, g.init(np.array(1e-6, np.float32), "eps"))))
+    y = g.node("Mul", n, g.init(G.WEIGHT, "w"))
+    g.nodes.append(onnx.helper.make_node("Mystery", [y], ["z"], domain="com.example"))
+    m = onnx.helper.make_model(onnx.helper.make_graph(
+        g.nodes, "g", g.inputs, [onnx.helper.make_tensor_value_info("z", onnx.TensorProto.FLOAT, None)], g.inits),
+        opset_imports=[onnx.helper.make_opsetid("", 18), onnx.helper.make_opsetid("com.example", 1)])
+    m.ir_version = 8
+    rep = RewriteReport()
+    out = rewrite(m, report=rep)
+    assert G.count(out, "RMSNorm", "normexport") == 1 and rep.applied == 1, rep.summary()
+    assert rep.whole_model.startswith("not run"), rep.whole_model
+    (node,) = [n for n in out.graph.node if n.op_type == "Mystery"]
+    (fused,) = ops.custom_nodes(out)
+    assert node.input[0] == fused.output[0]
+
+
+def test_identical_subgraphs_are_verified_once():
+    """Two RMSNorms with the same weight and eps at the same shapes: one run, two applied."""
+    g = G.G(18)
+    x = "x"
+    for _ in range(2):
+        ms = g.reduce_mean(g.node("Mul", x, x), [-1])
+        n = g.node("Div", x, g.node("Sqrt", g.node("Add", ms, g.init(np.array(1e-6, np.float32), "eps"))))
+        x = g.node("Mul", n, g.init(G.WEIGHT, "w"))
+    rep = RewriteReport()
+    out = rewrite(g.model(x), report=rep)
+    assert G.count(out, "RMSNorm", "normexport") == 2
+    assert [c.reused for c in rep.local.checks] == [False, True] and rep.local.summary()["distinct"] == 1
+
+
+def test_bfloat16_fusion_is_verified_widened():
+    """bfloat16: onnxruntime's CPU provider lacks bf16 Mul; the subgraphs run widened to float32
+    there (said in the report) and the fusion is applied."""
+    model = G.to_dtype(_static([2, 3, G.H]), onnx.TensorProto.BFLOAT16)
+    rep = RewriteReport()
+    out = rewrite(model, report=rep)
+    assert G.count(out, "RMSNorm", "normexport") == 1, rep.summary()
+    (check,) = rep.local.checks
+    assert check.passed and check.widened and check.dtype == "bfloat16"
+    assert "bfloat16 widened to float32" in rep.summary()
