@@ -5,11 +5,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+import onnx_ir as ir
 import torch
 
 from . import io, load
+from .rewriter.driver import interface, weight_bytes
 from .errors import ExportError, UsageError, first_line
-from .export import TARGETS, convert_module, op_counts
+from .export import TARGETS, convert_module, convert_module_ir, op_counts
 from .load import call
 
 
@@ -79,12 +81,17 @@ def run(args) -> int:
         opset = BF16_OPSET  # Conv, MatMul, Gemm, ... take bfloat16 from opset 22 on
     sections: dict = {}
     try:
-        model = convert_module(module, inputs, target=args.target, opset=opset, input_names=names,
-                               output_names=output_names, dynamic_axes=dynamic, report=sections,
-                               auto_dynamic=bool(args.module))
-        io.check_onnx(model, workdir=out.parent)  # by path, with external data, when over 2 GiB
+        model_ir = convert_module_ir(module, inputs, target=args.target, opset=opset, input_names=names,
+                                     output_names=output_names, dynamic_axes=dynamic, report=sections,
+                                     auto_dynamic=bool(args.module))
+        nbytes = weight_bytes(model_ir)
+        # small: one protobuf for the checker and the parity check; large: the onnx-ir model is
+        # streamed to disk and checked there by path (DESIGN §8: never one protobuf)
+        model = ir.serde.serialize_model(model_ir) if nbytes <= PARITY_LIMIT else None
+        if model is not None:
+            io.check_onnx(model, workdir=out.parent)
         if args.module:  # the axes torch.export kept dynamic
-            dynamic = onnx_dynamic_axes(model)
+            dynamic = onnx_dynamic_axes(model if model is not None else interface(model_ir))
     except (UsageError, ExportError):
         raise
     except Exception as e:
@@ -94,16 +101,23 @@ def run(args) -> int:
                              f"--opset {BF16_OPSET} or newer") from None
         raise ExportError(f"{type(e).__name__}: {first}") from None
 
-    counts = op_counts(model)
+    counts = op_counts(model if model is not None else model_ir)
     what = f"{args.model} --module {args.module}" if args.module else args.model
     exporter = sections.get("exporter", {}).get("name", "dynamo")
     print(f"exported {what} -> {out.name} (target {args.target}, {exporter} exporter): " + _fused_summary(counts))
     if exporter != "dynamo":
         print(f"  the dynamo exporter failed ({sections['exporter']['dynamo_error']}): used the TorchScript-based "
               f"exporter (opset {sections['exporter']['opset']}); the rewriter fused its norms")
+    for line in _rewrite_lines(sections.get("rewrite")):
+        print(line)
     passed = True
     report: dict = {"normexport_version": __version__, "command": "convert"}
-    if not args.no_check:
+    if not args.no_check and model is None:
+        print(f"parity: not run here ({nbytes / 2**30:.2f} GiB of weights; convert checks whole models up to "
+              f"{PARITY_LIMIT / 2**30:.0f} GiB); for the whole model run "
+              f"`normexport check {out.name} --reference {args.model}`")
+        report["parity"] = f"not run: {nbytes / 2**30:.2f} GiB of weights"
+    elif not args.no_check:
         result = check(model, module, inputs, dynamic_axes=dynamic, command="convert",
                        plain_export=lambda: convert_module(  # DESIGN §7: the plain export, built on demand
                            module, inputs, target="onnx", opset=opset, input_names=names,
@@ -121,7 +135,7 @@ def run(args) -> int:
             io.write_json(report, args.report, "--report")
         print(f"parity FAILED or not checkable here: {out} not written (--no-check writes it without the check)")
         return 1
-    io.save_onnx(model, out)
+    io.save_ir(model_ir, out, validate=None if model is not None else io.check_onnx_path)
     if args.report:
         try:
             io.write_json(report, args.report, "--report")
@@ -131,6 +145,30 @@ def run(args) -> int:
             raise
     print(f"wrote {out}")
     return 0
+
+
+def _rewrite_lines(rw: dict | None) -> list[str]:
+    """What the rewriter did to the export, on the terminal: fusions and their local verification,
+    and every fusion it could not verify (never silent; DESIGN §8)."""
+    if not rw:
+        return []
+    applied = sum(r["applied"] for r in rw["rules"])
+    local = rw.get("verification", {}).get("local", {})
+    lines = []
+    if local.get("checked"):
+        lines.append(f"  rewriter: {applied} fusion(s), {local['passed']} of {local['checked']} verified locally against "
+                     f"float64 ({local['distinct']} distinct subgraph(s) run"
+                     + ("; bfloat16 widened to float32 for onnxruntime" if local.get("widened_bf16") else "") + ")")
+    bad = [(x["node"], x["reason"]) for r in rw["rules"] for x in r["rejected"] if x["reason"].startswith("local verification")]
+    if bad:
+        lines.append(f"  NOT APPLIED: {len(bad)} fusion(s) failed local verification (first: {bad[0][0]}: "
+                     f"{bad[0][1].removeprefix('local verification: ')})")
+    return lines
+
+
+#: convert's whole-model parity check (eager, the file in onnxruntime, the float64 reference and
+#: perhaps the plain export, all resident) runs for models with at most this many bytes of weights
+PARITY_LIMIT = 2 << 30
 
 
 def onnx_dynamic_axes(model) -> dict[str, list[int]]:

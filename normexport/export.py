@@ -55,12 +55,21 @@ def to_exportable(module, args: tuple):
     return module
 
 
-def convert_module(module, args: tuple, *, target: str = "trt", opset: int | None = None,
-                   input_names: list[str] | None = None, output_names: list[str] | None = None,
-                   dynamic_axes: dict[str, list[int]] | None = None,
-                   report: dict | None = None, fold_bn: bool = True, swap_norms: bool = True,
-                   rewrite: bool = True, verify: bool = True, auto_dynamic: bool = False) -> onnx.ModelProto:
-    """Export `module` called with `args` to ONNX for `target` (DESIGN §3).
+def convert_module(module, args: tuple, **kwargs) -> onnx.ModelProto:
+    """convert_module_ir as one ModelProto (for models that fit one protobuf; the CLI keeps the
+    onnx-ir model and streams it to disk instead)."""
+    import onnx_ir as ir
+
+    return ir.serde.serialize_model(convert_module_ir(module, args, **kwargs))
+
+
+def convert_module_ir(module, args: tuple, *, target: str = "trt", opset: int | None = None,
+                      input_names: list[str] | None = None, output_names: list[str] | None = None,
+                      dynamic_axes: dict[str, list[int]] | None = None,
+                      report: dict | None = None, fold_bn: bool = True, swap_norms: bool = True,
+                      rewrite: bool = True, verify: bool = True, auto_dynamic: bool = False):
+    """Export `module` called with `args` to ONNX for `target` (DESIGN §3), as an onnx_ir model
+    whose initializers are the module's own tensors (no copy of the weights; DESIGN §8).
 
     torch.onnx's dynamo exporter first; when it raises, or writes a file that fails the ONNX
     checker or cannot run in onnxruntime, the TorchScript-based exporter (dynamo=False) on the
@@ -68,6 +77,8 @@ def convert_module(module, args: tuple, *, target: str = "trt", opset: int | Non
 
     `report`, when given, receives the sections "fold_batchnorm", "prepare", "exporter"
     ("dynamo" or "torchscript", with "dynamo_error" when the fallback ran) and "rewrite"."""
+    import onnx_ir as ir
+
     if target not in TARGETS:
         raise UsageError(f"unknown target '{target}': use one of {', '.join(TARGETS)}")
     asked_opset, opset = opset, opset or DEFAULT_OPSET
@@ -91,10 +102,10 @@ def convert_module(module, args: tuple, *, target: str = "trt", opset: int | Non
     names = list(input_names) if input_names else [f"input_{i}" for i in range(len(args))]
     try:
         model = _torch_onnx_export(module, args, names, output_names, dynamic_axes, opset, auto_dynamic)
-        ops.attach_functions(model)
+        ops.attach_functions_ir(model)
         if target != "trt":  # a model that calls normexport ops itself
-            model = inline_custom_ops(model)
-        _validate(model, args)
+            _inline_custom_ops_ir(model)
+        _validate_ir(model, args)
         report["exporter"] = {"name": "dynamo"}
     except UsageError:
         raise
@@ -104,11 +115,12 @@ def convert_module(module, args: tuple, *, target: str = "trt", opset: int | Non
         first = cause_summary(dynamo_error)
         ts_opset = asked_opset or TORCHSCRIPT_OPSET
         try:
-            model = _torchscript_export(_traceable(unswapped), args, names, output_names, dynamic_axes, ts_opset)
-            ops.attach_functions(model)
+            proto = _torchscript_export(_traceable(unswapped), args, names, output_names, dynamic_axes, ts_opset)
+            ops.attach_functions(proto)
             if target != "trt":
-                model = inline_custom_ops(model)
-            _validate(model, args)
+                proto = inline_custom_ops(proto)
+            _validate(proto, args)
+            model = ir.serde.deserialize_model(proto)
         except Exception as e:
             raise ExportError(f"torch.onnx cannot export the model: dynamo exporter: {first}; "
                               f"TorchScript exporter: {cause_summary(e)}") from None
@@ -117,7 +129,7 @@ def convert_module(module, args: tuple, *, target: str = "trt", opset: int | Non
         from . import rewriter
 
         rw_report = rewriter.RewriteReport()
-        model = rewriter.rewrite(model, target=target, verify=verify, report=rw_report)
+        model = rewriter.rewrite_ir(model, target=target, verify=verify, report=rw_report)
         report["rewrite"] = rw_report.to_dict()
     return model
 
@@ -126,7 +138,8 @@ def convert_module(module, args: tuple, *, target: str = "trt", opset: int | Non
 TORCHSCRIPT_OPSET = 17
 
 
-def _torch_onnx_export(module, args, names, output_names, dynamic_axes, opset, auto=False) -> onnx.ModelProto:
+def _torch_onnx_export(module, args, names, output_names, dynamic_axes, opset, auto=False):
+    """The dynamo exporter's onnx_ir model (its initializers wrap the module's tensors)."""
     shapes = dynamic_shapes_for(args, names, dynamic_axes, auto)
     if shapes is not None and isinstance(module, CallAdapter):
         shapes = (shapes,)  # forward(*tensors): one entry, the tuple of the tensors' shapes
@@ -138,7 +151,7 @@ def _torch_onnx_export(module, args, names, output_names, dynamic_axes, opset, a
             dynamic_shapes=shapes,
             custom_translation_table=ops.TRANSLATION_TABLE, optimize=True, verbose=False,
         )
-    return program.model_proto
+    return program.model
 
 
 def _traceable(module):
@@ -215,6 +228,27 @@ def _validate(model: onnx.ModelProto, args: tuple) -> None:
         raise
 
 
+def _validate_ir(model, args: tuple) -> None:
+    """_validate for an onnx_ir model of up to _VALIDATE_LIMIT bytes of weights (serialised once
+    for the checker and onnxruntime); larger ones are checked by path once written (io.save_ir)."""
+    from .rewriter.driver import weight_bytes
+    import onnx_ir as ir
+
+    if weight_bytes(model) >= _VALIDATE_LIMIT:
+        return
+    _validate(ir.serde.serialize_model(model), args)
+
+
+def _inline_custom_ops_ir(model) -> None:
+    """inline_custom_ops for an onnx_ir model, in place."""
+    import onnx_ir as ir
+
+    if not any(n.domain == ops.DOMAIN for n in model.graph):
+        return
+    ir.passes.common.InlinePass()(model)
+    model.opset_imports.pop(ops.DOMAIN, None)
+
+
 def cause_summary(e: BaseException, limit: int = 240) -> str:
     """`Type: first line` of the first real cause of an export failure: torch.onnx wraps it in
     errors whose text ends "Refer to the full stack trace above" and names it under
@@ -250,13 +284,14 @@ def inline_custom_ops(model: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
-def op_counts(model: onnx.ModelProto) -> dict[str, int]:
-    """Node counts by `domain::op_type` (default domain without prefix)."""
+def op_counts(model) -> dict[str, int]:
+    """Node counts by `domain::op_type` (default domain without prefix), of an onnx.ModelProto or
+    an onnx_ir model's main graph."""
     counts: dict[str, int] = {}
-    for n in model.graph.node:
+    for n in (model.graph.node if isinstance(model, onnx.ModelProto) else model.graph):
         key = f"{n.domain}::{n.op_type}" if n.domain not in ("", "ai.onnx") else n.op_type
         counts[key] = counts.get(key, 0) + 1
     return counts
 
 
-__all__: list[Any] = ["convert_module", "inline_custom_ops", "op_counts", "TARGETS"]
+__all__: list[Any] = ["convert_module", "convert_module_ir", "inline_custom_ops", "op_counts", "TARGETS"]

@@ -65,12 +65,19 @@ def save_onnx(model: onnx.ModelProto, path: str | os.PathLike, external_data: bo
     return path
 
 
-def save_ir(model, path: str | os.PathLike, external_data: bool | None = None, flag: str = "-o") -> Path:
+def check_onnx_path(path: str | os.PathLike) -> None:
+    """onnx.checker (full check) on a written file, by path: the weights stay on disk."""
+    onnx.checker.check_model(str(path), full_check=True)
+
+
+def save_ir(model, path: str | os.PathLike, external_data: bool | None = None, flag: str = "-o",
+            validate=None) -> Path:
     """Write an onnx_ir model to `path` atomically, its weights streamed tensor by tensor into
     `<name>.data` beside it (never one protobuf) when `external_data` or when they exceed
     EXTERNAL_BYTES; large tensors aligned to 64 KiB so that runtimes can memory-map them. Files
     get the umask's permissions, an existing output (and its .data) is replaced, and on failure
-    nothing is left behind. `model` is left as it was (its lazy weights included)."""
+    nothing is left behind. `model` is left as it was (its lazy weights included). `validate`,
+    when given, is called with the written temporary file before it replaces `path`."""
     import onnx_ir as ir
 
     path = check_writable(path, flag)
@@ -85,6 +92,8 @@ def save_ir(model, path: str | os.PathLike, external_data: bool | None = None, f
                 ir.save(model, tmp, external_data=data_name, size_threshold_bytes=1024, alignment=65536, max_workers=2)
             else:
                 ir.save(model, tmp)
+            if validate is not None:  # e.g. the checker, by path, before the file takes its place
+                validate(tmp)
             written = [tmp] + ([Path(tmpdir) / data_name] if (Path(tmpdir) / data_name).exists() else [])
             mode = 0o666 & ~_umask()
             for f in written:

@@ -29,10 +29,10 @@ Modules (one concern each):
 from __future__ import annotations
 
 from . import _verify  # noqa: F401  (normexport.rewriter._verify: tests and tools run models through it)
-from .driver import TARGETS, rewrite
+from .driver import TARGETS, rewrite, rewrite_ir
 from .files import rewrite_file
 from .opset import upgrade_opset
 from .report import RewriteReport, RuleRecord
 from .rules import RULE_MODULES  # the driver reads it from here at each call (swappable)
 
-__all__ = ["rewrite", "rewrite_file", "RewriteReport", "RuleRecord", "upgrade_opset", "TARGETS", "RULE_MODULES"]
+__all__ = ["rewrite", "rewrite_ir", "rewrite_file", "RewriteReport", "RuleRecord", "upgrade_opset", "TARGETS", "RULE_MODULES"]
