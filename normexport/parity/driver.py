@@ -183,4 +183,6 @@ def _run_backends(report, source, plain, cases, backends, names, out_infos, plug
                 else:
                     _compare(row, outs[j], refs[j], eager[j], odt, errs[j], rtol, atol,
                              plain=lambda b=b, k=k, xs=xs, j=j, r=refs[j]: plain.error(b, k, xs, j, r))
+                if getattr(runner, "widened", False):
+                    row.warning = f"{row.warning}; {runners.WIDENED}" if row.warning else runners.WIDENED
                 report.rows.append(row)

@@ -75,6 +75,11 @@ def _ort_feed(session, names: list[str], inputs: Sequence[torch.Tensor]):
     return feed
 
 
+#: said on every row of a bfloat16 model that onnxruntime ran widened (DESIGN §8)
+WIDENED = ("bfloat16 run widened to float32 in onnxruntime (its CPU provider has no bfloat16 kernels for this "
+           "model); eager's own bf16 error vs float64 is the precision question")
+
+
 class _OrtBackend:
     def __init__(self, source: _ModelSource, provider: str):
         import onnxruntime as ort
@@ -82,7 +87,14 @@ class _OrtBackend:
         so = ort.SessionOptions()
         so.log_severity_level = 4  # quiet: its errors reach the user through the report's one-line reasons
         path_or_bytes = source.path if source.path else source.file()
-        self.session = ort.InferenceSession(path_or_bytes, so, providers=[provider])
+        self.widened = False
+        try:
+            self.session = ort.InferenceSession(path_or_bytes, so, providers=[provider])
+        except Exception as e:  # noqa: BLE001
+            if provider != "CPUExecutionProvider" or not _has_bf16(source.proto) or "NOT_IMPLEMENTED" not in str(e):
+                raise
+            self.session = self._widened(source, so, provider)
+            self.widened = True
         if provider not in self.session.get_providers():
             raise RuntimeError(f"onnxruntime fell back to {self.session.get_providers()}")
         self.names = [i.name for i in self.session.get_inputs()]
@@ -93,6 +105,29 @@ class _OrtBackend:
         ro = ort.RunOptions()
         ro.log_severity_level = 4
         return self.session.run(None, _ort_feed(self.session, self.names, inputs), ro)
+
+
+    @staticmethod
+    def _widened(source: _ModelSource, so, provider: str):
+        """A session of the model with every bfloat16 tensor, input, output and Cast made float32."""
+        import onnxruntime as ort
+
+        from ..rewriter.local import _retype
+
+        full = onnx.load(source.path) if source.path else source.proto
+        wide = _retype(full, {onnx.TensorProto.BFLOAT16}, onnx.TensorProto.FLOAT)
+        with tempfile.TemporaryDirectory(prefix="normexport-widened-") as tmp:
+            path = os.path.join(tmp, "wide.onnx")
+            onnx.save_model(wide, path, save_as_external_data=True, location="wide.onnx.data", size_threshold=1024)
+            del wide
+            return ort.InferenceSession(path, so, providers=[provider])
+
+
+def _has_bf16(model: onnx.ModelProto) -> bool:
+    g = model.graph
+    return any(vi.type.tensor_type.elem_type == onnx.TensorProto.BFLOAT16 for vi in list(g.input) + list(g.output)) or \
+        any(t.data_type == onnx.TensorProto.BFLOAT16 for t in g.initializer) or \
+        any(a.name == "to" and a.i == onnx.TensorProto.BFLOAT16 for n in g.node for a in n.attribute)
 
 
 class _TrtBackend:

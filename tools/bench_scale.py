@@ -1,0 +1,168 @@
+"""Real sizes (DESIGN §8): peak RSS and wall time of normexport against the plain torch.onnx export
+of the same save_pretrained folder, measured side by side in one run with /usr/bin/time -v.
+
+    python tools/bench_scale.py --preset tinyllama-1.1b [--work DIR] [--out benchmarks/results]
+    python tools/bench_scale.py --preset llama3-8b
+
+For each preset it
+1. writes a LLaMA-shaped transformers folder of random bfloat16 weights (config from the preset,
+   tensors made one at a time from the meta model's shapes, written shard by shard as safetensors:
+   never the whole model in RAM),
+2. runs, each in its own process under /usr/bin/time -v:
+   plain     torch.onnx.export(dynamo=True) of the folder's model on input_ids [1, 16], saved with
+             external data (ONNXProgram.save(..., external_data=True));
+   convert   `normexport convert DIR --target trt` (whole-model parity is skipped above 2 GiB and says so);
+   rewrite   `normexport rewrite plain.onnx --target trt` (every fusion verified locally);
+3. prints a table (weights GiB, peak RSS GiB and x weights, wall s and x plain, RMSNorms fused of
+   2 x layers + 1) and writes it as JSON under --out with the date and the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+PRESETS = {
+    # TinyLlama-1.1B: the shapes of the issue's first measurement
+    "tinyllama-1.1b": dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22, num_attention_heads=32,
+                           num_key_value_heads=4, vocab_size=32000),
+    "llama3.2-3b": dict(hidden_size=3072, intermediate_size=8192, num_hidden_layers=28, num_attention_heads=24,
+                        num_key_value_heads=8, vocab_size=128256),
+    "llama3-8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                      num_key_value_heads=8, vocab_size=128256),
+    # small, for a quick run of the tool itself (weights ~0.1 GiB)
+    "mini": dict(hidden_size=512, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=8,
+                 num_key_value_heads=4, vocab_size=32000),
+}
+
+_PLAIN = r"""
+import sys, warnings, logging, torch, transformers
+warnings.simplefilter("ignore"); logging.disable(logging.WARNING)
+folder, out = sys.argv[1], sys.argv[2]
+m = transformers.AutoModelForCausalLM.from_pretrained(folder, local_files_only=True).eval()
+m.config.use_cache = False
+ids = torch.randint(0, m.config.vocab_size, (1, 16))
+prog = torch.onnx.export(m, (ids,), dynamo=True, opset_version=22, verbose=False)
+prog.save(out, external_data=True)
+"""
+
+
+def make_folder(preset: str, folder: Path, dtype: str = "bfloat16") -> float:
+    """The random-weight folder (tensor by tensor); returns the weights in GiB."""
+    import torch
+    import transformers
+    from safetensors.torch import save_file
+
+    cfg = transformers.LlamaConfig(**PRESETS[preset], tie_word_embeddings=False, torch_dtype=dtype,
+                                   architectures=["LlamaForCausalLM"])
+    folder.mkdir(parents=True, exist_ok=True)
+    with torch.device("meta"):
+        meta = transformers.LlamaForCausalLM(cfg)
+    dt = getattr(torch, dtype)
+    gen = torch.Generator().manual_seed(0)
+    shard, shard_bytes, index, total, n = {}, 0, {}, 0, 0
+    limit = 2 << 30
+
+    def flush():
+        nonlocal shard, shard_bytes, n
+        if shard:
+            n += 1
+            name = f"model-{n:05d}.safetensors"
+            save_file(shard, str(folder / name), metadata={"format": "pt"})
+            index.update({k: name for k in shard})
+            shard, shard_bytes = {}, 0
+
+    for name, p in meta.state_dict().items():
+        t = (torch.randn(p.shape, generator=gen) * 0.02).to(dt) if not name.endswith("norm.weight") else \
+            (1.0 + 0.1 * torch.randn(p.shape, generator=gen)).to(dt)
+        shard[name] = t
+        shard_bytes += t.numel() * t.element_size()
+        total += t.numel() * t.element_size()
+        if shard_bytes >= limit:
+            flush()
+    flush()
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": index}))
+    cfg.save_pretrained(str(folder))
+    return total / 2**30
+
+
+def timed(cmd: list[str], log: Path) -> dict:
+    """Run `cmd` under /usr/bin/time -v: exit code, wall seconds, peak RSS GiB, the output tail."""
+    r = subprocess.run(["/usr/bin/time", "-v", *cmd], capture_output=True, text=True)
+    (log).write_text(r.stdout + "\n" + r.stderr)
+    rss = re.search(r"Maximum resident set size \(kbytes\): (\d+)", r.stderr)
+    wall = re.search(r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): ([\d:.]+)", r.stderr)
+    secs = 0.0
+    if wall:
+        for part in wall.group(1).split(":"):
+            secs = secs * 60 + float(part)
+    return {"rc": r.returncode, "wall_s": round(secs, 1), "peak_rss_gib": round(int(rss.group(1)) / 2**20, 2) if rss else None,
+            "tail": (r.stdout + r.stderr).strip().splitlines()[-12:]}
+
+
+def fused(onnx_path: Path) -> int:
+    import onnx
+
+    m = onnx.load(str(onnx_path), load_external_data=False)
+    return sum(1 for n in m.graph.node if n.domain == "normexport" and n.op_type == "RMSNorm")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--preset", choices=sorted(PRESETS), default="tinyllama-1.1b")
+    ap.add_argument("--work", default="/tmp/normexport-bench-scale")
+    ap.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "benchmarks" / "results"))
+    ap.add_argument("--keep", action="store_true", help="keep the folder and the ONNX files")
+    args = ap.parse_args(argv)
+    work = Path(args.work) / args.preset
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    folder = work / "folder"
+    weights = make_folder(args.preset, folder)
+    layers = PRESETS[args.preset]["num_hidden_layers"]
+    norms = 2 * layers + 1
+    exe = str(Path(sys.executable).with_name("normexport"))
+    rows = {}
+    rows["plain"] = timed([sys.executable, "-c", _PLAIN, str(folder), str(work / "plain.onnx")], work / "plain.log")
+    rows["convert"] = timed([exe, "convert", str(folder), "--target", "trt", "-o", str(work / "conv.onnx")], work / "convert.log")
+    if rows["convert"]["rc"] == 0:
+        rows["convert"]["fused"] = fused(work / "conv.onnx")
+    if rows["plain"]["rc"] == 0:
+        rows["rewrite"] = timed([exe, "rewrite", str(work / "plain.onnx"), "--target", "trt", "-o", str(work / "rw.onnx")],
+                                work / "rewrite.log")
+        if rows["rewrite"]["rc"] == 0:
+            rows["rewrite"]["fused"] = fused(work / "rw.onnx")
+    base = rows["plain"]
+    print(f"{args.preset}: {weights:.2f} GiB of bfloat16 weights, {norms} RMSNorms; machine {platform.node()} "
+          f"({os.cpu_count()} cores)")
+    print(f"{'step':<9} {'rc':>3} {'peak RSS GiB':>13} {'x weights':>10} {'wall s':>8} {'x plain':>8} {'fused':>6}")
+    for k, r in rows.items():
+        x_w = r["peak_rss_gib"] / weights if r["peak_rss_gib"] else float("nan")
+        x_p = r["wall_s"] / base["wall_s"] if base["wall_s"] else float("nan")
+        print(f"{k:<9} {r['rc']:>3} {r['peak_rss_gib'] or 0:>13.2f} {x_w:>10.2f} {r['wall_s']:>8.1f} {x_p:>8.2f} "
+              f"{str(r.get('fused', '-')) + '/' + str(norms) if k != 'plain' else '-':>6}")
+        if r["rc"] != 0:
+            print("   " + "\n   ".join(r["tail"]))
+    day = datetime.date.today().isoformat()
+    out = Path(args.out) / f"scale_{day}_{args.preset}_{platform.node() or 'host'}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"date": day, "machine": {"node": platform.node(), "cores": os.cpu_count(),
+                                                        "platform": platform.platform()},
+                               "preset": args.preset, "config": PRESETS[args.preset], "weights_gib": round(weights, 3),
+                               "rmsnorms": norms, "rows": rows}, indent=2))
+    print(f"wrote {out}")
+    if not args.keep:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0 if all(r["rc"] == 0 for r in rows.values()) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
