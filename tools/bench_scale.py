@@ -55,13 +55,15 @@ prog.save(out, external_data=True)
 """
 
 
-def make_folder(preset: str, folder: Path, dtype: str = "bfloat16") -> float:
-    """The random-weight folder (tensor by tensor); returns the weights in GiB."""
+def make_folder(preset: str | dict, folder: Path, dtype: str = "bfloat16") -> float:
+    """The random-weight folder (tensor by tensor) of a preset name or LlamaConfig fields; returns
+    the weights in GiB."""
     import torch
     import transformers
     from safetensors.torch import save_file
 
-    cfg = transformers.LlamaConfig(**PRESETS[preset], tie_word_embeddings=False, torch_dtype=dtype,
+    fields = PRESETS[preset] if isinstance(preset, str) else preset
+    cfg = transformers.LlamaConfig(**fields, tie_word_embeddings=False, torch_dtype=dtype,
                                    architectures=["LlamaForCausalLM"])
     folder.mkdir(parents=True, exist_ok=True)
     with torch.device("meta"):

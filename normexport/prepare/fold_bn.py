@@ -309,6 +309,8 @@ def fold_batchnorm(module: nn.Module, report: list | None = None, *,
 
     ``report`` (a list) receives one dict per BN: ``{"name", "action", "into", "reason"}``.
     """
+    if not any(isinstance(m, _BatchNorm) for m in module.modules()):
+        return module  # nothing to fold: no copy (a multi-GiB model stays one copy)
     model = copy.deepcopy(module)
     plan = _plan_fx(model, example_inputs)
     how = "fx"

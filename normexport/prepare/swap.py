@@ -562,8 +562,16 @@ def _walk(module: nn.Module, prefix: str, report: list) -> None:
             _walk(child, full, report)
 
 
+def structure_copy(module: nn.Module) -> nn.Module:
+    """A deep copy of `module`'s module tree that shares its parameters and buffers (DESIGN §8:
+    the weights are held once; swaps replace modules in the copy, they never write into tensors)."""
+    memo = {id(t): t for t in list(module.parameters()) + list(module.buffers())}
+    return copy.deepcopy(module, memo)
+
+
 def prepare(module: nn.Module, report: list | None = None) -> nn.Module:
-    """A deep copy of `module` with recognised norm modules swapped for normexport modules.
+    """A copy of `module` (its module tree; the weights shared) with recognised norm modules
+    swapped for normexport modules.
 
     Every swap is verified numerically (float32, random input, rel err <= 1e-5) and kept only
     then. `report`, when given, receives one dict per candidate or norm-named module:
@@ -572,7 +580,7 @@ def prepare(module: nn.Module, report: list | None = None) -> nn.Module:
     torch norms). The input module is not modified."""
     if report is None:
         report = []
-    new = copy.deepcopy(module)
+    new = structure_copy(module)
     root = _try_swap("", new, report)
     if root is not None:
         new = root
@@ -581,6 +589,6 @@ def prepare(module: nn.Module, report: list | None = None) -> nn.Module:
     return new
 
 
-__all__ = ["prepare", "rel_err", "REL_TOL", "AdaLayerNormZeroNE", "AdaLayerNormZeroSingleNE", "AdaLayerNormContinuousNE",
+__all__ = ["prepare", "structure_copy", "rel_err", "REL_TOL", "AdaLayerNormZeroNE", "AdaLayerNormZeroSingleNE", "AdaLayerNormContinuousNE",
            "SD35AdaLayerNormZeroXNE", "DeferredLayerNorm", "fused_class", "RMSNormWithBias",
            "UpcastRMSNorm"]

@@ -1,0 +1,118 @@
+"""Real sizes (DESIGN §8): a model whose weights cross protobuf's 2 GiB goes through convert,
+rewrite, check and build; the float64 reference of a model too large to copy in float64 is
+computed module by module."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+from bench_scale import make_folder  # noqa: E402
+
+
+def test_streamed_float64_reference_equals_the_float64_copy(monkeypatch):
+    """Above the copy limit the reference upcasts each module's own weights while it runs: the
+    same float64 outputs, bit for bit, as the float64 copy; the model is left in its dtype."""
+    transformers = pytest.importorskip("transformers")
+    from normexport.parity import reference as R
+
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, vocab_size=100)
+    m = transformers.LlamaForCausalLM(cfg).eval().to(torch.bfloat16)
+    ids = torch.randint(0, 100, (2, 8))
+    copied, why = R._Float64Reference(m)((ids,))
+    assert why is None
+    monkeypatch.setattr(R, "FP64_COPY_LIMIT_BYTES", 0)
+    ref = R._Float64Reference(m)
+    assert ref.streamed and ref.module is m
+    streamed, why = ref((ids,))
+    assert why is None and streamed[0].dtype == torch.float64
+    assert torch.equal(streamed[0], copied[0])
+    assert all(p.dtype == torch.bfloat16 for p in m.parameters())
+    # and it is float64 indeed: eager bf16 differs from it by far more than float64 rounding
+    with torch.no_grad():
+        eager = m(ids).logits.double()
+    assert (eager - streamed[0]).abs().max() > 1e-4
+
+
+#: a LLaMA whose weights (bfloat16) cross 2 GiB, mostly in its vocabulary: 2 layers, 5 RMSNorms
+BIG = dict(hidden_size=1024, intermediate_size=2048, num_hidden_layers=2, num_attention_heads=8,
+           num_key_value_heads=4, vocab_size=560_000)
+
+
+def _cli(*args, timeout=900):
+    exe = str(Path(sys.executable).with_name("normexport"))
+    r = subprocess.run([exe, *map(str, args)], capture_output=True, text=True, timeout=timeout)
+    return r.returncode, r.stdout, r.stderr
+
+
+def _rmsnorms(path: Path) -> int:
+    m = onnx.load(str(path), load_external_data=False)
+    return sum(1 for n in m.graph.node if n.domain == "normexport" and n.op_type == "RMSNorm")
+
+
+@pytest.fixture(scope="module")
+def big_folder(tmp_path_factory):
+    d = tmp_path_factory.mktemp("big") / "folder"
+    gib = make_folder(BIG, d)
+    assert gib > 2.0, gib
+    return d
+
+
+def test_over_2gib_convert_rewrite_check_build(big_folder, tmp_path):
+    """convert (streamed to external data, whole-model parity left to check with a line saying so),
+    rewrite of the plain torch.onnx export (5 of 5 RMSNorms fused, each verified locally), check of
+    the converted file against the folder (bf16 widened in onnxruntime, float64 reference module by
+    module), build in TensorRT (for RTX, CPU build) from the function bodies."""
+    conv = tmp_path / "conv.onnx"
+    code, out, err = _cli("convert", big_folder, "-o", conv)
+    assert code == 0, err
+    assert "parity: not run here" in out and _rmsnorms(conv) == 5, out
+    data = conv.with_name("conv.onnx.data")
+    assert data.stat().st_size > 2 << 30 and conv.stat().st_size < 1 << 20
+    onnx.checker.check_model(str(conv), full_check=True)
+
+    # the plain export of the same folder, saved with external data as torch.onnx does
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(big_folder), local_files_only=True).eval()
+    model.config.use_cache = False
+    plain = tmp_path / "plain.onnx"
+    torch.onnx.export(model, (torch.randint(0, 1000, (1, 16)),), dynamo=True, opset_version=22,
+                      verbose=False).save(str(plain), external_data=True)
+    del model
+    rw = tmp_path / "rw.onnx"
+    code, out, err = _cli("rewrite", plain, "-o", rw)
+    assert code == 0, err
+    assert _rmsnorms(rw) == 5 and "local verification: 5 of 5 fusion(s) verified" in out, out
+    assert "whole-model comparison: not run" in out, out
+    assert (tmp_path / "rw.onnx.data").stat().st_size > 2 << 30
+    assert (os.stat(rw).st_mode & 0o077) == (0o666 & ~_umask() & 0o077)
+
+    code, out, err = _cli("check", conv, "--reference", big_folder, "--input", "input_ids:1x16")
+    assert code == 0, out + err
+    assert "PASS" in out, out
+
+    if importlib.util.find_spec("tensorrt_rtx_bindings") is None and importlib.util.find_spec("tensorrt") is None:
+        pytest.skip("no TensorRT here (pip install '.[trt-rtx]')")
+    engine = tmp_path / "conv.engine"
+    code, out, err = _cli("build", conv, "-o", engine, "--no-plugin")
+    assert code == 0, out + err
+    assert engine.stat().st_size > 2 << 30, out
+
+
+def _umask() -> int:
+    m = os.umask(0)
+    os.umask(m)
+    return m
