@@ -74,8 +74,9 @@ class _Float64Reference:
             n = sum(t.numel() for t in list(reference.parameters()) + list(reference.buffers()) if t.is_floating_point())
         except Exception:
             n = 0
-        if n * 8 > FP64_COPY_LIMIT_BYTES:
-            self.reason = f"the model is too large for a float64 copy ({n * 8 / 2**30:.1f} GiB)"
+        self.streamed = n * 8 > FP64_COPY_LIMIT_BYTES
+        if self.streamed:  # no float64 copy of the model: each module's own weights upcast while it runs
+            self.module = reference
             return
         try:
             self.module = copy.deepcopy(reference).double()
@@ -90,12 +91,47 @@ class _Float64Reference:
         errors = []
         for mode in (_Float64Mode, contextlib.nullcontext):
             try:
-                with torch.no_grad(), mode():
+                with torch.no_grad(), mode(), (_upcast_while_running(self.module) if self.streamed else contextlib.nullcontext()):
                     out = _flatten(self.module(*args))
                 return [o.double() if o.is_floating_point() else o for o in out], None
             except Exception as e:
                 errors.append(_short(e))
         return None, f"the reference does not run in float64 ({errors[-1]})"
+
+
+@contextlib.contextmanager
+def _upcast_while_running(model: nn.Module):
+    """Forward hooks that give each module float64 copies of its own parameters and buffers just
+    before it runs and put the originals back right after: the float64 reference of a model too
+    large for a float64 copy, holding one module's weights in float64 at a time (DESIGN §8)."""
+    saved: dict[int, list] = {}
+
+    def pre(module, _args):
+        swapped = []
+        for store in (module._parameters, module._buffers):
+            for name, t in list(store.items()):
+                if t is not None and t.is_floating_point() and t.dtype != torch.float64:
+                    swapped.append((store, name, t))
+                    store[name] = t.detach().double() if store is module._buffers else nn.Parameter(t.detach().double(), requires_grad=False)
+        saved[id(module)] = swapped
+
+    def post(module, _args, _out):
+        for store, name, t in saved.pop(id(module), []):
+            store[name] = t
+
+    handles = []
+    for m in model.modules():
+        if any(t is not None for t in list(m._parameters.values()) + list(m._buffers.values())):
+            handles.append(m.register_forward_pre_hook(pre))
+            handles.append(m.register_forward_hook(post))
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+        for module_saved in saved.values():  # a forward that raised midway: originals back
+            for store, name, t in module_saved:
+                store[name] = t
 
 
 # ---- helpers -----------------------------------------------------------------------------------
