@@ -41,28 +41,14 @@ def check_writable(path: str | os.PathLike, flag: str = "-o") -> Path:
 
 def save_onnx(model: onnx.ModelProto, path: str | os.PathLike, external_data: bool | None = None,
               flag: str = "-o") -> Path:
-    """Write `model` to `path` atomically. Weights go to `<name>.data` beside it when the model is
-    too large for one protobuf (or when external_data=True). `model` is left as it was."""
-    path = check_writable(path, flag)
+    """Write a ModelProto to `path` as save_ir does (atomically, umask permissions; weights in
+    `<name>.data` beside it when too large for one protobuf or when external_data=True). `model` is
+    left as it was (onnx-ir reads its tensor bytes in place)."""
+    import onnx_ir as ir
+
     if external_data is None:
         external_data = _too_large(model)
-    try:
-        tmpdir = tempfile.mkdtemp(prefix=".normexport-", dir=path.parent)
-        try:
-            tmp = Path(tmpdir) / path.name
-            data_name = path.name + ".data"
-            if external_data:
-                _save_external(model, tmp, data_name)
-                if (Path(tmpdir) / data_name).exists():
-                    os.replace(Path(tmpdir) / data_name, path.parent / data_name)
-            else:
-                onnx.save_model(model, str(tmp))
-            os.replace(tmp, path)
-        finally:
-            shutil.rmtree(tmpdir, ignore_errors=True)
-    except OSError as e:
-        raise UsageError(f"cannot write '{path}' ({e.strerror or first_line(e, 160)}): free some space or choose another {flag} path") from None
-    return path
+    return save_ir(ir.serde.deserialize_model(model), path, external_data=external_data, flag=flag)
 
 
 def check_onnx_path(path: str | os.PathLike) -> None:

@@ -1,16 +1,16 @@
 """normexport.rewriter — the engine behind normexport.rewrite(): fuse decomposed normalisation patterns in any ONNX file.
 
-The driver loads every module named in `rules.RULE_MODULES` (in that order) and, per rule:
-apply it (onnxscript rewriter) -> run original and rewritten graphs in onnxruntime on random
-inputs -> keep the result only if every output agrees within DESIGN §7, else revert and record
-"numeric verification: ...". A diagnostic pass before each module records pattern near-misses
-and failed checks, so the report says why something was not fused.
+The driver loads every module named in `rules.RULE_MODULES` (in that order) and applies its
+rules to the onnx-ir model in place; each match is verified locally before it is applied (its
+matched subgraph vs the replacement, both against float64: local.py, DESIGN §8) and recorded as
+"local verification: ..." when it fails. A diagnostic dry run before each module records pattern
+near-misses and failed checks, so the report says why something was not fused.
 
 Optional hooks a rule module may define besides RULES / TARGETS (rules/__init__.py):
     rules_for(target) -> list[RewriteRule]   rules for that target (default: RULES)
     required_opset(target) -> int            default-domain opset the replacements need; the
                                              driver upgrades the model first when a rule matches
-    explain_unapplied(ModelProto) -> [(ir node, reason)]   after the module ran: the nodes it is about
+    explain_unapplied(ir.Model) -> [(ir node, reason)]   after the module ran: the nodes it is about
                                              that are still there, and why (reported as skipped)
 
 Modules (one concern each):
@@ -18,11 +18,11 @@ Modules (one concern each):
     files.py        rewrite_file: load, rewrite, write atomically (external data too)
     report.py       RewriteReport / RuleRecord (DESIGN §5)
     diagnostics.py  match tracer, failed checks / near-misses / explain_unapplied -> report
-    verifier.py     Verifier: the original run once at the sizes normexport.sizes finds, candidates compared
+    verifier.py     Verifier: the whole-model extra (original vs rewritten in onnxruntime, small models)
     _verify.py      quiet onnxruntime sessions, output comparison within DESIGN §7
-    opset.py        upgrade_opset (bump or onnx.version_converter)
-    _weights.py     weightless copies for onnx's C++ passes
-    serialize.py    onnx_ir -> ModelProto with our ops' functions attached
+    opset.py        upgrade_opset (bump, or onnx.version_converter on the model without its weights)
+    local.py        LocalVerifier: each fusion's subgraph vs its replacement, both vs float64 (DESIGN §8)
+    serialize.py    finish: one AdaLNZero form, our ops' functions attached (in place, on onnx-ir)
     cli.py          `normexport rewrite`
 """
 

@@ -22,7 +22,7 @@ from normexport.errors import UsageError, first_line
 
 from .diagnostics import Tracer, record_diagnostics, record_unapplied, where
 from .local import LocalVerifier, concrete_shapes, probe_shapes
-from .opset import model_opset, upgrade_opset_ir
+from .opset import model_opset, upgrade_opset
 from .report import RewriteReport, input_records
 from .serialize import finish
 from .verifier import Verifier
@@ -171,7 +171,7 @@ def rewrite_ir(model: ir.Model, target: str = "trt", verify: bool = True, report
         need = mod.required_opset(target) if hasattr(mod, "required_opset") else 0
         if model_opset(model) < need:
             try:
-                model, how = upgrade_opset_ir(model, need)
+                model, how = upgrade_opset(model, need)
             except ValueError as e:
                 for ev in tracer.events:
                     if ev[3] == MatchStatus.SUCCESS:
