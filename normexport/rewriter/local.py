@@ -41,6 +41,8 @@ _FLOATS = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BF
 DEFAULT_DIM = 3
 #: integer values computed from shapes: at most this many producer nodes pulled in as context
 _MAX_CONTEXT = 64
+#: a producer with a constant input larger than this is never pulled in as context
+_MAX_CONTEXT_CONST = 1 << 20
 
 
 @dataclasses.dataclass
@@ -160,18 +162,20 @@ class _Local:
 
         b_orig, b_new = boundary(orig_nodes), boundary(new_nodes)
         # shared context, pulled in before both: the producers of integer values computed at run
-        # time (shapes), and of a value only one side reads (a replacement that reads the input
-        # of a Cast the match started from: the Cast goes in, its input is what both read)
-        one_side = {id(v) for v in b_orig} ^ {id(v) for v in b_new}
+        # time (shapes), and of a value only the matched subgraph reads (a replacement that reads
+        # the input of a Cast the match started from: the Cast goes in, its input is what both
+        # read). Never a producer with a large constant input (an embedding Gather): the check
+        # stays the size of the fusion.
+        only_orig = {id(v) for v in b_orig} - {id(v) for v in b_new}
         context: list[ir.Node] = []
-        todo = [(v, id(v) in one_side) for v in b_orig + b_new if not _is_const(v) and id(v) not in new_inits]
+        todo = [(v, id(v) in only_orig) for v in b_orig + b_new if not _is_const(v) and id(v) not in new_inits]
         seen_ctx: set[int] = set()
         while todo:
             v, lopsided = todo.pop()
             p = v.producer()
             if p is None or _is_const(v) or (_elem(v) in _FLOATS and not lopsided) or id(p) in seen_ctx:
                 continue
-            if p in orig_nodes:
+            if p in orig_nodes or any(x is not None and _is_const(x) and _nbytes(x) > _MAX_CONTEXT_CONST for x in p.inputs):
                 continue
             seen_ctx.add(id(p))
             context.append(p)
@@ -338,6 +342,13 @@ class _Local:
     def _fail(self, rule, where, widened, why) -> LocalCheck:
         return LocalCheck(rule, where, dict(self.shapes), self.dtype_name, float("nan"), float("nan"), float("nan"),
                           False, widened, why=why)
+
+
+def _nbytes(v: ir.Value) -> int:
+    try:
+        return int(v.const_value.nbytes)
+    except Exception:  # noqa: BLE001 - a tensor without a size
+        return 0
 
 
 def _elem(v: ir.Value) -> int:

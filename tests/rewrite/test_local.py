@@ -149,3 +149,23 @@ def test_bfloat16_fusion_is_verified_widened():
     (check,) = rep.local.checks
     assert check.passed and check.widened and check.dtype == "bfloat16"
     assert "bfloat16 widened to float32" in rep.summary()
+
+
+def test_an_embedding_table_stays_out_of_the_local_check():
+    """An RMSNorm on Cast(Gather(embedding table)) (the HF upcast right after the embedding): the
+    replacement reads the Gather's output, the matched subgraph the Cast's; the Cast is pulled into
+    the check, never the Gather and its multi-MiB table (a 1.1 GB vocabulary made the check of a
+    LLaMA hold 20 GiB): the check's inputs are the [B, S, H] activations."""
+    g = G.G(18)
+    g.inputs[0] = onnx.helper.make_tensor_value_info("ids", onnx.TensorProto.INT64, [2, 5])
+    table = np.random.default_rng(4).standard_normal((100_000, G.H)).astype(np.float16)  # 1.5 MiB
+    h = g.node("Gather", g.init(table, "embed"), "ids")
+    x = g.node("Cast", h, to=onnx.TensorProto.FLOAT)
+    ms = g.reduce_mean(g.node("Mul", x, x), [-1])
+    n = g.node("Div", x, g.node("Sqrt", g.node("Add", ms, g.init(np.array(1e-6, np.float32), "eps"))))
+    model = g.model(g.node("Mul", n, g.init(G.WEIGHT, "w")))
+    rep = RewriteReport()
+    out = rewrite(model, report=rep)
+    assert G.count(out, "RMSNorm", "normexport") == 1, rep.summary()
+    (check,) = rep.local.checks
+    assert check.passed and list(check.shapes.values()) == [[2, 5, G.H]], check.shapes
