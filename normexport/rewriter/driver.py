@@ -133,6 +133,8 @@ def rewrite_ir(model: ir.Model, target: str = "trt", verify: bool = True, report
             report.whole_model = (f"not run: {nbytes / 2**30:.2f} GiB of weights (the extra runs up to "
                                   f"{WHOLE_MODEL_LIMIT >> 20} MiB); every fusion was verified locally")
 
+    unmarked = {id(n) for n in model.graph
+                if n.domain == _ops.DOMAIN and not all(k in n.attributes for k in _ops.PLUGIN_ATTRIBUTES)}
     ir.passes.common.ShapeInferencePass(check_type=False, strict_mode=False, data_prop=True)(model)
     local = None
     if verify:
@@ -191,7 +193,8 @@ def rewrite_ir(model: ir.Model, target: str = "trt", verify: bool = True, report
             _apply([_verified(rule, records[rule.name], local)], model)
     record_unapplied(explain, model, report)
 
-    marked = _ops.mark_plugin_nodes_ir(model)  # nodes from other tools may lack them; ours have them
+    # normexport nodes another tool wrote without the plugin attributes (the fused ones get them in finish)
+    marked = sum(1 for n in model.graph if id(n) in unmarked)
     finish(model)
     if marked:
         report.notes.append(f"added plugin_namespace / plugin_version to {marked} normexport node(s) "

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import numpy as np
-import onnx
 import onnx_ir as ir
 
 from normexport import ops as _ops
@@ -36,9 +35,3 @@ def finish(ir_model: ir.Model) -> None:
     normexport nodes the model has."""
     _one_adaln_form(ir_model)
     _ops.attach_functions_ir(ir_model)
-
-
-def serialize(ir_model: ir.Model) -> onnx.ModelProto:
-    """`ir_model` (finished in place) as a ModelProto, for models that fit one protobuf."""
-    finish(ir_model)
-    return ir.serde.serialize_model(ir_model)

@@ -263,8 +263,10 @@ def test_fused_nodes_name_the_plugin_and_hand_made_ones_get_it(mixed):
     them get them (said in the notes), with the same outputs in onnxruntime."""
     from normexport import ops
 
-    fused = rewrite(mixed, target="trt")
+    first = RewriteReport()
+    fused = rewrite(mixed, target="trt", report=first)
     assert ops.custom_nodes(fused)
+    assert not any("plugin_namespace" in note for note in first.notes), first.notes  # our own nodes: no note
     for node in ops.custom_nodes(fused):
         attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
         assert attrs["plugin_namespace"] == b"normexport" and attrs["plugin_version"] == b"1"

@@ -215,7 +215,7 @@ def _factor_why(f: ir.Value) -> str | None:
     return "modulation factor is not (1 + scale) (no `1 +` before the Mul)"
 
 
-def explain_unapplied(proto: "ir.Model | onnx.ModelProto") -> list[tuple[ir.Node, str]]:
+def explain_unapplied(proto) -> list[tuple[ir.Node, str]]:
     """Each LayerNormalization left whose output is multiplied by a runtime value (a modulation
     that was not fused) with the reason."""
     out = []

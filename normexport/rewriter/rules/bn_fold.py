@@ -380,8 +380,8 @@ class FoldMatMulBN(_FoldBase):
 _PRODUCERS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
 
 
-def explain_unapplied(proto: "ir.Model | onnx.ModelProto") -> list[tuple[ir.Node, str]]:
-    """Why each BatchNormalization still in the graph (an onnx.ModelProto) was not folded (the
+def explain_unapplied(proto) -> list[tuple[ir.Node, str]]:
+    """Why each BatchNormalization still in the graph (an onnx_ir model, or a ModelProto) was not folded (the
     driver's report hook): every BN is reported folded or skipped with a reason, including those no
     rule got near."""
     out = []
