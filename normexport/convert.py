@@ -110,6 +110,8 @@ def run(args) -> int:
               f"exporter (opset {sections['exporter']['opset']}); the rewriter fused its norms")
     for line in _rewrite_lines(sections.get("rewrite")):
         print(line)
+    for note in getattr(loaded, "notes", ()):  # e.g. sizes the forward fixes (normexport.load)
+        print(f"  note: {note}")
     passed = True
     report: dict = {"normexport_version": __version__, "command": "convert"}
     if not args.no_check and model is None:

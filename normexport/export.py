@@ -93,11 +93,17 @@ def convert_module_ir(module, args: tuple, *, target: str = "trt", opset: int | 
 
             report["fold_batchnorm"] = []
             module = fold_batchnorm(module, report["fold_batchnorm"], example_inputs=args)
+        from .prepare.rope import real_rope  # complex rotary arithmetic made real, for both exporters
+
+        rope_report: list = []
+        module = real_rope(module, args, rope_report)
+        if rope_report:
+            report["prepare"] = rope_report
         unswapped = module
         if swap_norms and target == "trt":  # other targets keep standard ops (see rewrite)
             from .prepare.swap import prepare
 
-            report["prepare"] = []
+            report["prepare"] = rope_report
             module = prepare(module, report["prepare"])
     names = list(input_names) if input_names else [f"input_{i}" for i in range(len(args))]
     try:

@@ -207,3 +207,38 @@ def test_example_inputs_by_annotation():
     assert kw["encoder_hidden_states"].shape == (2, 6, 8)
     M.forward.__annotations__["timestep"] = torch.LongTensor
     assert not examples.example_kwargs(M(), "diffusers")["timestep"].is_floating_point()
+
+
+# ---- a forward that loops over the batch: static batch, said on the terminal -------------------------
+def test_mochi_folder_static_batch_with_note(cli, tmp_path):
+    """MochiTransformer3DModel's attention processor loops over the batch in python: no exporter keeps
+    the batch dynamic (torch.export infers it static, the TorchScript tracer baked it and the file
+    failed at batch 3). The file is exported with a static batch by the dynamo exporter, the note
+    says so with the --input flags for another batch size, and the RMSNorms without weight and
+    without a size (diffusers RMSNorm(0, eps, elementwise_affine=False)) are not swapped with an
+    empty scale but left to the rewriter, which fuses them. Norm count: one per call of a leaf
+    RMSNorm module (MochiModulatedRMSNorm wraps one)."""
+    torch.manual_seed(0)
+    folder = tmp_path / "mochi"
+    diffusers.MochiTransformer3DModel(patch_size=2, num_attention_heads=2, attention_head_dim=8, num_layers=1,
+                                      pooled_projection_dim=16, in_channels=4, text_embed_dim=16, time_embed_dim=16,
+                                      max_sequence_length=6).eval().save_pretrained(folder)
+    loaded = normexport.load(str(folder))
+    assert not loaded.dynamic_axes
+    out = tmp_path / "mochi.onnx"
+    stdout, rep, errs = _convert(cli, folder, out)
+    assert rep["exporter"]["name"] == "dynamo", rep["exporter"]
+    assert "static batch" in stdout and "--input hidden_states:Bx4x2x4x4" in stdout
+    calls = Counter()
+    handles = [m.register_forward_hook(lambda *a: calls.update(["rms"])) for m in loaded.module.modules()
+               if type(m).__name__.endswith("RMSNorm") and not list(m.children())]
+    with torch.no_grad():
+        loaded.module(*loaded.example_inputs)
+    for h in handles:
+        h.remove()
+    ops = _ops(out)
+    assert calls["rms"] == 9 and ops["RMSNorm"] == calls["rms"], (ops, calls)
+    assert ops["AdaLNZero"] == 1 and ops["ReduceMean"] == 0, ops  # norm_out (AdaLayerNormContinuous)
+    assert max(errs) < 1e-5
+    skipped = [e for e in rep["prepare"] if "size 0" in e["reason"]]
+    assert skipped and all(e["action"] == "skipped" for e in skipped)

@@ -107,6 +107,14 @@ def _transformers_kwargs(model, config, required, gen) -> dict[str, torch.Tensor
 
 
 DECODER_SEQ = 4
+#: classes whose forward reads the text mask's values in python (`mask.sum(1).tolist()` sizes the
+#: joint sequence, position ids and loops): the export is fixed to the example mask, so the example
+#: is all ones (no padding: every prompt the full text length; the file then ignores the mask)
+MASK_READ_AS_VALUES = ("Lumina2Transformer2DModel",)
+#: classes whose forward loops over the batch in python: no exporter keeps the batch dynamic (torch.export
+#: infers a static batch; the TorchScript tracer bakes it), so their files get a static batch
+BATCH_LOOP = {"MochiTransformer3DModel": "its attention processor (MochiAttnProcessor2_0) loops over the batch in "
+                                        "python to drop each prompt's padding tokens"}
 #: latent frames of a video example (a multiple of the temporal patch)
 FRAMES = 2
 
@@ -175,7 +183,8 @@ class _Sizes:
             if not required:
                 return None
             mask = torch.ones(BATCH, self.text_seq, dtype=torch.bool)
-            mask[1:, -2:] = False  # padding in all but the first prompt
+            if self.cls not in MASK_READ_AS_VALUES:
+                mask[1:, -2:] = False  # padding in all but the first prompt
             return mask
         if p == "pooled_projections" and c("pooled_projection_dim"):
             return torch.randn(BATCH, int(c("pooled_projection_dim")), generator=gen)

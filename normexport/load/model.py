@@ -20,6 +20,9 @@ class LoadedModel:
     dynamic_axes: dict[str, list[int]] | None = None
     exported_program: Any = None  # torch.export.ExportedProgram for .pt2
     output_names: list[str] | None = None
+    #: what the user must know about the file this model exports to (printed by convert), e.g.
+    #: sizes a forward fixes by reading input values in python
+    notes: list[str] = dataclasses.field(default_factory=list)
 
 
 def is_factory(model: str) -> bool:

@@ -14,11 +14,13 @@ import json
 import logging
 import os
 import warnings
+
+import torch
 from pathlib import Path
 
 from ..errors import UsageError, first_line
 from .call import CallAdapter
-from .examples import BATCHED, example_kwargs, forward_parameters
+from .examples import BATCH, BATCH_LOOP, BATCHED, MASK_READ_AS_VALUES, example_kwargs, forward_parameters
 from .inputs import make_inputs
 from .model import LoadedModel
 
@@ -49,10 +51,41 @@ def load_folder(path: Path):
                          f"upgrade {library} or re-save the model with this version")
     module = _from_pretrained(cls, path)
     args = example_kwargs(module, library)
+    dt = next((p.dtype for p in module.parameters() if p.is_floating_point()), None)
+    if dt in (torch.float16, torch.bfloat16):  # a folder loaded in its stored half dtype: inputs alike
+        args = {k: v.to(dt) if isinstance(v, torch.Tensor) and v.is_floating_point() else v for k, v in args.items()}
     adapter = CallAdapter(module, (), args)
     dynamic = {name: [0, 1] if name in ("input_ids", "attention_mask", "decoder_input_ids") else [0] for name in args
                if name in BATCHED}
-    return LoadedModel(adapter, "pretrained", adapter.example_inputs, adapter.input_names, dynamic or None)
+    notes = []
+    if class_name in MASK_READ_AS_VALUES:
+        dynamic = {}
+        notes.append(fixed_by_mask_note(class_name, args))
+    elif class_name in BATCH_LOOP:
+        dynamic = {name: [a for a in axes if a != 0] for name, axes in dynamic.items()}
+        dynamic = {name: axes for name, axes in dynamic.items() if axes}
+        notes.append(f"{class_name}: {BATCH_LOOP[class_name]}, so the file has a static batch ({BATCH} unless --input gives another; no "
+                     f"exporter keeps it dynamic); for batch size B export one file per size: "
+                     + " ".join(f"--input {_spec(n, t)}" for n, t in args.items() if hasattr(t, "shape")))
+    return LoadedModel(adapter, "pretrained", adapter.example_inputs, adapter.input_names, dynamic or None, notes=notes)
+
+
+def _spec(name: str, t, batch: str = "B") -> str:
+    """--input NAME:DIMS[:DTYPE] of an example tensor, its batch axis written `batch`."""
+    dims = "x".join([batch] + [str(d) for d in t.shape[1:]])
+    dtype = str(t.dtype).replace("torch.", "")
+    return f"{name}:{dims}" + ("" if dtype == "float32" else f":{dtype}")
+
+
+def fixed_by_mask_note(class_name: str, args: dict) -> str:
+    """What a file of a class whose forward reads the text mask's values is fixed to."""
+    sizes = ", ".join(f"{n} {'x'.join(map(str, t.shape))}" for n, t in args.items() if hasattr(t, "shape"))
+    mask = args.get("encoder_attention_mask")
+    valid = "all ones" if mask is not None and bool(mask.all()) else "these values"
+    return (f"{class_name} reads encoder_attention_mask's values in python (mask.sum(1).tolist() sizes its joint "
+            f"sequence and rotary positions): the file is fixed to static shapes ({sizes}) and to the example "
+            f"mask ({valid}: its sequence layout assumes every text token valid; a mask with padding gives wrong "
+            f"results): fill prompts to the full text length, export other sizes with --input NAME:DIMS")
 
 
 def _from_pretrained(cls, path: Path):
@@ -80,14 +113,38 @@ def _from_pretrained(cls, path: Path):
     return model.eval()
 
 
-def _load_weights(cls, path: Path):
-    """from_pretrained, in float32 (the dtype the folder's model runs in eagerly). diffusers
-    without accelerate refuses a class with `_keep_in_fp32_modules` ("low_cpu_mem_usage cannot be
-    False when keep_in_fp32_modules is True"), although in float32 keeping modules in float32 is
-    no change: those classes load with the list set aside for the load, then restored (a cast to
-    float16 / bfloat16 keeps those modules in float32: normexport.load.resolve.cast)."""
+def _stored_dtype(path: Path):
+    """The floating dtype the folder's safetensors hold (read from a file header, no tensor
+    loaded), when it is float16 / bfloat16; else None."""
     try:
-        return cls.from_pretrained(str(path), local_files_only=True)
+        import torch
+        from safetensors import safe_open
+
+        first = next(iter(sorted(path.glob("*.safetensors"))), None)
+        if first is None:
+            return None
+        with safe_open(str(first), framework="pt") as f:
+            for key in f.keys():
+                dt = {"BF16": torch.bfloat16, "F16": torch.float16}.get(f.get_slice(key).get_dtype())
+                if dt is not None:
+                    return dt
+    except Exception:  # noqa: BLE001 - then the library's default
+        return None
+    return None
+
+
+def _load_weights(cls, path: Path):
+    """from_pretrained in the dtype the folder stores (transformers' "auto"; diffusers is given the
+    float16 / bfloat16 of its safetensors, else loads float32): a bf16 DiT of 8 GiB is not held
+    as 16 GiB of float32 (DESIGN §8). diffusers without accelerate refuses a class with
+    `_keep_in_fp32_modules` ("low_cpu_mem_usage cannot be False when keep_in_fp32_modules is
+    True"): those classes load in float32 with the list set aside for the load, then restored (a
+    cast to float16 / bfloat16 keeps those modules in float32: normexport.load.resolve.cast)."""
+    kwargs = {}
+    if cls.__module__.startswith("diffusers") and (stored := _stored_dtype(path)) is not None:
+        kwargs["torch_dtype"] = stored
+    try:
+        return cls.from_pretrained(str(path), local_files_only=True, **kwargs)
     except ValueError as e:
         keep = cls.__dict__.get("_keep_in_fp32_modules")
         if "keep_in_fp32_modules" not in str(e) or not keep:

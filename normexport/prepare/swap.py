@@ -337,6 +337,11 @@ def _rms_family(m: nn.Module) -> list[Candidate]:
         if size is None or len(tuple(size)) != 1:
             return []
         hidden = int(tuple(size)[0])
+        if hidden < 1:  # e.g. diffusers RMSNorm(0, eps, elementwise_affine=False) in Mochi's modulated norms
+            def no_size():
+                raise ValueError(f"no weight and size {hidden}: the normalized size is unknown until it runs; "
+                                 "left decomposed for the ONNX rewriter, which sees the shapes")
+            return [("RMSNorm", lambda dtype: no_size(), no_size, "RMSNorm by behaviour without a weight")]
     else:
         return []
     bias = getattr(m, "bias", None)
