@@ -77,7 +77,7 @@ def run(args) -> int:
     output_names = loaded.output_names if loaded.output_names and not args.module else call.output_names(outputs)
 
     opset = args.opset
-    if opset is None and args.dtype == "bfloat16":
+    if opset is None and (args.dtype == "bfloat16" or _has_bf16(module, inputs)):
         opset = BF16_OPSET  # Conv, MatMul, Gemm, ... take bfloat16 from opset 22 on
     sections: dict = {}
     try:
@@ -147,6 +147,16 @@ def run(args) -> int:
             raise
     print(f"wrote {out}")
     return 0
+
+
+def _has_bf16(module, inputs) -> bool:
+    """The model runs in bfloat16 (a folder stored so, a bf16 factory): its inputs or weights."""
+    if any(isinstance(t, torch.Tensor) and t.dtype == torch.bfloat16 for t in inputs):
+        return True
+    try:
+        return any(p.dtype == torch.bfloat16 for p in module.parameters())
+    except Exception:  # noqa: BLE001 - a module without parameters()
+        return False
 
 
 def _rewrite_lines(rw: dict | None) -> list[str]:

@@ -43,6 +43,19 @@ PRESETS = {
                  num_key_value_heads=4, vocab_size=32000),
 }
 
+#: diffusers SD3Transformer2DModel configs (SD3.5-medium: 24 joint blocks, hidden 1536, dual
+#: attention in the first 13, RMSNorm q/k norms)
+DIT_PRESETS = {
+    "sd3.5-medium": dict(sample_size=128, patch_size=2, in_channels=16, num_layers=24, attention_head_dim=64,
+                         num_attention_heads=24, joint_attention_dim=4096, caption_projection_dim=1536,
+                         pooled_projection_dim=2048, out_channels=16, pos_embed_max_size=384,
+                         dual_attention_layers=tuple(range(13)), qk_norm="rms_norm"),
+    "sd3-mini": dict(sample_size=32, patch_size=2, in_channels=16, num_layers=2, attention_head_dim=32,
+                     num_attention_heads=4, joint_attention_dim=256, caption_projection_dim=128,
+                     pooled_projection_dim=64, out_channels=16, pos_embed_max_size=64,
+                     dual_attention_layers=(0,), qk_norm="rms_norm"),
+}
+
 _PLAIN = r"""
 import sys, warnings, logging, torch, transformers
 warnings.simplefilter("ignore"); logging.disable(logging.WARNING)
@@ -55,20 +68,27 @@ prog.save(out, external_data=True)
 """
 
 
-def make_folder(preset: str | dict, folder: Path, dtype: str = "bfloat16") -> float:
-    """The random-weight folder (tensor by tensor) of a preset name or LlamaConfig fields; returns
-    the weights in GiB."""
+_PLAIN_DIT = r"""
+import sys, warnings, logging, torch, diffusers
+warnings.simplefilter("ignore"); logging.disable(logging.WARNING)
+folder, out = sys.argv[1], sys.argv[2]
+m = diffusers.SD3Transformer2DModel.from_pretrained(folder, local_files_only=True).eval()
+c = m.config
+dt = next(m.parameters()).dtype
+args = (torch.randn(1, c.in_channels, 32, 32, dtype=dt), torch.randn(1, 16, c.joint_attention_dim, dtype=dt),
+        torch.randn(1, c.pooled_projection_dim, dtype=dt), torch.tensor([500.0], dtype=dt))
+prog = torch.onnx.export(m, args, dynamo=True, opset_version=22, verbose=False,
+                         input_names=["hidden_states", "encoder_hidden_states", "pooled_projections", "timestep"])
+prog.save(out, external_data=True)
+"""
+
+
+def _write_random(meta, folder: Path, dtype, index_name: str, weights_prefix: str) -> float:
+    """Random tensors of the meta model's shapes, one at a time, in safetensors shards of ~2 GiB
+    with their index; returns GiB written. Norm weights near 1, the rest small."""
     import torch
-    import transformers
     from safetensors.torch import save_file
 
-    fields = PRESETS[preset] if isinstance(preset, str) else preset
-    cfg = transformers.LlamaConfig(**fields, tie_word_embeddings=False, torch_dtype=dtype,
-                                   architectures=["LlamaForCausalLM"])
-    folder.mkdir(parents=True, exist_ok=True)
-    with torch.device("meta"):
-        meta = transformers.LlamaForCausalLM(cfg)
-    dt = getattr(torch, dtype)
     gen = torch.Generator().manual_seed(0)
     shard, shard_bytes, index, total, n = {}, 0, {}, 0, 0
     limit = 2 << 30
@@ -77,23 +97,60 @@ def make_folder(preset: str | dict, folder: Path, dtype: str = "bfloat16") -> fl
         nonlocal shard, shard_bytes, n
         if shard:
             n += 1
-            name = f"model-{n:05d}.safetensors"
+            name = f"{weights_prefix}-{n:05d}.safetensors"
             save_file(shard, str(folder / name), metadata={"format": "pt"})
             index.update({k: name for k in shard})
             shard, shard_bytes = {}, 0
 
     for name, p in meta.state_dict().items():
-        t = (torch.randn(p.shape, generator=gen) * 0.02).to(dt) if not name.endswith("norm.weight") else \
-            (1.0 + 0.1 * torch.randn(p.shape, generator=gen)).to(dt)
+        if "norm" in name and name.endswith("weight") and p.dim() == 1:
+            t = (1.0 + 0.1 * torch.randn(p.shape, generator=gen)).to(dtype)
+        else:
+            t = (torch.randn(p.shape, generator=gen) * 0.02).to(dtype)
         shard[name] = t
         shard_bytes += t.numel() * t.element_size()
         total += t.numel() * t.element_size()
         if shard_bytes >= limit:
             flush()
     flush()
-    (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": index}))
-    cfg.save_pretrained(str(folder))
+    (folder / index_name).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": index}))
     return total / 2**30
+
+
+def make_dit_folder(preset: str | dict, folder: Path, dtype: str = "bfloat16") -> tuple[float, dict[str, int]]:
+    """A diffusers SD3Transformer2DModel folder of random weights (tensor by tensor); returns
+    (GiB, expected fused counts from the module structure: every nn.LayerNorm of SD3 is modulated
+    -> AdaLNZero, every diffusers RMSNorm -> RMSNorm)."""
+    import diffusers
+    import torch
+
+    fields = DIT_PRESETS[preset] if isinstance(preset, str) else preset
+    folder.mkdir(parents=True, exist_ok=True)
+    with torch.device("meta"):
+        meta = diffusers.SD3Transformer2DModel(**fields)
+    counts = {"AdaLNZero": sum(isinstance(m, torch.nn.LayerNorm) for m in meta.modules()),
+              "RMSNorm": sum(type(m).__name__ == "RMSNorm" for m in meta.modules())}
+    gib = _write_random(meta, folder, getattr(torch, dtype), "diffusion_pytorch_model.safetensors.index.json",
+                        "diffusion_pytorch_model")
+    meta.save_config(str(folder))
+    return gib, counts
+
+
+def make_folder(preset: str | dict, folder: Path, dtype: str = "bfloat16") -> float:
+    """The random-weight folder (tensor by tensor) of a preset name or LlamaConfig fields; returns
+    the weights in GiB."""
+    import torch
+    import transformers
+
+    fields = PRESETS[preset] if isinstance(preset, str) else preset
+    cfg = transformers.LlamaConfig(**fields, tie_word_embeddings=False, torch_dtype=dtype,
+                                   architectures=["LlamaForCausalLM"])
+    folder.mkdir(parents=True, exist_ok=True)
+    with torch.device("meta"):
+        meta = transformers.LlamaForCausalLM(cfg)
+    total = _write_random(meta, folder, getattr(torch, dtype), "model.safetensors.index.json", "model")
+    cfg.save_pretrained(str(folder))
+    return total
 
 
 def timed(cmd: list[str], log: Path) -> dict:

@@ -14,9 +14,9 @@ import json
 import logging
 import os
 import warnings
+from pathlib import Path
 
 import torch
-from pathlib import Path
 
 from ..errors import UsageError, first_line
 from .call import CallAdapter

@@ -1,0 +1,66 @@
+"""bfloat16 folders as users bring them (DESIGN §8): a diffusers DiT saved in bfloat16 loads in
+bfloat16 (not as a float32 copy twice the size), exports at opset 22, its unpatchify Einsum
+becomes a Transpose (ONNX's Einsum has no bfloat16 form), every modulated LayerNorm is fused and
+the parity check passes with the file run widened to float32 in onnxruntime."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import onnxruntime as ort
+import pytest
+
+from normexport.export import einsum_permutations_as_transpose
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+from bench_scale import make_dit_folder  # noqa: E402
+
+
+def test_sd3_bf16_folder_converts_in_bf16(tmp_path):
+    pytest.importorskip("diffusers")
+    folder = tmp_path / "sd3"
+    _, expected = make_dit_folder("sd3-mini", folder)
+    out = tmp_path / "sd3.onnx"
+    exe = str(Path(sys.executable).with_name("normexport"))
+    r = subprocess.run([exe, "convert", str(folder), "-o", str(out)], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "PASSED" in r.stdout and "bfloat16 run widened to float32" in r.stdout, r.stdout
+    m = onnx.load(str(out))
+    assert next(o.version for o in m.opset_import if o.domain in ("", "ai.onnx")) == 22
+    ops = [n.op_type for n in m.graph.node]
+    assert "Einsum" not in ops and "LayerNormalization" not in ops, sorted(set(ops))
+    assert ops.count("RMSNorm") == expected["RMSNorm"] and ops.count("AdaLNZero") >= expected["AdaLNZero"]
+    assert m.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.BFLOAT16
+    onnx.checker.check_model(m, full_check=True)
+
+
+def _einsum_model(eq: str, shapes, elem=onnx.TensorProto.FLOAT):
+    ins = [onnx.helper.make_tensor_value_info(f"x{i}", elem, s) for i, s in enumerate(shapes)]
+    node = onnx.helper.make_node("Einsum", [i.name for i in ins], ["y"], equation=eq)
+    g = onnx.helper.make_graph([node], "g", ins, [onnx.helper.make_tensor_value_info("y", elem, None)])
+    return onnx.helper.make_model(g, opset_imports=[onnx.helper.make_opsetid("", 22)])
+
+
+def test_einsum_permutation_becomes_the_same_transpose():
+    proto = _einsum_model("nhwpqc->nchpwq", [[2, 3, 4, 2, 2, 5]])
+    x = np.random.default_rng(0).standard_normal((2, 3, 4, 2, 2, 5)).astype(np.float32)
+    want = np.einsum("nhwpqc->nchpwq", x)
+    model = ir.serde.deserialize_model(proto)
+    assert einsum_permutations_as_transpose(model) == 1
+    out = ir.serde.serialize_model(model)
+    assert [n.op_type for n in out.graph.node] == ["Transpose"]
+    got = ort.InferenceSession(out.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x0": x})[0]
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("eq,shapes", [("ij,jk->ik", [[2, 3], [3, 4]]), ("ii->i", [[3, 3]]), ("ij->i", [[2, 3]]),
+                                       ("...ij->...ji", [[2, 3, 4]])])
+def test_other_einsums_are_left_alone(eq, shapes):
+    model = ir.serde.deserialize_model(_einsum_model(eq, shapes))
+    assert einsum_permutations_as_transpose(model) == 0
+    assert [n.op_type for n in model.graph] == ["Einsum"]
