@@ -3,15 +3,18 @@ of the same save_pretrained folder, measured side by side in one run with /usr/b
 
     python tools/bench_scale.py --preset tinyllama-1.1b [--work DIR] [--out benchmarks/results]
     python tools/bench_scale.py --preset llama3-8b
+    python tools/bench_scale.py --preset sd3.5-medium --check --build   (diffusers SD3Transformer2DModel)
 
 For each preset it
-1. writes a LLaMA-shaped transformers folder of random bfloat16 weights (config from the preset,
+1. writes a LLaMA-shaped transformers folder (or an SD3-shaped diffusers one) of random bfloat16 weights (config from the preset,
    tensors made one at a time from the meta model's shapes, written shard by shard as safetensors:
    never the whole model in RAM),
 2. runs, each in its own process under /usr/bin/time -v:
    plain     torch.onnx.export(dynamo=True) of the folder's model on input_ids [1, 16], saved with
              external data (ONNXProgram.save(..., external_data=True));
    convert   `normexport convert DIR --target trt` (whole-model parity is skipped above 2 GiB and says so);
+   check     with --check: `normexport check conv.onnx --reference DIR` at batch 1, 16 tokens / a 32x32 latent;
+   build     with --build: `normexport build conv.onnx` (with the plugin library when one is found);
    rewrite   `normexport rewrite plain.onnx --target trt` (every fusion verified locally);
 3. prints a table (weights GiB, peak RSS GiB and x weights, wall s and x plain, RMSNorms fused of
    2 x layers + 1) and writes it as JSON under --out with the date and the machine.
@@ -164,59 +167,94 @@ def timed(cmd: list[str], log: Path) -> dict:
         for part in wall.group(1).split(":"):
             secs = secs * 60 + float(part)
     return {"rc": r.returncode, "wall_s": round(secs, 1), "peak_rss_gib": round(int(rss.group(1)) / 2**20, 2) if rss else None,
-            "tail": (r.stdout + r.stderr).strip().splitlines()[-12:]}
+            "tail": [ln for ln in (r.stdout + r.stderr).strip().splitlines()
+                     if not ln.startswith(("\t", "Command exited", "Command being timed"))][-12:]}
 
 
-def fused(onnx_path: Path) -> int:
+def fused(onnx_path: Path) -> dict[str, int]:
+    """Counts of the fused ops in a file, and of LayerNormalization / ReduceMean left."""
     import onnx
 
     m = onnx.load(str(onnx_path), load_external_data=False)
-    return sum(1 for n in m.graph.node if n.domain == "normexport" and n.op_type == "RMSNorm")
+    ops = [n.op_type for n in m.graph.node]
+    return {k: ops.count(k) for k in ("RMSNorm", "AdaLNZero", "LayerNormalization", "ReduceMean")}
+
+
+def _plugin_lib() -> str | None:
+    """libnormexport_plugins.so where `make plugins` or the tests build it."""
+    here = Path(__file__).resolve().parents[1]
+    for cand in [os.environ.get("NORMEXPORT_PLUGIN_LIB", ""), here / "build/plugins/libnormexport_plugins.so",
+                 Path("/tmp/nx_plugins/libnormexport_plugins.so")]:
+        if cand and Path(cand).is_file():
+            return str(cand)
+    return None
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--preset", choices=sorted(PRESETS), default="tinyllama-1.1b")
+    ap.add_argument("--preset", choices=sorted(PRESETS) + sorted(DIT_PRESETS), default="tinyllama-1.1b")
     ap.add_argument("--work", default="/tmp/normexport-bench-scale")
     ap.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "benchmarks" / "results"))
+    ap.add_argument("--check", action="store_true", help="also `normexport check` the converted file against the folder")
+    ap.add_argument("--build", action="store_true", help="also `normexport build` the converted file (TensorRT; "
+                    "with the plugin library when one is found)")
     ap.add_argument("--keep", action="store_true", help="keep the folder and the ONNX files")
     args = ap.parse_args(argv)
     work = Path(args.work) / args.preset
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     folder = work / "folder"
-    weights = make_folder(args.preset, folder)
-    layers = PRESETS[args.preset]["num_hidden_layers"]
-    norms = 2 * layers + 1
+    if args.preset in DIT_PRESETS:
+        weights, expected = make_dit_folder(args.preset, folder)
+        plain_script = _PLAIN_DIT
+        check_input = ["--input", "hidden_states:1x16x32x32", "--input", "encoder_hidden_states:1x16x4096",
+                       "--input", "pooled_projections:1x2048", "--input", "timestep:1"]
+        what = f"{expected['RMSNorm']} RMSNorms, every LayerNorm modulated"
+    else:
+        weights = make_folder(args.preset, folder)
+        expected = {"RMSNorm": 2 * PRESETS[args.preset]["num_hidden_layers"] + 1}
+        plain_script = _PLAIN
+        check_input = ["--input", "input_ids:1x16:int64"]
+        what = f"{expected['RMSNorm']} RMSNorms"
     exe = str(Path(sys.executable).with_name("normexport"))
     rows = {}
-    rows["plain"] = timed([sys.executable, "-c", _PLAIN, str(folder), str(work / "plain.onnx")], work / "plain.log")
+    rows["plain"] = timed([sys.executable, "-c", plain_script, str(folder), str(work / "plain.onnx")], work / "plain.log")
     rows["convert"] = timed([exe, "convert", str(folder), "--target", "trt", "-o", str(work / "conv.onnx")], work / "convert.log")
     if rows["convert"]["rc"] == 0:
         rows["convert"]["fused"] = fused(work / "conv.onnx")
+        if args.check:
+            rows["check"] = timed([exe, "check", str(work / "conv.onnx"), "--reference", str(folder), *check_input],
+                                  work / "check.log")
+        if args.build:
+            lib = _plugin_lib()
+            rows["build"] = timed([exe, "build", str(work / "conv.onnx"), "-o", str(work / "conv.engine"),
+                                   *(["--plugin", lib] if lib else ["--no-plugin"])], work / "build.log")
     if rows["plain"]["rc"] == 0:
         rows["rewrite"] = timed([exe, "rewrite", str(work / "plain.onnx"), "--target", "trt", "-o", str(work / "rw.onnx")],
                                 work / "rewrite.log")
         if rows["rewrite"]["rc"] == 0:
             rows["rewrite"]["fused"] = fused(work / "rw.onnx")
     base = rows["plain"]
-    print(f"{args.preset}: {weights:.2f} GiB of bfloat16 weights, {norms} RMSNorms; machine {platform.node()} "
+    print(f"{args.preset}: {weights:.2f} GiB of bfloat16 weights, {what}; machine {platform.node()} "
           f"({os.cpu_count()} cores)")
-    print(f"{'step':<9} {'rc':>3} {'peak RSS GiB':>13} {'x weights':>10} {'wall s':>8} {'x plain':>8} {'fused':>6}")
+    print(f"{'step':<9} {'rc':>3} {'peak RSS GiB':>13} {'x weights':>10} {'wall s':>8} {'x plain':>8}  fused (left)")
     for k, r in rows.items():
         x_w = r["peak_rss_gib"] / weights if r["peak_rss_gib"] else float("nan")
         x_p = r["wall_s"] / base["wall_s"] if base["wall_s"] else float("nan")
-        print(f"{k:<9} {r['rc']:>3} {r['peak_rss_gib'] or 0:>13.2f} {x_w:>10.2f} {r['wall_s']:>8.1f} {x_p:>8.2f} "
-              f"{str(r.get('fused', '-')) + '/' + str(norms) if k != 'plain' else '-':>6}")
-        if r["rc"] != 0:
+        f = r.get("fused")
+        shown = (f"RMSNorm {f['RMSNorm']}/{expected['RMSNorm']}, AdaLNZero {f['AdaLNZero']} "
+                 f"(LayerNormalization {f['LayerNormalization']}, ReduceMean {f['ReduceMean']})") if f else "-"
+        print(f"{k:<9} {r['rc']:>3} {r['peak_rss_gib'] or 0:>13.2f} {x_w:>10.2f} {r['wall_s']:>8.1f} {x_p:>8.2f}  {shown}")
+        if r["rc"] != 0 or k in ("check", "build"):
             print("   " + "\n   ".join(r["tail"]))
     day = datetime.date.today().isoformat()
     out = Path(args.out) / f"scale_{day}_{args.preset}_{platform.node() or 'host'}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
+    config = DIT_PRESETS.get(args.preset) or PRESETS[args.preset]
     out.write_text(json.dumps({"date": day, "machine": {"node": platform.node(), "cores": os.cpu_count(),
                                                         "platform": platform.platform()},
-                               "preset": args.preset, "config": PRESETS[args.preset], "weights_gib": round(weights, 3),
-                               "rmsnorms": norms, "rows": rows}, indent=2))
+                               "preset": args.preset, "config": config, "weights_gib": round(weights, 3),
+                               "expected": expected, "rows": rows}, indent=2, default=list))
     print(f"wrote {out}")
     if not args.keep:
         shutil.rmtree(work, ignore_errors=True)

@@ -20,6 +20,10 @@ from .report import CheckReport, Row
 from .shapes import _extra_shapes, _inputs_like, _normalise_dynamic
 from .verdict import _compare
 
+#: a model with more weight bytes than this is checked at one input shape (no sweep)
+BIG_MODEL_BYTES = 2 << 30
+
+
 def check(onnx_model, reference: nn.Module, inputs, *, backends=("ort",), dynamic_axes: dict | None = None,
           extra_shapes: int = 2, rtol: float | None = None, atol: float | None = None, plugin: str | None = None,
           dtype=None, command: str = "check", plain_export: Build | bool | None = None) -> CheckReport:
@@ -82,10 +86,15 @@ def _check(source: runners._ModelSource, reference, inputs, *, backends, dynamic
 
     dynamic = _normalise_dynamic(dynamic_axes, names, [t.dim() for t in inputs])
     base = {n: list(t.shape) for n, t in zip(names, inputs)}
+    nbytes = runners.weight_bytes(source.proto)
+    big = nbytes > BIG_MODEL_BYTES and extra_shapes > 0 and bool(dynamic)
+    if big:  # DESIGN §8: a multi-GiB model is checked at the one shape given, not swept
+        extra_shapes = 0
     shape_sets = [base] + _extra_shapes(inputs, names, graph_inputs, dynamic, extra_shapes if dynamic else 0)
     no_extra = None
     if len(shape_sets) == 1:
         no_extra = ("no dynamic axes (static shapes)" if not dynamic
+                    else f"one shape: the model has {nbytes / 2**30:.1f} GiB of weights" if big
                     else "extra_shapes is 0" if extra_shapes == 0 else "none could be made")
 
     report = CheckReport(

@@ -88,6 +88,14 @@ class _OrtBackend:
         so.log_severity_level = 4  # quiet: its errors reach the user through the report's one-line reasons
         path_or_bytes = source.path if source.path else source.file()
         self.widened = False
+        self.chunked = None
+        if provider == "CPUExecutionProvider" and _has_bf16(source.proto) and \
+                2 * weight_bytes(source.proto) > WIDEN_WHOLE_LIMIT:
+            # widened whole it would not fit: run it piece by piece (DESIGN §8)
+            self.chunked = _Chunked(path_or_bytes, so)
+            self.widened = True
+            self.names = self.chunked.input_names
+            return
         try:
             self.session = ort.InferenceSession(path_or_bytes, so, providers=[provider])
         except Exception as e:  # noqa: BLE001
@@ -102,6 +110,8 @@ class _OrtBackend:
     def run(self, inputs: Sequence[torch.Tensor]) -> list[np.ndarray]:
         import onnxruntime as ort
 
+        if self.chunked is not None:
+            return self.chunked.run(dict(zip(self.names, inputs)))
         ro = ort.RunOptions()
         ro.log_severity_level = 4
         return self.session.run(None, _ort_feed(self.session, self.names, inputs), ro)
@@ -121,6 +131,136 @@ class _OrtBackend:
             onnx.save_model(wide, path, save_as_external_data=True, location="wide.onnx.data", size_threshold=1024)
             del wide
             return ort.InferenceSession(path, so, providers=[provider])
+
+
+#: a bfloat16 model whose weights widened to float32 exceed this runs in onnxruntime piece by piece
+WIDEN_WHOLE_LIMIT = 4 << 30
+#: float32 bytes of weights per piece
+CHUNK_BYTES = 1536 << 20
+#: constants up to this size go into a piece as initializers; larger ones are fed as inputs
+_EMBED_BYTES = 1 << 20
+
+
+def weight_bytes(model: onnx.ModelProto) -> int:
+    """Bytes of the model's initializers, external data included (read from the proto's
+    external-data entries: nothing is loaded)."""
+    total = 0
+    for t in model.graph.initializer:
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            total += next((int(e.value) for e in t.external_data if e.key == "length"), 0)
+        else:
+            total += len(t.raw_data) or t.ByteSize()
+    return total
+
+
+class _Chunked:
+    """A bfloat16 model run in onnxruntime's CPU provider widened to float32 one piece at a time:
+    the nodes in graph order cut into pieces of about CHUNK_BYTES of float32 weights; each piece a
+    model of its own (weights fed as inputs, widened from the memory-mapped file as it runs), its
+    outputs the values later pieces read. Holds one piece's weights in float32 at a time (an 8 B
+    model's check does not need 30 GiB)."""
+
+    def __init__(self, path: str, so):
+        import onnx_ir as ir
+
+        self.so = so
+        self.model = ir.load(path)
+        g = self.model.graph
+        self.input_names = [v.name for v in g.inputs if v.name not in g.initializers]
+        nodes = list(g)
+        chunks: list[list] = [[]]
+        size, counted = 0, set()
+        for n in nodes:
+            new = [v for v in n.inputs if v is not None and v.const_value is not None and v.producer() is None
+                   and id(v) not in counted]
+            b = sum(_f32_bytes(v) for v in new)
+            if chunks[-1] and size + b > CHUNK_BYTES:
+                chunks.append([])
+                size, counted = 0, set()
+            chunks[-1].append(n)
+            size += b
+            counted.update(id(v) for v in new)
+        self.chunks = chunks
+        index = {id(n): i for i, c in enumerate(chunks) for n in c}
+        #: the last piece that reads each value (len(chunks): a graph output)
+        self.last_use: dict[int, int] = {}
+        for n in nodes:
+            for v in n.inputs:
+                if v is not None:
+                    self.last_use[id(v)] = max(self.last_use.get(id(v), -1), index[id(n)])
+        for v in g.outputs:
+            self.last_use[id(v)] = len(chunks)
+        self.values = {o.name: o for n in nodes for o in n.outputs if o.name}
+        self.values.update({v.name: v for v in g.inputs})
+
+    def run(self, feeds: dict) -> list[np.ndarray]:
+        import onnx_ir as ir
+        import onnxruntime as ort
+
+        from ..rewriter.local import _retype
+
+        env: dict[str, np.ndarray] = {}
+        for name, t in feeds.items():
+            t = t.detach().cpu()
+            env[name] = (t.float() if t.dtype in (torch.bfloat16,) else t).numpy()
+        g = self.model.graph
+        for i, chunk in enumerate(self.chunks):
+            made = {id(o) for n in chunk for o in n.outputs}
+            ins, inits, fed = [], [], {}
+            seen = set()
+            for n in chunk:
+                for v in n.inputs:
+                    if v is None or id(v) in made or id(v) in seen:
+                        continue
+                    seen.add(id(v))
+                    elem = int(v.dtype.value) if v.dtype is not None else onnx.TensorProto.FLOAT
+                    elem = onnx.TensorProto.FLOAT if elem == onnx.TensorProto.BFLOAT16 else elem
+                    if v.const_value is not None and v.producer() is None:
+                        arr = _widened(v.const_value.numpy())
+                        if arr.nbytes <= _EMBED_BYTES:
+                            inits.append(onnx.numpy_helper.from_array(arr, v.name))
+                            continue
+                        fed[v.name] = arr
+                    else:
+                        fed[v.name] = env[v.name]
+                    ins.append(onnx.helper.make_tensor_value_info(v.name, elem, None))
+            outs = [onnx.helper.make_tensor_value_info(o.name, _elem_f32(o), None) for n in chunk for o in n.outputs
+                    if o.name and self.last_use.get(id(o), -1) > i]
+            graph = onnx.helper.make_graph([ir.serde.serialize_node(n) for n in chunk], f"piece{i}", ins, outs)
+            proto = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid(d, v)
+                                                                 for d, v in self.model.opset_imports.items()],
+                                           ir_version=min(self.model.ir_version or 10, 10))
+            proto.functions.extend(ir.serde.serialize_function(f) for f in self.model.functions.values())
+            proto = _retype(proto, {onnx.TensorProto.BFLOAT16}, onnx.TensorProto.FLOAT)
+            proto.graph.initializer.extend(inits)
+            sess = ort.InferenceSession(proto.SerializeToString(), self.so, providers=["CPUExecutionProvider"])
+            ro = ort.RunOptions()
+            ro.log_severity_level = 4
+            got = sess.run([o.name for o in outs], fed, ro)
+            del sess, fed
+            env.update(zip([o.name for o in outs], got))
+            for name in list(env):  # activations no later piece reads
+                v = self.values.get(name)
+                if v is not None and self.last_use.get(id(v), len(self.chunks)) <= i:
+                    del env[name]
+        return [env[v.name] for v in g.outputs]
+
+
+def _f32_bytes(v) -> int:
+    try:
+        n = int(np.prod(v.const_value.shape.numpy())) if v.const_value.shape is not None else 0
+        return n * max(4, v.const_value.dtype.itemsize) if v.const_value.dtype.is_floating_point() else v.const_value.nbytes
+    except Exception:  # noqa: BLE001
+        return 0
+
+
+def _widened(arr: np.ndarray) -> np.ndarray:
+    return arr.astype(np.float32) if arr.dtype.name == "bfloat16" else arr
+
+
+def _elem_f32(v) -> int:
+    elem = int(v.dtype.value) if v.dtype is not None else onnx.TensorProto.FLOAT
+    return onnx.TensorProto.FLOAT if elem == onnx.TensorProto.BFLOAT16 else elem
 
 
 def _has_bf16(model: onnx.ModelProto) -> bool:
