@@ -75,7 +75,7 @@ _PLAIN_DIT = r"""
 import sys, warnings, logging, torch, diffusers
 warnings.simplefilter("ignore"); logging.disable(logging.WARNING)
 folder, out = sys.argv[1], sys.argv[2]
-m = diffusers.SD3Transformer2DModel.from_pretrained(folder, local_files_only=True).eval()
+m = diffusers.SD3Transformer2DModel.from_pretrained(folder, local_files_only=True, torch_dtype=torch.bfloat16).eval()
 c = m.config
 dt = next(m.parameters()).dtype
 args = (torch.randn(1, c.in_channels, 32, 32, dtype=dt), torch.randn(1, 16, c.joint_attention_dim, dtype=dt),
