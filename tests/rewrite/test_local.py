@@ -28,6 +28,8 @@ class _Planted(rms_norm.RMSNormFusion):
         r = super().check(context, **kw)
         if r and self.plant == "eps":
             self._eps = self._eps * 10  # 1e-6 -> 1e-5: invisible on unit-variance rows
+        if r and self.plant == "nan":
+            self._eps = -1.0  # sqrt of a negative on low-variance rows: NaN where float64 has numbers
         return r
 
     def rewrite(self, op, x, scale=None, **kw):
@@ -49,7 +51,7 @@ def _static(shape):
     return G.rms_graph(x_shape=list(shape))
 
 
-@pytest.mark.parametrize("plant", ["eps", "axis", "weight"])
+@pytest.mark.parametrize("plant", ["eps", "axis", "weight", "nan"])
 def test_planted_wrong_fusion_is_rejected(monkeypatch, plant):
     _with_plant(monkeypatch, plant)
     model = _static([2, 3, G.H])
@@ -60,6 +62,8 @@ def test_planted_wrong_fusion_is_rejected(monkeypatch, plant):
     assert rec.rejected[0]["reason"].startswith("local verification: max abs err"), rec.rejected
     (check,) = rep.local.checks
     assert not check.passed and check.err_fused > check.tolerance and check.err_original <= check.tolerance
+    if plant == "nan":
+        assert check.err_fused == float("inf")
     assert "NOT APPLIED: 1 fusion(s) failed local verification" in rep.summary()
 
 
