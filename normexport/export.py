@@ -14,7 +14,7 @@ from typing import Any
 import onnx
 import torch
 
-from . import ops
+from . import export_fixes, ops
 from .load.call import CallAdapter
 from .errors import ExportError, UsageError
 
@@ -108,7 +108,9 @@ def convert_module_ir(module, args: tuple, *, target: str = "trt", opset: int | 
     names = list(input_names) if input_names else [f"input_{i}" for i in range(len(args))]
     try:
         model = _torch_onnx_export(module, args, names, output_names, dynamic_axes, opset, auto_dynamic)
-        report["einsum_as_transpose"] = einsum_permutations_as_transpose(model)
+        fixed = export_fixes.apply_all(model)  # exact: valid in every dtype, runnable in onnxruntime
+        if fixed:
+            report["export_fixes"] = fixed
         ops.attach_functions_ir(model)
         if target != "trt":  # a model that calls normexport ops itself
             _inline_custom_ops_ir(model)
@@ -244,27 +246,6 @@ def _validate_ir(model, args: tuple) -> None:
     if weight_bytes(model) >= _VALIDATE_LIMIT:
         return
     _validate(ir.serde.serialize_model(model), args)
-
-
-def einsum_permutations_as_transpose(model) -> int:
-    """In place: every one-input Einsum that only permutes axes ("nhwpqc->nchpwq", diffusers'
-    unpatchify) becomes the Transpose it is. ONNX's Einsum has no bfloat16 form (at any opset),
-    so a bf16 DiT's file fails the checker with it; Transpose takes every type. Returns how many."""
-    import onnx_ir as ir
-
-    n_done = 0
-    for node in list(model.graph):
-        if node.op_type != "Einsum" or node.domain not in ("", "ai.onnx") or len(node.inputs) != 1:
-            continue
-        eq = node.attributes.get("equation")
-        lhs, _, rhs = (eq.as_string() if eq is not None else "").replace(" ", "").partition("->")
-        if not lhs.isalpha() or not rhs.isalpha() or sorted(lhs) != sorted(rhs) or len(set(lhs)) != len(lhs):
-            continue
-        t = ir.Node("", "Transpose", [node.inputs[0]], [ir.AttrInt64s("perm", [lhs.index(c) for c in rhs])],
-                    name=(node.name or "einsum") + "_as_transpose")
-        ir.convenience.replace_nodes_and_values(model.graph, node, [node], [t], node.outputs, t.outputs)
-        n_done += 1
-    return n_done
 
 
 def _inline_custom_ops_ir(model) -> None:

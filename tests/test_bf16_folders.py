@@ -9,13 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import onnx
-import onnx_ir as ir
-import onnxruntime as ort
 import pytest
-
-from normexport.export import einsum_permutations_as_transpose
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 from bench_scale import make_dit_folder  # noqa: E402
@@ -37,30 +32,3 @@ def test_sd3_bf16_folder_converts_in_bf16(tmp_path):
     assert ops.count("RMSNorm") == expected["RMSNorm"] and ops.count("AdaLNZero") >= expected["AdaLNZero"]
     assert m.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.BFLOAT16
     onnx.checker.check_model(m, full_check=True)
-
-
-def _einsum_model(eq: str, shapes, elem=onnx.TensorProto.FLOAT):
-    ins = [onnx.helper.make_tensor_value_info(f"x{i}", elem, s) for i, s in enumerate(shapes)]
-    node = onnx.helper.make_node("Einsum", [i.name for i in ins], ["y"], equation=eq)
-    g = onnx.helper.make_graph([node], "g", ins, [onnx.helper.make_tensor_value_info("y", elem, None)])
-    return onnx.helper.make_model(g, opset_imports=[onnx.helper.make_opsetid("", 22)])
-
-
-def test_einsum_permutation_becomes_the_same_transpose():
-    proto = _einsum_model("nhwpqc->nchpwq", [[2, 3, 4, 2, 2, 5]])
-    x = np.random.default_rng(0).standard_normal((2, 3, 4, 2, 2, 5)).astype(np.float32)
-    want = np.einsum("nhwpqc->nchpwq", x)
-    model = ir.serde.deserialize_model(proto)
-    assert einsum_permutations_as_transpose(model) == 1
-    out = ir.serde.serialize_model(model)
-    assert [n.op_type for n in out.graph.node] == ["Transpose"]
-    got = ort.InferenceSession(out.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x0": x})[0]
-    np.testing.assert_array_equal(got, want)
-
-
-@pytest.mark.parametrize("eq,shapes", [("ij,jk->ik", [[2, 3], [3, 4]]), ("ii->i", [[3, 3]]), ("ij->i", [[2, 3]]),
-                                       ("...ij->...ji", [[2, 3, 4]])])
-def test_other_einsums_are_left_alone(eq, shapes):
-    model = ir.serde.deserialize_model(_einsum_model(eq, shapes))
-    assert einsum_permutations_as_transpose(model) == 0
-    assert [n.op_type for n in model.graph] == ["Einsum"]

@@ -1,0 +1,122 @@
+"""normexport.export_fixes: exact fixes to the dynamo exporter's output (each vs what it replaces,
+bit for bit in onnxruntime), and the diffusers folders they make convert: HunyuanVideo (a bool
+masked_fill: onnxruntime has no bool Where) and PixArt-alpha with ada_norm_single (a no-op
+`squeeze(1)` written as an ONNX Squeeze that requires a 1)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import onnxruntime as ort
+import pytest
+import torch
+
+import normexport
+from normexport.export_fixes import bool_where, einsum_permutations_as_transpose, noop_squeezes
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_families import _assert_fused, _convert, _norm_calls  # noqa: E402
+
+
+def _model(nodes, ins, outs, inits=()):
+    g = onnx.helper.make_graph(nodes, "g", ins, outs, list(inits))
+    return onnx.helper.make_model(g, opset_imports=[onnx.helper.make_opsetid("", 22)])
+
+
+def _run(proto, feeds):
+    return ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+
+
+def _fixed(proto, fix):
+    m = ir.serde.deserialize_model(proto)
+    n = fix(m)
+    return n, ir.serde.serialize_model(m)
+
+
+def test_einsum_permutation_becomes_the_same_transpose():
+    vi = onnx.helper.make_tensor_value_info
+    proto = _model([onnx.helper.make_node("Einsum", ["x"], ["y"], equation="nhwpqc->nchpwq")],
+                   [vi("x", onnx.TensorProto.FLOAT, [2, 3, 4, 2, 2, 5])], [vi("y", onnx.TensorProto.FLOAT, None)])
+    x = np.random.default_rng(0).standard_normal((2, 3, 4, 2, 2, 5)).astype(np.float32)
+    n, out = _fixed(proto, einsum_permutations_as_transpose)
+    assert n == 1 and [x.op_type for x in out.graph.node] == ["Transpose"]
+    np.testing.assert_array_equal(_run(out, {"x": x}), np.einsum("nhwpqc->nchpwq", x))
+
+
+@pytest.mark.parametrize("eq,shapes", [("ij,jk->ik", [[2, 3], [3, 4]]), ("ii->i", [[3, 3]]), ("ij->i", [[2, 3]]),
+                                       ("...ij->...ji", [[2, 3, 4]])])
+def test_other_einsums_are_left_alone(eq, shapes):
+    vi = onnx.helper.make_tensor_value_info
+    ins = [vi(f"x{i}", onnx.TensorProto.FLOAT, s) for i, s in enumerate(shapes)]
+    proto = _model([onnx.helper.make_node("Einsum", [i.name for i in ins], ["y"], equation=eq)], ins,
+                   [vi("y", onnx.TensorProto.FLOAT, None)])
+    n, out = _fixed(proto, einsum_permutations_as_transpose)
+    assert n == 0 and [x.op_type for x in out.graph.node] == ["Einsum"]
+
+
+@pytest.mark.parametrize("dims,axes,left", [(["B", "T", 1], [1, 2], [2]), (["B", 16, 4], [1], None),
+                                            (["B", 1, 4], [1], [1])])
+def test_squeeze_keeps_only_axes_known_to_be_1(dims, axes, left):
+    """torch's x.squeeze(d) is a no-op where dim d is not 1; a symbolic dim is >= 2 under
+    torch.export: those axes go, an axis known to be 1 stays, no axis left is an Identity."""
+    vi = onnx.helper.make_tensor_value_info
+    ax = onnx.numpy_helper.from_array(np.array(axes, np.int64), "axes")
+    proto = _model([onnx.helper.make_node("Squeeze", ["x", "axes"], ["y"])], [vi("x", onnx.TensorProto.FLOAT, dims)],
+                   [vi("y", onnx.TensorProto.FLOAT, None)], [ax])
+    n, out = _fixed(proto, noop_squeezes)
+    shape = [2 if d == "B" else 5 if d == "T" else d for d in dims]
+    x = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
+    want = torch.from_numpy(x)
+    for a in sorted(axes, reverse=True):
+        want = want.squeeze(a)
+    if left == axes:
+        assert n == 0
+    else:
+        assert n == 1
+        ops = [x.op_type for x in out.graph.node]
+        assert ops == (["Identity"] if left is None else ["Constant", "Squeeze"]), ops
+    np.testing.assert_array_equal(_run(out, {"x": x}), want.numpy())
+
+
+def test_bool_where_becomes_and_or_not():
+    vi = onnx.helper.make_tensor_value_info
+    proto = _model([onnx.helper.make_node("Where", ["c", "x", "y"], ["z"])],
+                   [vi("c", onnx.TensorProto.BOOL, [4, 1]), vi("x", onnx.TensorProto.BOOL, [4, 5]),
+                    vi("y", onnx.TensorProto.BOOL, [1, 5])], [vi("z", onnx.TensorProto.BOOL, None)])
+    with pytest.raises(Exception, match="NOT_IMPLEMENTED|Could not find an implementation"):
+        _run(proto, {})  # the reason for the fix: no bool Where kernel in onnxruntime's CPU provider
+    rng = np.random.default_rng(2)
+    c, x, y = rng.random((4, 1)) > 0.5, rng.random((4, 5)) > 0.5, rng.random((1, 5)) > 0.5
+    n, out = _fixed(proto, bool_where)
+    assert n == 1 and "Where" not in [x.op_type for x in out.graph.node]
+    np.testing.assert_array_equal(_run(out, {"c": c, "x": x, "y": y}), np.where(c, x, y))
+
+
+def _tiny(name):
+    diffusers = pytest.importorskip("diffusers")
+    torch.manual_seed(0)
+    if name == "hunyuan":
+        return diffusers.HunyuanVideoTransformer3DModel(
+            in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=8, num_layers=1,
+            num_single_layers=1, num_refiner_layers=1, mlp_ratio=2.0, patch_size=2, patch_size_t=1, qk_norm="rms_norm",
+            guidance_embeds=True, text_embed_dim=16, pooled_projection_dim=8, rope_theta=256.0, rope_axes_dim=(2, 2, 4))
+    return diffusers.PixArtTransformer2DModel(
+        num_attention_heads=2, attention_head_dim=8, in_channels=4, out_channels=8, num_layers=2, sample_size=8,
+        patch_size=2, cross_attention_dim=16, caption_channels=12, norm_type="ada_norm_single")
+
+
+@pytest.mark.parametrize("family,fix", [("hunyuan", "bool_where"), ("pixart", "noop_squeezes")])
+def test_folders_that_need_a_fix_convert_fused(cli, tmp_path, family, fix):
+    folder = tmp_path / family
+    _tiny(family).eval().save_pretrained(folder)
+    loaded = normexport.load(str(folder))
+    out = tmp_path / f"{family}.onnx"
+    stdout, rep, errs = _convert(cli, folder, out)
+    assert "PASSED" in stdout and rep["exporter"]["name"] == "dynamo", stdout
+    assert rep["export_fixes"].get(fix, 0) >= 1, rep.get("export_fixes")
+    _assert_fused(out, _norm_calls(loaded.module, loaded.example_inputs))
+    assert max(errs) < 1e-5, errs
