@@ -184,6 +184,7 @@ def _torchscript_export(module, args, names, output_names, dynamic_axes, opset) 
     import io as _io
 
     axes = {n: {a: f"{n}_dim{a}" for a in dynamic_axes[n]} for n in names if dynamic_axes and n in dynamic_axes}
+    _register_rms_norm_symbolic(opset)
     buf = _io.BytesIO()
     with warnings.catch_warnings(), _silenced_output():
         warnings.simplefilter("ignore")
@@ -191,6 +192,29 @@ def _torchscript_export(module, args, names, output_names, dynamic_axes, opset) 
         torch.onnx.export(module, args, buf, dynamo=False, opset_version=opset, input_names=names,
                           output_names=output_names, dynamic_axes=axes or None, do_constant_folding=True)
     return onnx.load_from_string(buf.getvalue())
+
+
+def _register_rms_norm_symbolic(opset: int) -> None:
+    """The TorchScript exporter has no aten::rms_norm (torch.nn.RMSNorm, F.rms_norm) before ONNX's
+    RMSNormalization (opset 23): write its decomposition, x / sqrt(mean(x * x) + eps) * weight over
+    the normalized dims (eps None: the dtype's machine epsilon, as torch), which the rewriter then
+    fuses and verifies like any exporter's."""
+    from torch.onnx import symbolic_helper as sh
+
+    def rms_norm(g, x, normalized_shape, weight, eps):
+        k = len(sh._parse_arg(normalized_shape, "is"))
+        dtype = x.type().dtype() if x.type().dtype() is not None else torch.float32
+        e = torch.finfo(dtype).eps if sh._is_none(eps) else sh._parse_arg(eps, "f")
+        axes = list(range(-k, 0))
+        sq = g.op("Mul", x, x)
+        if opset >= 18:
+            ms = g.op("ReduceMean", sq, g.op("Constant", value_t=torch.tensor(axes, dtype=torch.int64)), keepdims_i=1)
+        else:
+            ms = g.op("ReduceMean", sq, axes_i=axes, keepdims_i=1)
+        y = g.op("Div", x, g.op("Sqrt", g.op("Add", ms, g.op("Constant", value_t=torch.tensor(e, dtype=dtype)))))
+        return y if sh._is_none(weight) else g.op("Mul", y, weight)
+
+    torch.onnx.register_custom_op_symbolic("aten::rms_norm", rms_norm, opset)
 
 
 @contextlib.contextmanager

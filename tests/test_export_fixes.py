@@ -120,3 +120,41 @@ def test_folders_that_need_a_fix_convert_fused(cli, tmp_path, family, fix):
     assert rep["export_fixes"].get(fix, 0) >= 1, rep.get("export_fixes")
     _assert_fused(out, _norm_calls(loaded.module, loaded.example_inputs))
     assert max(errs) < 1e-5, errs
+
+
+@pytest.mark.parametrize("eps", [1e-5, None])
+def test_torchscript_fallback_writes_torch_rms_norm_for_the_rewriter(monkeypatch, eps):
+    """torch.nn.RMSNorm (aten::rms_norm) has no TorchScript-exporter symbolic before opset 23: the
+    fallback writes its decomposition (eps None: float32's machine epsilon, as torch), which the
+    rewriter fuses; the file matches the float64 formula."""
+    from normexport import export as nexport
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(16, 16)
+            self.norm = torch.nn.RMSNorm(16, eps=eps)
+            with torch.no_grad():
+                self.norm.weight.copy_(torch.linspace(0.5, 1.5, 16))
+
+        def forward(self, x):
+            return self.norm(self.lin(x))
+
+    def no_dynamo(*a, **k):
+        raise RuntimeError("dynamo exporter forced to fail")
+
+    monkeypatch.setattr(nexport, "_torch_onnx_export", no_dynamo)
+    torch.manual_seed(0)
+    m = Block().eval()
+    x = torch.randn(2, 5, 16) * torch.logspace(-3, 0, 5).reshape(1, 5, 1)  # rows where eps matters
+    report: dict = {}
+    model = nexport.convert_module(m, (x,), report=report, input_names=["x"])
+    assert report["exporter"]["name"] == "torchscript"
+    assert [n.op_type for n in model.graph.node].count("RMSNorm") == 1
+    with torch.no_grad():
+        h = x.double() @ m.lin.weight.double().T + m.lin.bias.double()
+        w = m.norm.weight.double()
+    e = torch.finfo(torch.float32).eps if eps is None else eps
+    ref = (h / torch.sqrt((h * h).mean(-1, keepdim=True) + e) * w).numpy()
+    got = _run(model, {"x": x.numpy()})
+    assert np.abs(got - ref).max() <= 1e-5 * np.abs(ref).max() + 1e-6
