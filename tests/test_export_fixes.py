@@ -158,3 +158,28 @@ def test_torchscript_fallback_writes_torch_rms_norm_for_the_rewriter(monkeypatch
     ref = (h / torch.sqrt((h * h).mean(-1, keepdim=True) + e) * w).numpy()
     got = _run(model, {"x": x.numpy()})
     assert np.abs(got - ref).max() <= 1e-5 * np.abs(ref).max() + 1e-6
+
+
+def test_pixart_wrapper_pt2_converts(cli, tmp_path):
+    """The issue's PixArt-alpha wrapper .pt2 (its squeeze(1) was an invalid Squeeze): dynamo
+    exporter, 5 of 5 modulated LayerNorms fused, parity passing."""
+    m = _tiny("pixart").eval()
+
+    class Wrapper(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, hidden_states, encoder_hidden_states, timestep):
+            return self.inner(hidden_states, encoder_hidden_states=encoder_hidden_states, timestep=timestep,
+                              added_cond_kwargs={"resolution": None, "aspect_ratio": None}, return_dict=False)[0]
+
+    args = (torch.randn(2, 4, 8, 8), torch.randn(2, 5, 12), torch.tensor([3, 500]))
+    path = tmp_path / "pixart.pt2"
+    torch.export.save(torch.export.export(Wrapper(m), args), str(path))
+    out = tmp_path / "pixart.onnx"
+    stdout, rep, errs = _convert(cli, path, out)
+    assert rep["exporter"]["name"] == "dynamo" and rep["export_fixes"]["noop_squeezes"] >= 1
+    ops = [n.op_type for n in onnx.load(str(out)).graph.node]
+    assert ops.count("AdaLNZero") == 5 and "LayerNormalization" not in ops and "ReduceMean" not in ops
+    assert max(errs) < 1e-5, errs
