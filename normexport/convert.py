@@ -105,6 +105,12 @@ def run(args) -> int:
     what = f"{args.model} --module {args.module}" if args.module else args.model
     exporter = sections.get("exporter", {}).get("name", "dynamo")
     print(f"exported {what} -> {out.name} (target {args.target}, {exporter} exporter): " + _fused_summary(counts))
+    if sections.get("exporter", {}).get("static"):
+        ex = sections["exporter"]
+        shapes = ", ".join(f"{n}: {'x'.join(map(str, t.shape))}" for n, t in zip(names, inputs) if n in (dynamic or {}))
+        print(f"  STATIC SHAPES: no exporter kept the dynamic axes (dynamo: {ex['dynamic_error']}; TorchScript: "
+              f"{ex['torchscript_error']}): the file is fixed to {shapes}; export one file per size with --input")
+        dynamic = {}
     if exporter != "dynamo":
         print(f"  the dynamo exporter failed ({sections['exporter']['dynamo_error']}): used the TorchScript-based "
               f"exporter (opset {sections['exporter']['opset']}); the rewriter fused its norms")

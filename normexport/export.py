@@ -106,8 +106,11 @@ def convert_module_ir(module, args: tuple, *, target: str = "trt", opset: int | 
             report["prepare"] = rope_report
             module = prepare(module, report["prepare"])
     names = list(input_names) if input_names else [f"input_{i}" for i in range(len(args))]
-    try:
-        model = _torch_onnx_export(module, args, names, output_names, dynamic_axes, opset, auto_dynamic)
+
+    def dynamo(axes, fresh=False):
+        # fresh: clones of the inputs (torch.export leaves dynamic-dim marks on the tensors it traced)
+        xs = tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args) if fresh else args
+        model = _torch_onnx_export(module, xs, names, output_names, axes, opset, auto_dynamic)
         fixed = export_fixes.apply_all(model)  # exact: valid in every dtype, runnable in onnxruntime
         if fixed:
             report["export_fixes"] = fixed
@@ -115,6 +118,10 @@ def convert_module_ir(module, args: tuple, *, target: str = "trt", opset: int | 
         if target != "trt":  # a model that calls normexport ops itself
             _inline_custom_ops_ir(model)
         _validate_ir(model, args)
+        return model
+
+    try:
+        model = dynamo(dynamic_axes)
         report["exporter"] = {"name": "dynamo"}
     except UsageError:
         raise
@@ -131,9 +138,20 @@ def convert_module_ir(module, args: tuple, *, target: str = "trt", opset: int | 
             _validate(proto, args)
             model = ir.serde.deserialize_model(proto)
         except Exception as e:
-            raise ExportError(f"torch.onnx cannot export the model: dynamo exporter: {first}; "
-                              f"TorchScript exporter: {cause_summary(e)}") from None
-        report["exporter"] = {"name": "torchscript", "opset": ts_opset, "dynamo_error": first}
+            second = cause_summary(e)
+            if not dynamic_axes:
+                raise ExportError(f"torch.onnx cannot export the model: dynamo exporter: {first}; "
+                                  f"TorchScript exporter: {second}") from None
+            try:  # last: the dynamo exporter at the example sizes (a file with static shapes, said so)
+                model = dynamo(None, fresh=True)
+            except Exception as e_static:
+                raise ExportError(f"torch.onnx cannot export the model: dynamo exporter: {first}; "
+                                  f"TorchScript exporter: {second}; dynamo exporter with static shapes: "
+                                  f"{cause_summary(e_static)}") from None
+            report["exporter"] = {"name": "dynamo", "static": True, "dynamic_error": first,
+                                  "torchscript_error": second}
+        else:
+            report["exporter"] = {"name": "torchscript", "opset": ts_opset, "dynamo_error": first}
     if rewrite:
         from . import rewriter
 

@@ -183,3 +183,24 @@ def test_pixart_wrapper_pt2_converts(cli, tmp_path):
     ops = [n.op_type for n in onnx.load(str(out)).graph.node]
     assert ops.count("AdaLNZero") == 5 and "LayerNormalization" not in ops and "ReduceMean" not in ops
     assert max(errs) < 1e-5, errs
+
+
+def test_ltx_video_folder_converts_with_static_shapes_said_so(cli, tmp_path):
+    """LTX-Video: neither exporter keeps its dynamic batch (dynamo: symbolic token grid; TorchScript:
+    an invalid Concat); the dynamo exporter at the example sizes writes a valid file, and the
+    terminal says the shapes are fixed, with both causes; norms fused, parity passing."""
+    diffusers = pytest.importorskip("diffusers")
+    torch.manual_seed(0)
+    folder = tmp_path / "ltx"
+    diffusers.LTXVideoTransformer3DModel(in_channels=8, out_channels=8, patch_size=1, patch_size_t=1,
+                                         num_attention_heads=2, attention_head_dim=8, cross_attention_dim=16,
+                                         num_layers=1, caption_channels=16).eval().save_pretrained(folder)
+    loaded = normexport.load(str(folder))
+    out = tmp_path / "ltx.onnx"
+    stdout, rep, errs = _convert(cli, folder, out)
+    assert "STATIC SHAPES: no exporter kept the dynamic axes" in stdout and "hidden_states: 2x8x8" in stdout, stdout
+    assert rep["exporter"]["name"] == "dynamo" and rep["exporter"]["static"]
+    m = onnx.load(str(out))
+    assert all(d.HasField("dim_value") for i in m.graph.input for d in i.type.tensor_type.shape.dim)
+    _assert_fused(out, _norm_calls(loaded.module, loaded.example_inputs))
+    assert len(errs) == 1
