@@ -37,6 +37,8 @@ from typing import Any, Sequence
 import numpy as np
 import onnx
 
+from . import ortrun
+from .dtypes import BF16, np_dtype
 from .errors import UsageError
 
 #: the size sets tried, in order, per role of a dynamic dim (one set = one column)
@@ -217,8 +219,6 @@ def _unlike(v: int, taken: set[int]) -> int:
 
 def feeds_for(model: onnx.ModelProto, shapes: dict[str, Sequence[int]], seed: int = 0) -> dict[str, np.ndarray]:
     """Random, non-zero inputs of the model's dtypes at `shapes` (normal floats, ints and bools 0/1)."""
-    from .rewriter._verify import BF16, np_dtype
-
     rng = np.random.default_rng(seed)
     feeds = {}
     for inp in real_inputs(model):
@@ -253,22 +253,20 @@ def candidates(model: onnx.ModelProto, given: dict[str, Sequence[int]] | None = 
 
 def find(model: onnx.ModelProto, given: dict[str, Sequence[int]] | None = None, seed: int = 0) -> Found:
     """Sizes the model runs at, with the random feeds used and the model's outputs (see module doc)."""
-    from .rewriter import _verify
-
     check_given(model, given)
     inputs = real_inputs(model)
     tries = candidates(model, given)
     dynamic = any(i.dims is None or not all(isinstance(d, int) for d in i.dims)
                   for i in inputs if i.name not in (given or {}))
     try:
-        sess = _verify.session(model)
+        sess = ortrun.session(model)
     except Exception as e:  # noqa: BLE001
         raise SizesError(f"onnxruntime cannot load the model: {ort_error(e)}") from None
     errors = []
     for shapes in tries:
         feeds = feeds_for(model, shapes, seed)
         try:
-            outputs = _verify.run_session(sess, feeds)
+            outputs = ortrun.run_session(sess, feeds)
         except Exception as e:  # noqa: BLE001 - onnxruntime raises several kinds
             errors.append((shapes, ort_error(e)))
             continue
