@@ -28,6 +28,8 @@ class _Planted(rms_norm.RMSNormFusion):
         r = super().check(context, **kw)
         if r and self.plant == "eps":
             self._eps = self._eps * 10  # 1e-6 -> 1e-5: invisible on unit-variance rows
+        if r and self.plant == "eps4":
+            self._eps = self._eps * 4  # 1e-6 -> 4e-6: a 1.5e-6 relative change on rows of unit scale
         if r and self.plant == "nan":
             self._eps = -1.0  # sqrt of a negative on low-variance rows: NaN where float64 has numbers
         return r
@@ -39,6 +41,9 @@ class _Planted(rms_norm.RMSNormFusion):
         if self.plant == "weight":  # the weight dropped (a unit scale)
             return op.RMSNorm(self._src, op.Constant(value=onnx.numpy_helper.from_array(np.ones(G.H, np.float32))),
                               _domain="normexport", _version=1, epsilon=self._eps, axis=-1)
+        if self.plant == "gain":  # the output 0.3 % too large: 1.5x float16's tolerance
+            y = super().rewrite(op, x, scale=scale, **kw)
+            return op.Mul(y, op.Constant(value=onnx.numpy_helper.from_array(np.array(1.003, np.float16))))
         return super().rewrite(op, x, scale=scale, **kw)
 
 
@@ -173,3 +178,49 @@ def test_an_embedding_table_stays_out_of_the_local_check():
     assert G.count(out, "RMSNorm", "normexport") == 1, rep.summary()
     (check,) = rep.local.checks
     assert check.passed and list(check.shapes.values()) == [[2, 5, G.H]], check.shapes
+
+
+def test_rows_of_small_scale_are_what_catches_a_changed_epsilon(monkeypatch):
+    """The local inputs must have rows of very different scales (std 1e-3 .. 10): an epsilon 4x too
+    large changes a row of unit scale by ~1e-6 relative (inside float32's tolerance, the next
+    assertion proves it on the same kind of rows), a row of scale 1e-3 by a factor. A check that fed
+    rows of one scale (scale 1.0) would apply this fusion."""
+    x = np.random.default_rng(5).standard_normal((4, 16, 64)) + np.random.default_rng(6).standard_normal((4, 16, 1))
+    w = np.ones(64)
+    assert np.abs(G.rms_ref(x, w, 4e-6) - G.rms_ref(x, w, 1e-6)).max() < 1e-5 * np.abs(G.rms_ref(x, w)).max()
+    _with_plant(monkeypatch, "eps4")
+    model = G.rms_graph(x_shape=[4, 16, 64], w=(np.random.default_rng(7).standard_normal(64) * 0.5 + 1.3).astype(np.float32))
+    rep = RewriteReport()
+    out = rewrite(model, report=rep)
+    assert G.count(out, "RMSNorm", "normexport") == 0, rep.summary()
+    (check,) = rep.local.checks
+    assert not check.passed and check.err_fused > 10 * check.tolerance, check
+
+
+def test_limit_is_twice_the_subgraphs_own_error(monkeypatch):
+    """float16: the matched subgraph's own error vs float64 (every op rounded to float16) is a
+    sizeable part of the tolerance (more than 1/20 of it). A fusion 0.3 % off (1.5x float16's 2e-3
+    tolerance, more than 2x the subgraph's own error, less than 20x) must be rejected: the limit
+    max(tolerance, 2 x own error) is the tolerance here; a limit of 20x the subgraph's own error
+    would be above the tolerance and let it through (planted: this test fails)."""
+    _with_plant(monkeypatch, "gain")
+    model = G.to_dtype(G.rms_graph(x_shape=[4, 16, 64], w=(np.random.default_rng(8).standard_normal(64) * 0.5 + 1.3).astype(np.float32)),
+                       onnx.TensorProto.FLOAT16)
+    rep = RewriteReport()
+    out = rewrite(model, report=rep)
+    (check,) = rep.local.checks
+    assert check.dtype == "float16"
+    assert 2 * check.err_original < check.err_fused <= 20 * check.err_original, check  # the case the factor decides
+    assert check.err_fused > check.tolerance, check
+    assert not check.passed and G.count(out, "RMSNorm", "normexport") == 0, rep.summary()
+    assert "the matched subgraph's own error" in rep.rules["rms_norm_scale_right"].rejected[0]["reason"]
+
+
+def test_float16_fusion_without_the_plant_is_applied(monkeypatch):
+    """The control for the test above: the same float16 graph, no plant, fuses."""
+    _with_plant(monkeypatch, "")
+    model = G.to_dtype(G.rms_graph(x_shape=[4, 16, 64], w=(np.random.default_rng(8).standard_normal(64) * 0.5 + 1.3).astype(np.float32)),
+                       onnx.TensorProto.FLOAT16)
+    rep = RewriteReport()
+    out = rewrite(model, report=rep)
+    assert G.count(out, "RMSNorm", "normexport") == 1 and rep.local.checks[0].passed, rep.summary()
