@@ -102,9 +102,40 @@ def test_near_misses_untouched(kind):
     assert G.count(out, "LayerNormalization") == 0 and G.count(out, "RMSNorm") == 0
     assert out == model
     reasons = [r["reason"] for rec in rep.rules.values() for r in rec.rejected]
-    expect = {"axis": "failed check: mean over axes [1]", "eps_input": "failed check: epsilon is not a constant",
+    # axis: normalized over S with a weight along H (not a LayerNorm over S)
+    expect = {"axis": "failed check: 'w", "eps_input": "failed check: epsilon is not a constant",
               "other_sub": "pattern near-miss", "extra_use": "failed check: an intermediate value is used"}[kind]
     assert any(r.startswith(expect) for r in reasons), reasons
+    if kind == "axis":
+        assert any("varies along a dim that is not normalized" in r for r in reasons), reasons
+
+
+@pytest.mark.parametrize("opset", [13, 18])
+@pytest.mark.parametrize("shape", [(2, 16, 5), (2, 8, 3, 4)])
+def test_channel_axis_fused_with_transposes(opset, shape):
+    """LayerNorm over axis 1 ([N, C, L] or channels-first [N, C, H, W], weight / bias [C, 1(, 1)]):
+    Transpose C last, LayerNormalization, Transpose back; vs float64 on rows of mixed scales."""
+    from onnx import TensorProto, helper
+
+    rank, c_ = len(shape), shape[1]
+    g = G.G(opset)
+    g.inputs[0] = helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))
+    rng = np.random.default_rng(2)
+    pshape = [c_] + [1] * (rank - 2)
+    w = (rng.standard_normal(pshape) * 0.5 + 1.3).astype(np.float32)
+    b = (rng.standard_normal(pshape) * 0.3 + 0.2).astype(np.float32)
+    m = g.reduce_mean("x", [1])
+    d = g.node("Sub", "x", m)
+    v = g.node("Add", g.reduce_mean(g.node("Mul", d, d), [1]), g.init(np.array(1e-5, np.float32), "eps"))
+    y = g.node("Add", g.node("Mul", g.node("Div", d, g.node("Sqrt", v)), g.init(w, "w")), g.init(b, "b"))
+    out, rep = _fused(g.model(y))
+    assert sorted(G.op_types(out)) == ["LayerNormalization", "Transpose", "Transpose"], rep.summary()
+    sc = 10.0 ** rng.uniform(-3, 1, size=(shape[0], 1) + shape[2:])[:, :, None].reshape((shape[0], 1) + shape[2:])
+    x = ((rng.standard_normal(shape) + 0.5) * sc).astype(np.float32)
+    x64 = x.astype(np.float64)
+    mu = x64.mean(1, keepdims=True)
+    ref = (x64 - mu) / np.sqrt(((x64 - mu) ** 2).mean(1, keepdims=True) + 1e-5) * w + b
+    G.assert_close(G.run(out, x=x)[0], ref, "transposed LayerNormalization vs float64")
 
 
 def test_ort_and_onnx_targets_use_layernormalization():

@@ -16,6 +16,7 @@ RULE_MODULES = (
     "bn_fold",  # Conv / ConvTranspose / Gemm / MatMul(+Add) + BatchNormalization -> folded weights
     "bn_affine",  # a BatchNormalization left over -> Mul + Add (where that is faster)
     "layer_norm",  # decomposed LayerNorm -> LayerNormalization
+    "layer_norm_one_pass",  # E[x²] − E[x]² LayerNorm (tf2onnx: Flax / Keras) -> LayerNormalization, any axes
     "rms_norm",  # decomposed RMSNorm -> normexport::RMSNorm / RMSNormalization
     "skip_rms_norm",  # ort: residual Add + RMSNormalization -> SkipSimplifiedLayerNormalization (large H)
     "adaln",  # LayerNormalization -> Mul(1 + scale) -> Add(shift) -> normexport::AdaLNZero

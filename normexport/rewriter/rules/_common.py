@@ -191,3 +191,119 @@ def absorb_cast(context, x: ir.Value) -> ir.Value:
     if all(user in matched for user, _ in x.uses()):
         return src
     return x
+
+
+# ---- LayerNorm over any axes: LayerNormalization, with Transposes when the axes are not trailing --
+#: Transpose + LayerNormalization + Transpose: the full-size passes a non-trailing fusion costs
+TRANSPOSED_LN_PASSES = 3
+
+
+def norm_axes(axes: Sequence[int], rank: int | None) -> tuple[list[int] | None, str]:
+    """`axes` as sorted non-negative dims of a rank-`rank` tensor (negative ones need no rank
+    when they are the trailing ones), or None with the reason."""
+    if not axes:
+        return None, "no axes"
+    if rank is None:
+        k = trailing_count(axes, None)
+        if k is None:
+            return None, f"axes {list(axes)} of a tensor of unknown rank"
+        return list(range(-k, 0)), ""
+    if any(not -rank <= a < rank for a in axes):
+        return None, f"axes {list(axes)} out of range for rank {rank}"
+    norm = sorted({a % rank for a in axes})
+    if len(norm) != len(axes):
+        return None, f"repeated axes {list(axes)}"
+    return norm, ""
+
+
+def is_trailing(axes: list[int], rank: int | None) -> bool:
+    if axes and axes[0] < 0:
+        return True
+    return rank is not None and axes == list(range(rank - len(axes), rank))
+
+
+def axes_dims(x: ir.Value, axes: list[int]) -> list[int] | None:
+    """The static sizes of `x` along `axes`, or None when one is unknown or symbolic."""
+    if x.shape is None:
+        return None
+    dims = list(x.shape)
+    try:
+        picked = [dims[a] for a in axes]
+    except IndexError:
+        return None
+    return [int(d) for d in picked] if all(isinstance(d, int) for d in picked) else None
+
+
+def param_fits_axes(p: ir.Value, x: ir.Value, axes: list[int]) -> tuple[bool, str, list[int] | None]:
+    """Whether an affine parameter `p` (broadcast against x) holds one value per element of the
+    normalized `axes` and is constant along the others: its shape, padded on the left with 1s
+    to x's rank, is x's size on `axes` and 1 elsewhere. Returns (ok, why-not, the [sizes on axes]
+    to reshape it to, or None when it already has that shape)."""
+    if p.shape is None:
+        return False, f"shape of {p.name!r} unknown", None
+    if axes[0] < 0:  # trailing axes of an x of unknown rank: the trailing-dims rule
+        ok, why, reshape = param_fits(p, x, len(axes))
+        want = [int(d) for d in list(p.shape)[len(p.shape) - len(axes):]] if ok and reshape else None
+        return ok, why, want
+    rank = rank_of(x)
+    pdims = list(p.shape)
+    if rank is None or len(pdims) > rank:
+        return False, f"{p.name!r} of shape {pdims} has more dims than the input", None
+    pdims = [1] * (rank - len(pdims)) + pdims
+    want = axes_dims(x, axes)
+    if want is None:
+        if not all(isinstance(pdims[a], int) for a in axes):
+            return False, "normalized dims not static", None
+        want = [int(pdims[a]) for a in axes]
+    for i, d in enumerate(pdims):
+        if i in axes:
+            if d != want[axes.index(i)]:
+                return False, f"{p.name!r} of shape {list(p.shape)} does not cover the normalized dims {want}", None
+        elif d != 1:
+            return False, f"{p.name!r} of shape {list(p.shape)} varies along a dim that is not normalized", None
+    return True, "", (None if list(p.shape) == want else want)
+
+
+def full_size_nodes(context, x: ir.Value) -> int:
+    """How many matched nodes write a tensor as large as `x` (what a decomposition costs in passes
+    over memory, reductions counted as one read each)."""
+    rank = rank_of(x)
+    n = 0
+    for node in context.nodes:
+        if node.op_type.startswith("Reduce"):
+            n += 1
+            continue
+        for o in node.outputs:
+            if o.shape is not None and rank is not None and len(o.shape) == rank and list(o.shape) == list(x.shape):
+                n += 1
+                break
+    return n
+
+
+def layer_norm(op, x, weight, bias, eps: float, axes: list[int], rank: int | None, dtype: ir.DataType,
+               unit_dims: list[int] | None, reshape: dict[str, list[int] | None], name: str):
+    """LayerNormalization of `x` over `axes` (stash_type float): with axis=-k when the axes are the
+    trailing k dims, else between two Transposes that move them to the end (in their order) and back.
+    `weight` None: a unit scale of `unit_dims`; `reshape[...]`: the [sizes on axes] a parameter is
+    reshaped to (None: as it is)."""
+    k = len(axes)
+    if weight is None:
+        weight = op.initializer(unit_tensor(f"{name}__unit_scale", unit_dims, dtype, 1.0), f"{name}__unit_scale")
+    params = []
+    for key, p in (("weight", weight), ("bias", bias)):
+        if p is None:
+            continue
+        if reshape.get(key):
+            arr = const(p)
+            if arr is not None:  # a constant parameter: its reshaped copy (small: one value per normalized element)
+                pname = f"{name}__{key}"
+                p = op.initializer(ir.tensor(np.ascontiguousarray(arr).reshape(reshape[key]), name=pname), pname)
+            else:
+                p = op.Reshape(p, op.Constant(value_ints=list(reshape[key])))
+        params.append(as_dtype(op, p, dtype))
+    if is_trailing(axes, rank):
+        return op.LayerNormalization(x, *params, axis=-k, epsilon=eps, stash_type=1)
+    perm = [i for i in range(rank) if i not in axes] + list(axes)
+    back = [perm.index(i) for i in range(rank)]
+    y = op.LayerNormalization(op.Transpose(x, perm=perm), *params, axis=-k, epsilon=eps, stash_type=1)
+    return op.Transpose(y, perm=back)

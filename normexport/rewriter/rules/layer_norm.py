@@ -1,7 +1,7 @@
 """Decomposed LayerNorm -> LayerNormalization (opset >= 17; the driver upgrades the model).
 
 Matched forms (an upcast Cast(x) in front is absorbed when nothing else reads it):
-    m  = ReduceMean(x, trailing axes, keepdims=1)          axes as attribute (< 18) or input
+    m  = ReduceMean(x, axes, keepdims=1)          axes as attribute (< 18) or input
     d  = Sub(x, m)
     vr = ReduceMean(Pow(d, 2) | Mul(d, d), same axes)
     v  = Add(vr, eps) (either order), eps a constant scalar
@@ -9,6 +9,9 @@ Matched forms (an upcast Cast(x) in front is absorbed when nothing else reads it
          | Mul(d, Pow(v, -0.5))  (Mul operands in either order)
     y  = n | Cast(n) | Mul(Cast?(n), w) | Add(Mul(Cast?(n), w), b)  (Mul / Add in either order)
 No affine: scale = ones. stash_type = float.
+Axes: the trailing k dims -> LayerNormalization(axis=-k); other dims (axis 1 of [N, C, L], the
+channels of [N, C, H, W]) -> Transpose moving them last, LayerNormalization, Transpose back, when
+the decomposition writes more full-size tensors than those three nodes (_common.layer_norm).
 """
 
 from __future__ import annotations
@@ -63,23 +66,29 @@ class LayerNormFusion(pattern.RewriteRuleClassBase):
         if axes2 is None:
             return r.fail(why, var)
         rank = c.rank_of(x)
-        self._k = c.trailing_count(axes, rank)
-        if self._k is None:
-            return r.fail(f"mean over axes {axes} which are not the trailing dims", mean)
-        if c.trailing_count(axes2, rank) != self._k or sorted(a % (rank or 10**6) for a in axes) != sorted(
-                a % (rank or 10**6) for a in axes2):
+        self._axes, why = c.norm_axes(axes, rank)
+        if self._axes is None:
+            return r.fail(f"mean over axes {axes}: {why}", mean)
+        if c.norm_axes(axes2, rank)[0] != self._axes:
             return r.fail(f"mean axes {axes} and variance axes {axes2} differ", var)
+        self._rank = rank
         self._reshape = {}
         for name, p in (("weight", weight), ("bias", bias)):
             if p is None:
                 continue
-            ok, why, self._reshape[name] = c.param_fits(p, x, self._k)
+            ok, why, self._reshape[name] = c.param_fits_axes(p, x, self._axes)
             if not ok:
                 return r.fail(why, p)
+        self._unit = None
         if weight is None:
-            self._unit = c.trailing_dims(x, self._k)
+            self._unit = c.axes_dims(x, self._axes) if self._axes[0] >= 0 else c.trailing_dims(x, len(self._axes))
             if self._unit is None:
                 return r.fail("normalized dims not static; cannot make a unit scale", x)
+        if not c.is_trailing(self._axes, rank):
+            passes = c.full_size_nodes(context, x)
+            if passes <= c.TRANSPOSED_LN_PASSES:
+                return r.fail(f"over axes {self._axes}: Transposes around LayerNormalization "
+                              f"({c.TRANSPOSED_LN_PASSES} passes) are not cheaper than the {passes} of the decomposition", x)
         return r
 
     def rewrite(self, op, x, weight=None, bias=None, **_):
@@ -87,16 +96,8 @@ class LayerNormFusion(pattern.RewriteRuleClassBase):
         x = self._src
         xin, dt, cast_out = c.fused_io(op, x, out) if out is not None else (x, x.dtype, None)
         dt = dt or ir.DataType.FLOAT
-        if weight is None:
-            name = f"{out.name if out is not None else 'ln'}__unit_scale"
-            weight = op.initializer(c.unit_tensor(name, self._unit, dt, 1.0), name)
-        params = [weight] + ([bias] if bias is not None else [])
-        fixed = []
-        for name, p in zip(("weight", "bias"), params):
-            if self._reshape.get(name):
-                p = op.Reshape(p, op.Constant(value_ints=c.trailing_dims(p, self._k)))
-            fixed.append(c.as_dtype(op, p, dt))
-        y = op.LayerNormalization(xin, *fixed, axis=-self._k, epsilon=self._eps, stash_type=1)
+        y = c.layer_norm(op, xin, weight, bias, self._eps, self._axes, self._rank, dt, self._unit, self._reshape,
+                         out.name if out is not None and out.name else "ln")
         return op.Cast(y, to=cast_out.value) if cast_out is not None else y
 
 

@@ -1,0 +1,154 @@
+"""One-pass-variance LayerNorm -> LayerNormalization (opset >= 17; the driver upgrades the model).
+
+How tf2onnx writes Flax / Keras / JAX LayerNorms (var = E[x²] − E[x]², Flax's fast variance):
+    mean = ReduceSum(x, axes) · (1/n)  | (1/n) · ReduceSum | ReduceSum / n | ReduceMean(x, axes)
+    msq  = the same of x² (Mul(x, x) | Pow(x, 2)), over the same axes
+    var  = msq − mean² (Mul(mean, mean) | Pow(mean, 2)), optionally Max(var, 0) (either order)
+    v    = var + eps (either order), eps a constant scalar
+    r    = Reciprocal(Sqrt(v)) | Div(1, Sqrt(v)) | Pow(v, -0.5)      (Rsqrt as tf2onnx spells it)
+    a    = r · scale (either order) | r                               (Flax: mul = rsqrt(v) * scale)
+    y    = (x − mean) · a [+ bias]                                    (Flax)
+         | x · a + (bias − mean · a)                                  (tf.nn.batch_normalization, Keras)
+n must be the element count of the reduced dims (1/(n−1), an unbiased variance, is not a LayerNorm).
+Axes: the trailing dims -> LayerNormalization(axis=-k); other dims (e.g. axis 1 of [N, C, L]) ->
+Transpose, LayerNormalization over the moved dims, Transpose back, when the decomposition writes
+more full-size tensors than those three nodes (it always has so far: 6 or more).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+from onnxscript.rewriter import pattern
+
+from . import _common as c
+
+TARGETS = frozenset({"trt", "ort", "onnx"})
+
+#: relative tolerance on the 1/n constant per its dtype (its own rounding)
+_N_RTOL = {ir.DataType.FLOAT: 1e-6, ir.DataType.DOUBLE: 1e-12, ir.DataType.FLOAT16: 1e-3, ir.DataType.BFLOAT16: 8e-3}
+_MEAN_FORMS = ("reduce_mean", "mul", "mul_l", "div")
+
+
+def required_opset(target: str) -> int:
+    return 17
+
+
+def _reduce(op, red, t, name):
+    return getattr(op, red)(t, _allow_other_inputs=True, _allow_other_attributes=True, _outputs=[name])
+
+
+def _mean(op, t, i: int):
+    """mean of `t` over some axes, in the four spellings; binds red{i}_<form> and n{i}_<form>."""
+    return pattern.OrValue([
+        _reduce(op, "ReduceMean", t, f"red{i}_reduce_mean"),
+        op.Mul(_reduce(op, "ReduceSum", t, f"red{i}_mul"), pattern.Var(f"n{i}_mul")),
+        op.Mul(pattern.Var(f"n{i}_mul_l"), _reduce(op, "ReduceSum", t, f"red{i}_mul_l")),
+        op.Div(_reduce(op, "ReduceSum", t, f"red{i}_div"), pattern.Var(f"n{i}_div")),
+    ], tag_var=f"mform{i}", tag_values=_MEAN_FORMS)
+
+
+class OnePassLayerNormFusion(pattern.RewriteRuleClassBase):
+    def __init__(self, name: str, clamp: bool, scaled: bool, bias: bool, keras: bool = False, left: bool = False):
+        super().__init__(name)
+        self._clamp, self._scaled, self._bias, self._keras, self._left = clamp, scaled, bias, keras, left
+
+    def _root(self, op_type, op, p, q):
+        """The last node (a concrete node: onnxscript cannot start a match at a choice), its operands
+        in the rule's order."""
+        return getattr(op, op_type)(q, p) if self._left else getattr(op, op_type)(p, q)
+
+    def pattern(self, op, x, eps, zero, weight, bias):
+        mean = _mean(op, x, 1)
+        msq = _mean(op, c.square(op, x), 2)
+        var = op.Sub(msq, c.square(op, mean))
+        if self._clamp:
+            var = pattern.OrValue([op.Max(var, zero), op.Max(zero, var)])
+        v = c.plus(op, var, eps)
+        r = pattern.OrValue([op.Reciprocal(op.Sqrt(v)), op.Div(1.0, op.Sqrt(v)), op.Pow(v, -0.5)])
+        a = c.times(op, r, weight) if self._scaled else r
+        if self._keras:
+            return self._root("Add", op, c.times(op, x, a), op.Sub(bias, c.times(op, mean, a)))
+        if self._bias:
+            return self._root("Add", op, c.times(op, op.Sub(x, mean), a), bias)
+        return self._root("Mul", op, op.Sub(x, mean), a)
+
+    def check(self, context, x, eps, zero=None, weight=None, bias=None, **kw):
+        r = pattern.MatchResult()
+        self._out = context.output_values[0] if context.output_values else None
+        if x.dtype is not None and x.dtype not in c.FLOAT_TYPES:
+            return r.fail(f"input dtype {x.dtype} is not a float type", x)
+        self._eps = c.const_scalar(eps)
+        if self._eps is None or self._eps < 0:
+            return r.fail("epsilon is not a constant scalar >= 0", eps)
+        if self._clamp and c.const_scalar(zero) != 0.0:
+            return r.fail("the variance is clamped with Max against something other than 0", zero)
+        rank = c.rank_of(x)
+        found = []
+        for i in (1, 2):
+            form = kw.get(f"mform{i}")
+            red = kw.get(f"red{i}_{form}")
+            if red is None:
+                return r.fail(f"mean {i} not bound", x)
+            axes, why = c.reduce_axes(red.producer())
+            if axes is None:
+                return r.fail(why.replace("ReduceMean", red.producer().op_type), red)
+            axes, why = c.norm_axes(axes, rank)
+            if axes is None:
+                return r.fail(why, red)
+            found.append(axes)
+            if form != "reduce_mean":
+                n = c.axes_dims(x, axes) if axes[0] >= 0 else c.trailing_dims(x, len(axes))
+                if n is None:
+                    return r.fail("the reduced dims are not static: cannot confirm the 1/n of the mean", red)
+                count = float(np.prod(n))
+                const = kw.get(f"n{i}_{form}")
+                val = c.const_scalar(const)
+                want = count if form == "div" else 1.0 / count
+                rtol = _N_RTOL.get(const.dtype if const is not None else None, 1e-6)
+                if val is None or abs(val - want) > rtol * want:
+                    return r.fail(f"the mean's factor {val} is not {'n' if form == 'div' else '1/n'} = {want:.9g} "
+                                  f"for {int(count)} reduced elements", const)
+        if found[0] != found[1]:
+            return r.fail(f"mean axes {found[0]} and mean-square axes {found[1]} differ", x)
+        self._axes, self._rank = found[0], rank
+        self._reshape = {}
+        for name, p in (("weight", weight), ("bias", bias)):
+            if p is None:
+                continue
+            ok, why, self._reshape[name] = c.param_fits_axes(p, x, self._axes)
+            if not ok:
+                return r.fail(why, p)
+        self._unit = None
+        if weight is None:
+            self._unit = c.axes_dims(x, self._axes) if self._axes[0] >= 0 else c.trailing_dims(x, len(self._axes))
+            if self._unit is None:
+                return r.fail("normalized dims not static; cannot make a unit scale", x)
+        if not c.is_trailing(self._axes, rank):
+            passes = c.full_size_nodes(context, x)
+            if passes <= c.TRANSPOSED_LN_PASSES:
+                return r.fail(f"over axes {self._axes}: Transposes around LayerNormalization "
+                              f"({c.TRANSPOSED_LN_PASSES} passes) are not cheaper than the {passes} of the decomposition", x)
+        return r
+
+    def rewrite(self, op, x, weight=None, bias=None, **_):
+        out = self._out
+        xin, dt, cast_out = c.fused_io(op, x, out) if out is not None else (x, x.dtype, None)
+        dt = dt or ir.DataType.FLOAT
+        y = c.layer_norm(op, xin, weight, bias, self._eps, self._axes, self._rank, dt, self._unit, self._reshape,
+                         out.name if out is not None and out.name else "ln1p")
+        return op.Cast(y, to=cast_out.value) if cast_out is not None else y
+
+
+RULES = [
+    OnePassLayerNormFusion.rule(
+        f"layer_norm_one_pass{'_clamp' if clamp else ''}{'_keras' if keras else ''}"
+        f"{'_scale' if scaled else ''}{'_bias' if bias else ''}{'_l' if left else ''}",
+        clamp=clamp, scaled=scaled, bias=bias, keras=keras, left=left)
+    for clamp in (True, False)
+    for keras, scaled, bias in ((False, True, True), (False, True, False), (False, False, True), (False, False, False),
+                                (True, True, True), (True, False, True))
+    for left in (False, True)
+]
+
+__all__ = ["RULES", "TARGETS", "required_opset"]
