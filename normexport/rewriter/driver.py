@@ -139,12 +139,16 @@ def rewrite_ir(model: ir.Model, target: str = "trt", verify: bool = True, report
     local = None
     if verify:
         concrete = concrete_shapes(model, first)
+        types: dict[str, int] = {}
+        why = ""
         if whole is not None:  # small: what shape inference left unknown, from one run
-            probed, why = probe_shapes(whole, model, concrete, inputs)
+            probed, types, why = probe_shapes(whole, model, concrete, inputs)
             concrete.update(probed)
             if why:
                 report.notes.append(f"local verification: sizes of intermediate values not probed ({why})")
-        local = LocalVerifier(model, _symbol_sizes(model, first), concrete=concrete)
+        else:
+            why = f"no probe run: weights over the {WHOLE_MODEL_LIMIT >> 20} MiB the whole-model run takes"
+        local = LocalVerifier(model, _symbol_sizes(model, first), concrete=concrete, types=types, probe_note=why)
     report.local = local
 
     explain = None  # the previous module's explain_unapplied hook, run on the model it left

@@ -69,10 +69,14 @@ class LocalVerifier:
     """Verifies fusions one at a time (`verify(rule_name, where, delta)`), caching by structure."""
 
     def __init__(self, model: ir.Model, dims: dict[str, int] | None = None, seed: int = 0,
-                 concrete: dict[str, list[int]] | None = None) -> None:
+                 concrete: dict[str, list[int]] | None = None, types: dict[str, int] | None = None,
+                 probe_note: str = "") -> None:
         self.model = model
         self.dims = dict(dims or {})
-        self.concrete = dict(concrete or {})  # {value name: dims} inferred with the inputs at concrete sizes
+        # {value name: dims} inferred with the inputs at concrete sizes, or read off a probe run
+        self.concrete = dict(concrete or {})
+        self.types = dict(types or {})  # {value name: ONNX element type} where shape inference had none
+        self.probe_note = probe_note  # why no probe run gave the sizes shape inference left unknown
         self.seed = seed
         self.checks: list[LocalCheck] = []
         self._cache: dict[str, LocalCheck] = {}
@@ -172,7 +176,7 @@ class _Local:
         while todo:
             v, lopsided = todo.pop()
             p = v.producer()
-            if p is None or _is_const(v) or (_elem(v) in _FLOATS and not lopsided) or id(p) in seen_ctx:
+            if p is None or _is_const(v) or (self._elem(v) in _FLOATS and not lopsided) or id(p) in seen_ctx:
                 continue
             if p in orig_nodes or any(x is not None and _is_const(x) and _nbytes(x) > _MAX_CONTEXT_CONST for x in p.inputs):
                 continue
@@ -193,10 +197,11 @@ class _Local:
         self.consts = [v for v in ins.values() if _is_const(v) or id(v) in new_inits]
         self.runtime = [v for v in ins.values() if not (_is_const(v) or id(v) in new_inits)]
         for v in self.runtime:
-            if v.shape is None or v.dtype is None:
-                raise _Unverifiable(f"shape or type of {v.name!r} unknown (shape inference did not reach it)")
+            if (v.shape is None and (v.name or "") not in self.owner.concrete) or not self._elem(v):
+                raise _Unverifiable(f"shape or type of {v.name!r} unknown (shape inference did not reach it"
+                                    f"{'; ' + self.owner.probe_note if self.owner.probe_note else ''})")
         for v in self.outputs_orig:
-            if v.dtype is None:
+            if not self._elem(v):
                 raise _Unverifiable(f"type of output {v.name!r} unknown")
         # local names, in a deterministic order (structure -> the same names -> the same bytes)
         self.names: dict[int, str] = {}
@@ -211,13 +216,17 @@ class _Local:
                     self.names[id(o)] = f"t{counter}"
                     counter += 1
         self.shapes = {self.names[id(v)]: self._dims(v) for v in self.runtime}
-        self.dtype_name = ir.DataType(self.outputs_orig[0].dtype).name.lower()
+        self.dtype_name = ir.DataType(self._elem(self.outputs_orig[0])).name.lower()
         self._protos = {"orig": self._model(self.orig, self.outputs_orig), "new": self._model(self.new, self.outputs_new)}
 
     # -- building -----------------------------------------------------------------------------
+    def _elem(self, v: ir.Value) -> int:
+        """The ONNX element type of `v`: shape inference's, else the probe run's (0: unknown)."""
+        return _elem(v) or self.owner.types.get(v.name or "", 0)
+
     def _dims(self, v: ir.Value) -> list[int]:
         known = self.owner.concrete.get(v.name or "")
-        if known is not None and len(known) == len(v.shape):
+        if known is not None and (v.shape is None or len(known) == len(v.shape)):
             return list(known)
         out = []
         for d in v.shape:
@@ -250,7 +259,7 @@ class _Local:
 
     def _model(self, nodes: list[ir.Node], outputs: list[ir.Value]) -> onnx.ModelProto:
         used = {i for n in self.context + nodes for i in (self.names.get(id(v)) for v in n.inputs if v is not None)}
-        inputs = [onnx.helper.make_tensor_value_info(self.names[id(v)], _elem(v), self._dims(v))
+        inputs = [onnx.helper.make_tensor_value_info(self.names[id(v)], self._elem(v), self._dims(v))
                   for v in self.runtime if self.names[id(v)] in used]
         inits = []
         for v in self.consts:
@@ -259,7 +268,7 @@ class _Local:
                 continue
             t = onnx.numpy_helper.from_array(np.asarray(v.const_value.numpy()), name)
             inits.append(t)
-        outs = [onnx.helper.make_tensor_value_info(self.names[id(v)], _elem(v) or _elem(o), None)
+        outs = [onnx.helper.make_tensor_value_info(self.names[id(v)], self._elem(v) or self._elem(o), None)
                 for v, o in zip(outputs, self.outputs_orig)]
         graph = onnx.helper.make_graph([self._node_proto(n) for n in self.context + nodes], "local", inputs, outs, inits)
         opsets = [onnx.helper.make_opsetid(d, v) for d, v in self.owner.model.opset_imports.items()]
@@ -280,7 +289,7 @@ class _Local:
         rng = np.random.default_rng(seed)
         feeds = {}
         for v in self.runtime:
-            name, dims, elem = self.names[id(v)], self._dims(v), _elem(v)
+            name, dims, elem = self.names[id(v)], self._dims(v), self._elem(v)
             if elem in _FLOATS:
                 rows = dims[:-1] + [1] if dims else []
                 scale = 10.0 ** rng.uniform(-3, 1, size=rows) if dims else 1.0
@@ -298,7 +307,7 @@ class _Local:
 
     def run(self, rule: str, where: str, seed: int) -> LocalCheck:
         feeds = self._feeds(seed)
-        widened = any(_elem(v) == onnx.TensorProto.BFLOAT16 for v in self.runtime + self.consts + self.outputs_orig) or \
+        widened = any(self._elem(v) == onnx.TensorProto.BFLOAT16 for v in self.runtime + self.consts + self.outputs_orig) or \
             any(_mentions(p, onnx.TensorProto.BFLOAT16) for p in self._protos.values())
         try:
             ref = _reference(_retype(self._protos["orig"], _FLOATS - {onnx.TensorProto.DOUBLE}, onnx.TensorProto.DOUBLE),
@@ -325,7 +334,7 @@ class _Local:
             name_o, name_n = self.names[id(o_orig)], self.names[id(o_new)]
             r = np.asarray(ref[name_o], dtype=np.float64)
             eo, en = _err(r, runs["orig"][name_o]), _err(r, runs["new"][name_n])
-            rel, ab = _verify._TOL.get(_verify.np_dtype(_elem(o_orig)), _verify.BF16_TOL)
+            rel, ab = _verify._TOL.get(_verify.np_dtype(self._elem(o_orig)), _verify.BF16_TOL)
             finite = np.isfinite(r)
             t = rel * (float(np.abs(r[finite]).max()) if finite.any() else 0.0) + ab
             limit = max(t, 2.0 * eo) if np.isfinite(eo) else t  # a broken original excuses nothing
@@ -447,24 +456,55 @@ def concrete_shapes(model: ir.Model, sizes: dict[str, list[int]]) -> dict[str, l
 
 
 def probe_shapes(proto: onnx.ModelProto, model: ir.Model, concrete: dict[str, list[int]],
-                 given: dict[str, list[int]] | None) -> tuple[dict[str, list[int]], str]:
-    """For a model small enough to run whole: the dims of the node outputs shape inference left
-    unknown, read off one onnxruntime run (at the --input sizes, else sizes normexport.sizes finds).
-    Returns ({value name: dims}, "" or why the probe did not run)."""
+                 given: dict[str, list[int]] | None) -> tuple[dict[str, list[int]], dict[str, int], str]:
+    """Where ONNX shape inference stops (an op of a domain it does not know, a Reshape to a shape
+    computed at run time, a Loop / If): the dims and element types of the values it left unknown,
+    read off one onnxruntime run of the model (at the --input sizes, else sizes normexport.sizes
+    finds) with those values as extra graph outputs. `proto` is the model as a ModelProto: the
+    outputs are added to it for the run and removed after (no copy of its weights); only the
+    outputs' shapes and types are kept, the arrays are dropped.
+    Returns ({value name: dims}, {value name: ONNX element type}, "" or why the probe did not run)."""
     from normexport import sizes as _sizes
 
+    graph_outputs = {o.name for o in proto.graph.output}
     missing = []
     for n in model.graph:
+        if n.domain not in ("", "ai.onnx") and n.domain == _ops.DOMAIN:
+            continue
         for v in n.outputs:
-            if v.name and v.name not in concrete and v.dtype is not None and not v.is_graph_output():
+            if v.name and (v.name not in concrete or v.dtype is None):
                 missing.append(v)
     if not missing:
-        return {}, ""
-    probe = onnx.ModelProto()
-    probe.CopyFrom(proto)
-    probe.graph.output.extend(onnx.helper.make_tensor_value_info(v.name, _elem(v), None) for v in missing)
+        return {}, {}, ""
+    # an output of unknown type is named only (onnxruntime refuses element type 0, takes no type)
+    added = [onnx.helper.make_tensor_value_info(v.name, _elem(v), None) if v.dtype is not None else onnx.ValueInfoProto(name=v.name)
+             for v in missing if v.name not in graph_outputs]
+    n_before = len(proto.graph.output)
+    proto.graph.output.extend(added)
     try:
-        found = _sizes.find(probe, given)
+        found = _sizes.find(proto, given)
     except Exception as e:  # noqa: BLE001
-        return {}, first_line(e, 200)
-    return {v.name: list(np.shape(found.outputs[v.name])) for v in missing if v.name in found.outputs}, ""
+        return {}, {}, f"the probe run failed: {first_line(e, 200)}"
+    finally:
+        del proto.graph.output[n_before:]
+    dims, types = {}, {}
+    for v in missing:
+        arr = found.outputs.get(v.name)
+        if arr is None:
+            continue
+        dims[v.name] = list(np.shape(arr))
+        if v.dtype is None:
+            elem = _np_to_elem(np.asarray(arr).dtype)
+            if elem:
+                types[v.name] = elem
+    found.outputs.clear()
+    return dims, types, ""
+
+
+def _np_to_elem(dt: np.dtype) -> int:
+    if dt == _verify.BF16:
+        return onnx.TensorProto.BFLOAT16
+    try:
+        return int(onnx.helper.np_dtype_to_tensor_dtype(dt))
+    except Exception:  # noqa: BLE001 - strings, objects
+        return 0
