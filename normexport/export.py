@@ -93,18 +93,25 @@ def convert_module_ir(module, args: tuple, *, target: str = "trt", opset: int | 
 
             report["fold_batchnorm"] = []
             module = fold_batchnorm(module, report["fold_batchnorm"], example_inputs=args)
-        from .prepare.rope import real_rope  # complex rotary arithmetic made real, for both exporters
+        from .prepare.complex import lower_complex  # complex arithmetic as real pairs, for both exporters (§9)
 
-        rope_report: list = []
-        module = real_rope(module, args, rope_report)
-        if rope_report:
-            report["prepare"] = rope_report
+        complex_report: list = []
+        module = lower_complex(module, args, complex_report)
+        if complex_report:
+            report["prepare"] = complex_report
         unswapped = module
         if swap_norms and target == "trt":  # other targets keep standard ops (see rewrite)
             from .prepare.swap import prepare
 
-            report["prepare"] = rope_report
+            report["prepare"] = complex_report
             module = prepare(module, report["prepare"])
+    elif isinstance(module, torch.fx.GraphModule):  # a .pt2's program: its complex ops lowered when re-traced
+        from .prepare.complex import lower_complex
+
+        complex_report = []
+        module = unswapped = lower_complex(module, args, complex_report)
+        if complex_report:
+            report["prepare"] = complex_report
     names = list(input_names) if input_names else [f"input_{i}" for i in range(len(args))]
 
     def dynamo(axes, fresh=False):

@@ -1,9 +1,15 @@
-"""Complex rotary embeddings made real before export (normexport.prepare.rope, issue 19): a diffusers
-Lumina2Transformer2DModel folder (tiny config, random weights; freqs_cis tables complex128, applied by
-diffusers apply_rotary_emb(use_real=False), the mask's values read with .tolist()) converts with its
-norms fused (counted from the model's structure) and onnxruntime parity vs float64; the real form is
-checked against the complex arithmetic in float64; a wrong real form is refused by the swap's own
-check; complex arithmetic normexport does not cover is reported, not silently exported."""
+"""Complex rotary embeddings carried as real pairs before export (normexport.prepare.complex, issues
+19 and 22), on folders of real library classes (tiny configs, random weights), through `normexport
+convert`: each converts with its norms fused (counted from the model's own modules), no complex type
+in the file, and onnxruntime parity against the float64 reference.
+
+- diffusers Lumina2Transformer2DModel: complex128 tables stored on the rotary module (a list, plain
+  attribute), gathered per position, applied by diffusers apply_rotary_emb(use_real=False);
+- transformers Llama4ForCausalLM: torch.polar inside the rotary module's forward, view_as_complex of
+  q / k, complex product, view_as_real(...).flatten(3); its weightless L2 norm on q / k fused as an
+  RMSNorm by the rewriter.
+
+Without the lowering (tests/test_complex_lowering.py plants it out) neither exports."""
 
 from __future__ import annotations
 
@@ -17,7 +23,7 @@ import torch
 diffusers = pytest.importorskip("diffusers")
 
 import normexport  # noqa: E402
-from normexport.prepare import rope  # noqa: E402
+from normexport.prepare import complex as cx  # noqa: E402
 
 
 def _lumina2():
@@ -26,6 +32,26 @@ def _lumina2():
         sample_size=4, patch_size=2, in_channels=4, hidden_size=32, num_layers=1, num_refiner_layers=1,
         num_attention_heads=2, num_kv_heads=1, multiple_of=16, axes_dim_rope=(4, 6, 6), axes_lens=(32, 32, 32),
         cap_feat_dim=16).eval()
+
+
+def _lowering(rep) -> dict:
+    entries = [e for e in rep["prepare"] if e.get("lowering") == "complex"]
+    assert len(entries) == 1, rep["prepare"]
+    return entries[0]
+
+
+def _assert_lowered(rep, stdout, kind):
+    e = _lowering(rep)
+    assert e["action"] == "swapped" and e["op"] == "ComplexAsReal" and e["max_rel_err"] <= 1e-5, e
+    assert e["kind"] == kind and "view_as_complex" in e["reason"] and "view_as_real" in e["reason"], e
+    assert f"swapped: 1 {kind} -> ComplexAsReal" in stdout
+
+
+def _assert_no_complex(path):
+    m = onnx.load(str(path), load_external_data=False)
+    types = [v.type.tensor_type.elem_type for v in list(m.graph.value_info) + list(m.graph.input) + list(m.graph.output)]
+    types += [t.data_type for t in m.graph.initializer]
+    assert not {onnx.TensorProto.COMPLEX64, onnx.TensorProto.COMPLEX128} & set(types)
 
 
 def _rms_calls(module, inputs) -> Counter:
@@ -51,18 +77,16 @@ def test_lumina2_folder_converts_fused_with_parity(cli, tmp_path):
     mask = loaded.example_inputs[names.index("encoder_attention_mask")]
     assert bool(mask.all()), "the forward reads the mask's values: the example is all ones"
     assert not loaded.dynamic_axes and loaded.notes and "all ones" in loaded.notes[0]
-    assert rope.complex_tables(loaded.module), "the tiny model must hold complex tables (else nothing is tested)"
+    assert cx.complex_tables(loaded.module), "the tiny model must hold complex tables (else nothing is tested)"
 
     out, report = tmp_path / "l.onnx", tmp_path / "l.json"
     code, stdout, err = cli("convert", folder, "-o", out, "--report", report)
     assert code == 0, (stdout, err)
     assert "PASSED" in stdout and "note: Lumina2Transformer2DModel reads encoder_attention_mask" in stdout
     rep = json.loads(report.read_text())
-    swaps = [e for e in rep["prepare"] if e["op"] == "RealRoPE"]
-    assert {e["action"] for e in swaps} == {"swapped"}, swaps
-    assert any(e["name"].endswith("rope_embedder") for e in swaps)
-    assert any(e["name"].endswith("apply_rotary_emb") for e in swaps)
-    assert all(e["max_rel_err"] <= 1e-5 for e in swaps)
+    _assert_lowered(rep, stdout, "Lumina2Transformer2DModel")
+    assert "rope_embedder.freqs_cis: list of 3" in _lowering(rep)["reason"]
+    _assert_no_complex(out)
 
     # norms fused: one normexport::RMSNorm per RMSNorm call of the model's forward, the one
     # LayerNorm (norm_out: scale without shift, not an AdaLN-Zero form) kept as LayerNormalization
@@ -76,67 +100,36 @@ def test_lumina2_folder_converts_fused_with_parity(cli, tmp_path):
     assert max(r["max_abs_err"] for r in rows) < 1e-5  # onnxruntime vs the float64 reference
 
 
-def test_real_form_matches_complex_arithmetic_in_float64():
-    """diffusers apply_rotary_emb(use_real=False) on interleaved real freqs equals the complex
-    product (float64 reference); complex freqs still go to the original function."""
-    from diffusers.models import embeddings
+def test_llama4_text_folder_converts_fused_with_parity(cli, tmp_path):
+    from transformers import Llama4ForCausalLM, Llama4TextConfig
 
-    torch.manual_seed(1)
-    x = torch.randn(2, 5, 3, 8)
-    angles = torch.randn(2, 5, 4, dtype=torch.float64) * 3
-    freqs = torch.polar(torch.ones_like(angles), angles)  # complex128 [B, S, D/2]
-    orig = embeddings.apply_rotary_emb
-    orig = getattr(orig, "_normexport_real_rope", orig)
-    real = rope._replacement(orig)
-    want = torch.view_as_real(torch.view_as_complex(x.double().unflatten(-1, (-1, 2))) * freqs.unsqueeze(2)).flatten(3)
-    got = real(x, rope.pack(freqs), use_real=False)
-    assert got.dtype == x.dtype and got.shape == x.shape
-    assert float((got.double() - want).abs().max()) < 1e-5
-    assert torch.equal(real(x, freqs, use_real=False), orig(x, freqs, use_real=False))
-    assert torch.equal(rope.unpack(rope.pack(freqs)).to(torch.complex64), freqs.to(torch.complex64))
+    torch.manual_seed(0)
+    cfg = Llama4TextConfig(vocab_size=64, hidden_size=32, intermediate_size=64, intermediate_size_mlp=64,
+                           num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                           num_local_experts=2, num_experts_per_tok=1, interleave_moe_layer_step=2,
+                           max_position_embeddings=64, attention_chunk_size=16)
+    folder = tmp_path / "llama4"
+    Llama4ForCausalLM(cfg).eval().save_pretrained(folder)
+    out, report = tmp_path / "l4.onnx", tmp_path / "l4.json"
+    code, stdout, err = cli("convert", folder, "--task", "text-generation", "-o", out, "--report", report)
+    assert code == 0, (stdout, err)
+    rep = json.loads(report.read_text())
+    _assert_lowered(rep, stdout, "Llama4ForCausalLM")
+    assert "polar x1" in _lowering(rep)["reason"]
+    _assert_no_complex(out)
 
-
-def test_wrong_real_form_is_refused(monkeypatch):
-    """A planted error in the real rotation (the sine's sign) is caught by the swap's own check:
-    nothing swapped, the report says why, the functions are left as they were."""
-    import diffusers.models.transformers.transformer_lumina2 as L
-
-    model = _lumina2()
-    loaded_args = (torch.randn(2, 4, 4, 4), torch.rand(2), torch.randn(2, 6, 16), torch.ones(2, 6, dtype=torch.bool))
-
-    def wrong(x, freqs):
-        xr, xi = x.float().unflatten(-1, (-1, 2)).unbind(-1)
-        c, s = freqs[..., 0::2], freqs[..., 1::2]
-        return torch.stack([xr * c + xi * s, xr * s + xi * c], dim=-1).flatten(-2)
-
-    monkeypatch.setattr(rope, "_rotate", wrong)
-    monkeypatch.setattr(rope, "_REPLACED", {})
-    before = L.apply_rotary_emb
-    report: list = []
-    assert rope.real_rope(model, loaded_args, report) is model
-    assert report and {e["action"] for e in report} == {"skipped"}, report
-    assert "rejected" in report[0]["reason"] and report[0]["max_rel_err"] > 1e-5, report
-    assert L.apply_rotary_emb is before
-
-
-def test_complex_in_forward_is_reported_not_covered():
-    """torch.polar inside a forward (as transformers' Llama4 rotary module does) is not covered:
-    reported as skipped with the reason, the module returned unchanged."""
-
-    class Rotary(torch.nn.Module):
-        def forward(self, x):
-            f = torch.polar(torch.ones(x.shape[-1] // 2), torch.arange(x.shape[-1] // 2).float())
-            return torch.view_as_real(torch.view_as_complex(x.unflatten(-1, (-1, 2))) * f).flatten(-2)
-
-    class M(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.rot = Rotary()
-
-        def forward(self, x):
-            return self.rot(x)
-
-    m, report = M(), []
-    assert rope.real_rope(m, (torch.randn(2, 8),), report) is m
-    assert [e["name"] for e in report] == ["rot"] and report[0]["action"] == "skipped"
-    assert "not covered" in report[0]["reason"]
+    # norms: every RMSNorm call of the forward, the weightless L2 norms on q / k included
+    loaded = normexport.load(str(folder))
+    calls: Counter = Counter()
+    hooks = [m.register_forward_hook(lambda *a, n=type(m).__name__: calls.update([n]))
+             for m in loaded.module.modules() if type(m).__name__ in ("Llama4TextRMSNorm", "Llama4TextL2Norm")]
+    with torch.no_grad():
+        loaded.module(*loaded.example_inputs)
+    for h in hooks:
+        h.remove()
+    assert calls["Llama4TextL2Norm"] > 0, calls
+    ops = Counter(n.op_type for n in onnx.load(str(out), load_external_data=False).graph.node)
+    assert ops["RMSNorm"] == sum(calls.values()), (ops, calls)
+    assert "PASSED" in stdout
+    rows = [r for per in rep["results"]["ort"].values() for r in per]
+    assert rows and all(r["passed"] for r in rows), rows

@@ -4,8 +4,9 @@
     swap     recognised norm modules swapped for normexport modules, each swap verified
              numerically on random input, else skipped (prepare)
     nn       the nn.Modules that call the normexport custom ops (RMSNorm, AdaLNZero)
-    rope     complex rotary embeddings (torch.polar tables, view_as_complex products) made
-             real-valued, verified on the model's example inputs, else left alone (real_rope)
+    complex  complex arithmetic (torch.polar, view_as_complex, complex tables and products, ...)
+             carried as real (re, im) pairs for any model, verified on the model's example
+             inputs, else left alone with the reason (lower_complex)
 
 The package is callable: `normexport.prepare(module)` is `normexport.prepare.prepare(module)`.
 """
