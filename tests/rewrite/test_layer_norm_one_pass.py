@@ -208,8 +208,8 @@ def test_a_planted_epsilon_is_rejected_by_local_verification(monkeypatch):
                 self._eps *= 3
             return r
 
-    monkeypatch.setattr(mod, "RULES", [Planted.rule("layer_norm_one_pass_clamp_scale_bias", clamp=True, scaled=True, bias=True)])
+    monkeypatch.setattr(mod, "RULES", [Planted.rule("layer_norm_one_pass_scale_bias", scaled=True, bias=True)])
     model, _, _ = one_pass_ln(13)
     out, rep = _fuse(model)
     assert G.count(out, "LayerNormalization") == 0, rep.summary()
-    assert rep.rules["layer_norm_one_pass_clamp_scale_bias"].rejected[0]["reason"].startswith("local verification")
+    assert rep.rules["layer_norm_one_pass_scale_bias"].rejected[0]["reason"].startswith("local verification")

@@ -49,9 +49,9 @@ def _mean(op, t, i: int):
 
 
 class OnePassLayerNormFusion(pattern.RewriteRuleClassBase):
-    def __init__(self, name: str, clamp: bool, scaled: bool, bias: bool, keras: bool = False, left: bool = False):
+    def __init__(self, name: str, scaled: bool, bias: bool, keras: bool = False, left: bool = False):
         super().__init__(name)
-        self._clamp, self._scaled, self._bias, self._keras, self._left = clamp, scaled, bias, keras, left
+        self._scaled, self._bias, self._keras, self._left = scaled, bias, keras, left
 
     def _root(self, op_type, op, p, q):
         """The last node (a concrete node: onnxscript cannot start a match at a choice), its operands
@@ -61,9 +61,8 @@ class OnePassLayerNormFusion(pattern.RewriteRuleClassBase):
     def pattern(self, op, x, eps, zero, weight, bias):
         mean = _mean(op, x, 1)
         msq = _mean(op, c.square(op, x), 2)
-        var = op.Sub(msq, c.square(op, mean))
-        if self._clamp:
-            var = pattern.OrValue([op.Max(var, zero), op.Max(zero, var)])
+        var = op.Sub(msq, c.square(op, mean), _outputs=["var"])
+        var = pattern.OrValue([op.Max(var, zero), op.Max(zero, var), var], tag_var="clamp", tag_values=[True, True, False])
         v = c.plus(op, var, eps)
         r = pattern.OrValue([op.Reciprocal(op.Sqrt(v)), op.Div(1.0, op.Sqrt(v)), op.Pow(v, -0.5)])
         a = c.times(op, r, weight) if self._scaled else r
@@ -81,7 +80,7 @@ class OnePassLayerNormFusion(pattern.RewriteRuleClassBase):
         self._eps = c.const_scalar(eps)
         if self._eps is None or self._eps < 0:
             return r.fail("epsilon is not a constant scalar >= 0", eps)
-        if self._clamp and c.const_scalar(zero) != 0.0:
+        if kw.get("clamp") and c.const_scalar(zero) != 0.0:
             return r.fail("the variance is clamped with Max against something other than 0", zero)
         rank = c.rank_of(x)
         found = []
@@ -142,10 +141,8 @@ class OnePassLayerNormFusion(pattern.RewriteRuleClassBase):
 
 RULES = [
     OnePassLayerNormFusion.rule(
-        f"layer_norm_one_pass{'_clamp' if clamp else ''}{'_keras' if keras else ''}"
-        f"{'_scale' if scaled else ''}{'_bias' if bias else ''}{'_l' if left else ''}",
-        clamp=clamp, scaled=scaled, bias=bias, keras=keras, left=left)
-    for clamp in (True, False)
+        f"layer_norm_one_pass{'_keras' if keras else ''}{'_scale' if scaled else ''}{'_bias' if bias else ''}"
+        f"{'_l' if left else ''}", scaled=scaled, bias=bias, keras=keras, left=left)
     for keras, scaled, bias in ((False, True, True), (False, True, False), (False, False, True), (False, False, False),
                                 (True, True, True), (True, False, True))
     for left in (False, True)
