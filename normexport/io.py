@@ -8,6 +8,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import onnx
 
 from .errors import UsageError, first_line
@@ -115,14 +116,92 @@ def _umask() -> int:
     return mask
 
 
+def _tensors(model: onnx.ModelProto):
+    """Every TensorProto of a model: initializers, sparse ones, Constant / attribute tensors, in the
+    main graph, its subgraphs (If / Loop / Scan bodies) and the functions."""
+    def graph(g):
+        yield from g.initializer
+        for sp in g.sparse_initializer:
+            yield sp.values
+            yield sp.indices
+        yield from nodes(g.node)
+
+    def nodes(ns):
+        for n in ns:
+            for a in n.attribute:
+                if a.HasField("t"):
+                    yield a.t
+                yield from a.tensors
+                if a.HasField("g"):
+                    yield from graph(a.g)
+                for sub in a.graphs:
+                    yield from graph(sub)
+
+    yield from graph(model.graph)
+    for f in model.functions:
+        yield from nodes(f.node)
+
+
+def _needed_bytes(t: onnx.TensorProto) -> int | None:
+    try:
+        item = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
+    except Exception:  # noqa: BLE001 - 4-bit and float8 types: the length field decides alone
+        return None
+    return int(np.prod(list(t.dims), dtype=np.int64)) * item
+
+
+def check_external_data(path: str | os.PathLike, model: onnx.ModelProto | None = None) -> None:
+    """Refuse (UsageError, one line) an ONNX file whose external data lies outside its own folder —
+    an absolute location, one that climbs out with '..', or a symlink in the folder that points out —
+    however the file's path is spelled (a bare name in the current folder included): reading it would
+    copy any file the user can read into the outputs. Also refuse data files shorter than their
+    tensors need (a truncated download is bad input, said so). `model`: the file's proto without
+    its external data, when the caller has it (else it is read, weights left on disk)."""
+    path = Path(path)
+    if model is None:
+        try:
+            model = onnx.load(str(path), load_external_data=False)
+        except Exception as e:  # noqa: BLE001
+            raise UsageError(f"cannot read '{path}' as ONNX ({first_line(e, 160)}): pass a valid .onnx file") from None
+    folder = os.path.dirname(os.path.abspath(path))
+    real_folder = os.path.realpath(folder)
+    sizes: dict[str, int] = {}
+    for t in _tensors(model):
+        if t.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        info = {e.key: e.value for e in t.external_data}
+        loc = info.get("location", "")
+        if not loc or os.path.isabs(loc) or loc.startswith(("/", "\\")) or (len(loc) > 1 and loc[1] == ":"):
+            raise UsageError(f"'{path}': tensor '{t.name}' keeps its data at the absolute path '{loc}', outside the "
+                             "model's folder: refusing to read it (external data must lie beside the model)")
+        target = os.path.realpath(os.path.join(folder, loc))
+        if os.path.commonpath([target, real_folder]) != real_folder:
+            raise UsageError(f"'{path}': tensor '{t.name}' keeps its data at '{loc}', which leads outside the model's "
+                             f"folder ('{target}'): refusing to read it (external data must lie beside the model)")
+        if target not in sizes:
+            try:
+                sizes[target] = os.stat(target).st_size
+            except OSError:
+                raise UsageError(f"'{path}': external data file '{loc}' of tensor '{t.name}' not found beside the "
+                                 "model: copy it there") from None
+        offset = int(info.get("offset", 0) or 0)
+        need = int(info["length"]) if info.get("length") else _needed_bytes(t)
+        if need is not None and offset + need > sizes[target]:
+            raise UsageError(f"'{path}': external data file '{os.path.join(folder, loc)}' is shorter than its tensors "
+                             f"need ({sizes[target]} bytes; tensor '{t.name}' needs {need} from offset {offset}): the "
+                             "weights are truncated or corrupt: pass a complete copy of the model")
+
+
 def load_ir(path: str | os.PathLike):
     """An ONNX file as an onnx_ir model, its external data memory-mapped (read lazily, never
-    copied); UsageError when it is missing or not ONNX."""
+    copied); UsageError when it is missing or not ONNX, or its external data is unsafe or short
+    (check_external_data)."""
     import onnx_ir as ir
 
     path = Path(path)
     if not path.is_file():
         raise UsageError(f"ONNX file not found: '{path}': check the path")
+    check_external_data(path)
     try:
         return ir.load(str(path))
     except Exception as e:
@@ -166,6 +245,7 @@ def write_json(obj, path: str | os.PathLike, flag: str = "output") -> Path:
         with os.fdopen(fd, "w") as f:
             json.dump(obj, f, indent=2, default=str)
             f.write("\n")
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600: the report gets the umask's mode, as any file
         os.replace(tmp, path)
     except OSError as e:
         Path(tmp).unlink(missing_ok=True)
@@ -189,10 +269,12 @@ def _too_large(model: onnx.ModelProto) -> bool:
 
 
 def load_onnx(path: str | os.PathLike) -> onnx.ModelProto:
-    """Load an ONNX file (with its external data); UsageError when it is missing or corrupt."""
+    """Load an ONNX file (with its external data); UsageError when it is missing or corrupt, or its
+    external data is unsafe or short (check_external_data)."""
     path = Path(path)
     if not path.is_file():
         raise UsageError(f"ONNX file not found: '{path}': check the path")
+    check_external_data(path)
     try:
         return onnx.load(str(path), load_external_data=True)
     except Exception as e:

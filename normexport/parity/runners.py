@@ -31,7 +31,7 @@ class _ModelSource:
             self.path: str | None = None
             self.label = "<in-memory model>"
         else:
-            from ..io import load_onnx
+            from ..io import check_external_data, load_onnx
 
             p = Path(os.fspath(onnx_model))
             if not p.is_file():
@@ -41,6 +41,7 @@ class _ModelSource:
             except Exception as e:  # corrupt file
                 load_onnx(p)  # raises the project's one-line UsageError
                 raise UsageError(f"cannot read '{p}' as ONNX ({_short(e)})") from None
+            check_external_data(p, self.proto)  # data outside the model's folder, or short: one line, exit 2
             self.path = str(p)
             self.label = str(p)
 
