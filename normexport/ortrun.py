@@ -13,18 +13,22 @@ import onnx
 from .dtypes import BF16
 
 
-def session(model: onnx.ModelProto):
+def session(model: onnx.ModelProto, external_folder: str | None = None):
     """A quiet onnxruntime CPU session for `model` (one thread, logs nothing: its errors come
-    back as exceptions, which the callers quote in one line)."""
+    back as exceptions, which the callers quote in one line). `external_folder`: where the
+    model's external-data locations are relative to (its weights are then read by onnxruntime
+    from there, never copied into the proto)."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
+    if external_folder is not None:
+        so.add_session_config_entry("session.model_external_initializers_file_folder_path", str(external_folder))
     so.log_severity_level = 4
     so.intra_op_num_threads = 1
     so.inter_op_num_threads = 1
     # a one-off run: no second, pre-packed copy of the MatMul / Conv weights
     so.add_session_config_entry("session.disable_prepacking", "1")
-    if model.ByteSize() < 1_500_000_000:
+    if external_folder is not None or model.ByteSize() < 1_500_000_000:
         return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
     with tempfile.TemporaryDirectory() as tmp:  # protobuf limit: go through a file with external data
         path = os.path.join(tmp, "m.onnx")

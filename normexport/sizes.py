@@ -251,15 +251,17 @@ def candidates(model: onnx.ModelProto, given: dict[str, Sequence[int]] | None = 
     return out
 
 
-def find(model: onnx.ModelProto, given: dict[str, Sequence[int]] | None = None, seed: int = 0) -> Found:
-    """Sizes the model runs at, with the random feeds used and the model's outputs (see module doc)."""
+def find(model: onnx.ModelProto, given: dict[str, Sequence[int]] | None = None, seed: int = 0,
+         external_folder: str | None = None) -> Found:
+    """Sizes the model runs at, with the random feeds used and the model's outputs (see module doc).
+    `external_folder`: where `model`'s external-data locations are relative to."""
     check_given(model, given)
     inputs = real_inputs(model)
     tries = candidates(model, given)
     dynamic = any(i.dims is None or not all(isinstance(d, int) for d in i.dims)
                   for i in inputs if i.name not in (given or {}))
     try:
-        sess = ortrun.session(model)
+        sess = ortrun.session(model, external_folder)
     except Exception as e:  # noqa: BLE001
         raise SizesError(f"onnxruntime cannot load the model: {ort_error(e)}") from None
     errors = []

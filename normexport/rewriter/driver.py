@@ -21,7 +21,7 @@ from normexport import sizes as _sizes
 from normexport.errors import UsageError, first_line
 
 from .diagnostics import Tracer, record_diagnostics, record_unapplied, where
-from .local import LocalVerifier, concrete_shapes, probe_shapes
+from .local import LocalVerifier, concrete_shapes, probe_ir, probe_shapes
 from .opset import model_opset, upgrade_opset
 from .report import RewriteReport, input_records
 from .serialize import finish
@@ -146,9 +146,10 @@ def rewrite_ir(model: ir.Model, target: str = "trt", verify: bool = True, report
             concrete.update(probed)
             if why:
                 report.notes.append(f"local verification: sizes of intermediate values not probed ({why})")
-        else:
-            why = f"no probe run: weights over the {WHOLE_MODEL_LIMIT >> 20} MiB the whole-model run takes"
-        local = LocalVerifier(model, _symbol_sizes(model, first), concrete=concrete, types=types, probe_note=why)
+        # large: one probe run only when a fusion needs it (its weights read where they lie)
+        prober = None if whole is not None else (lambda m: probe_ir(m, concrete_shapes(m, first), inputs))
+        local = LocalVerifier(model, _symbol_sizes(model, first), concrete=concrete, types=types, probe_note=why,
+                              prober=prober)
     report.local = local
 
     explain = None  # the previous module's explain_unapplied hook, run on the model it left

@@ -70,13 +70,16 @@ class LocalVerifier:
 
     def __init__(self, model: ir.Model, dims: dict[str, int] | None = None, seed: int = 0,
                  concrete: dict[str, list[int]] | None = None, types: dict[str, int] | None = None,
-                 probe_note: str = "") -> None:
+                 probe_note: str = "", prober=None) -> None:
         self.model = model
         self.dims = dict(dims or {})
         # {value name: dims} inferred with the inputs at concrete sizes, or read off a probe run
         self.concrete = dict(concrete or {})
         self.types = dict(types or {})  # {value name: ONNX element type} where shape inference had none
         self.probe_note = probe_note  # why no probe run gave the sizes shape inference left unknown
+        # prober(model) -> ({name: dims}, {name: elem type}, why-not): run once, at the first fusion
+        # whose boundary shape inference did not reach (large models: no run unless one needs it)
+        self.prober = prober
         self.seed = seed
         self.checks: list[LocalCheck] = []
         self._cache: dict[str, LocalCheck] = {}
@@ -86,7 +89,17 @@ class LocalVerifier:
         """None when the replacement in `delta` (onnxscript ReplacementSubgraph) computes what the
         matched nodes compute, else the reason (one line)."""
         try:
-            built = _Local(self, delta)
+            try:
+                built = _Local(self, delta)
+            except _Unknown:
+                if self.prober is None:
+                    raise
+                prober, self.prober = self.prober, None
+                dims, types, self.probe_note = prober(self.model)
+                for k, d in dims.items():
+                    self.concrete.setdefault(k, d)
+                self.types.update(types)
+                built = _Local(self, delta)
         except _Unverifiable as e:
             self.checks.append(LocalCheck(rule, where, {}, "", float("nan"), float("nan"), float("nan"),
                                           False, False, why=str(e)))
@@ -112,6 +125,10 @@ class LocalVerifier:
 
 class _Unverifiable(Exception):
     pass
+
+
+class _Unknown(_Unverifiable):
+    """A boundary value whose shape or type shape inference did not reach (a probe run can tell)."""
 
 
 def _topo(nodes: Iterable[ir.Node]) -> list[ir.Node]:
@@ -198,11 +215,11 @@ class _Local:
         self.runtime = [v for v in ins.values() if not (_is_const(v) or id(v) in new_inits)]
         for v in self.runtime:
             if (v.shape is None and (v.name or "") not in self.owner.concrete) or not self._elem(v):
-                raise _Unverifiable(f"shape or type of {v.name!r} unknown (shape inference did not reach it"
+                raise _Unknown(f"shape or type of {v.name!r} unknown (shape inference did not reach it"
                                     f"{'; ' + self.owner.probe_note if self.owner.probe_note else ''})")
         for v in self.outputs_orig:
             if not self._elem(v):
-                raise _Unverifiable(f"type of output {v.name!r} unknown")
+                raise _Unknown(f"type of output {v.name!r} unknown")
         # local names, in a deterministic order (structure -> the same names -> the same bytes)
         self.names: dict[int, str] = {}
         for i, v in enumerate(self.runtime):
@@ -456,7 +473,8 @@ def concrete_shapes(model: ir.Model, sizes: dict[str, list[int]]) -> dict[str, l
 
 
 def probe_shapes(proto: onnx.ModelProto, model: ir.Model, concrete: dict[str, list[int]],
-                 given: dict[str, list[int]] | None) -> tuple[dict[str, list[int]], dict[str, int], str]:
+                 given: dict[str, list[int]] | None,
+                 external_folder: str | None = None) -> tuple[dict[str, list[int]], dict[str, int], str]:
     """Where ONNX shape inference stops (an op of a domain it does not know, a Reshape to a shape
     computed at run time, a Loop / If): the dims and element types of the values it left unknown,
     read off one onnxruntime run of the model (at the --input sizes, else sizes normexport.sizes
@@ -469,8 +487,6 @@ def probe_shapes(proto: onnx.ModelProto, model: ir.Model, concrete: dict[str, li
     graph_outputs = {o.name for o in proto.graph.output}
     missing = []
     for n in model.graph:
-        if n.domain not in ("", "ai.onnx") and n.domain == _ops.DOMAIN:
-            continue
         for v in n.outputs:
             if v.name and (v.name not in concrete or v.dtype is None):
                 missing.append(v)
@@ -482,7 +498,7 @@ def probe_shapes(proto: onnx.ModelProto, model: ir.Model, concrete: dict[str, li
     n_before = len(proto.graph.output)
     proto.graph.output.extend(added)
     try:
-        found = _sizes.find(proto, given)
+        found = _sizes.find(proto, given, external_folder=external_folder)
     except Exception as e:  # noqa: BLE001
         return {}, {}, f"the probe run failed: {first_line(e, 200)}"
     finally:
@@ -508,3 +524,21 @@ def _np_to_elem(dt: np.dtype) -> int:
         return int(onnx.helper.np_dtype_to_tensor_dtype(dt))
     except Exception:  # noqa: BLE001 - strings, objects
         return 0
+
+
+def probe_ir(model: ir.Model, concrete: dict[str, list[int]],
+             given: dict[str, list[int]] | None) -> tuple[dict[str, list[int]], dict[str, int], str]:
+    """probe_shapes for a model too large to hold as a proto beside itself: serialised with its
+    external tensors as references (no weight bytes read or copied: onnxruntime reads them from
+    their folder); in-memory weights (the fused ones, a model without external data) are copied."""
+    import os
+
+    folders = {os.fspath(v.const_value.base_dir) for v in model.graph.initializers.values()
+               if isinstance(v.const_value, ir.ExternalTensor)}
+    if len(folders) > 1:
+        return {}, {}, "no probe run: the weights lie in several folders"
+    try:
+        proto = ir.serde.serialize_model(model)
+    except Exception as e:  # noqa: BLE001
+        return {}, {}, f"no probe run: the model does not serialise ({first_line(e, 160)})"
+    return probe_shapes(proto, model, concrete, given, external_folder=folders.pop() if folders else None)

@@ -106,3 +106,48 @@ def test_the_caller_model_is_left_as_it_was():
     before = model.SerializeToString(deterministic=True)
     rewrite(model, report=RewriteReport())
     assert model.SerializeToString(deterministic=True) == before
+
+
+def test_large_model_is_probed_when_a_fusion_needs_it(tmp_path, monkeypatch):
+    """A model over the whole-model limit (the limit set to 0 here), weights in external data: no
+    proto copy of it is made up front; the first fusion whose inputs inference did not reach runs
+    the probe once, onnxruntime reading the weights from the model's folder; both folds apply."""
+    from normexport.rewriter import driver, rewrite_file
+
+    monkeypatch.setattr(driver, "WHOLE_MODEL_LIMIT", 0)
+    src = tmp_path / "ocr.onnx"
+    onnx.save(graph("contrib"), str(src), save_as_external_data=True, all_tensors_to_one_file=True,
+              location="ocr.onnx.data", size_threshold=0)
+    calls = []
+    real = driver.probe_ir
+    monkeypatch.setattr(driver, "probe_ir", lambda *a: calls.append(1) or real(*a))
+    monkeypatch.chdir(tmp_path / "..")  # the weights are found from the model's folder, not the cwd
+    rep = rewrite_file(src, tmp_path / "out.onnx")
+    assert rep.rules["FoldConvBN"].applied == 2 and calls == [1], rep.summary()
+    assert rep.whole_model.startswith("not run"), rep.whole_model
+    out = onnx.load(str(tmp_path / "out.onnx"))
+    assert not [n for n in out.graph.node if n.op_type == "BatchNormalization"]
+    import onnxruntime as ort
+
+    x = (RNG.standard_normal((2, 3, 8, 16))).astype(np.float32)
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    y = ort.InferenceSession(str(tmp_path / "out.onnx"), so, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    ref = reference(x, "contrib")
+    assert np.abs(y - ref).max() <= 1e-5 * np.abs(ref).max() + 1e-6
+
+
+def test_large_model_without_a_fusion_in_need_runs_no_probe(tmp_path, monkeypatch):
+    """Shapes known everywhere (no com.microsoft op): the large-model path never runs the model."""
+    from normexport.rewriter import driver, rewrite_file
+
+    monkeypatch.setattr(driver, "WHOLE_MODEL_LIMIT", 0)
+    m = graph("contrib")
+    m.graph.node[0].CopyFrom(helper.make_node("Relu", ["x"], ["g"]))
+    del m.opset_import[1:]
+    m = onnx.shape_inference.infer_shapes(m)
+    src = tmp_path / "plain.onnx"
+    onnx.save(m, str(src), save_as_external_data=True, location="plain.onnx.data", size_threshold=0)
+    monkeypatch.setattr(driver, "probe_ir", lambda *a: pytest.fail("probe ran"))
+    rep = rewrite_file(src, tmp_path / "out.onnx")
+    assert rep.rules["FoldConvBN"].applied == 2, rep.summary()
