@@ -127,6 +127,27 @@ def test_layer_norm_rule(eps, target, verify):
     assert_f32(y, ln64(x, G.WEIGHT, G.BIAS, eps), f"layer_norm rule, target {target}, eps {eps}")
 
 
+@pytest.mark.parametrize("eps", [1e-6, 1e-3])
+@pytest.mark.parametrize("axis", [-1, 1])
+@VERIFY
+def test_layer_norm_one_pass_rule(eps, axis, verify):
+    """tf2onnx's Flax spelling (E[x²] − E[x]², Max(0, ·), Sqrt + Reciprocal), over the last axis and
+    over axis 1 of [N, C, L] (Transposes around LayerNormalization)."""
+    from test_layer_norm_one_pass import one_pass_ln
+
+    shape = (2, 3, H) if axis == -1 else (2, H, 3)
+    model, w, b = one_pass_ln(13, shape=shape, axis=axis, eps=eps)
+    out, nodes = fused(model, "trt", "LayerNormalization", "", verify)
+    assert len(nodes) == 1, [n.op_type for n in out.graph.node]
+    assert attr(nodes[0], "epsilon") == pytest.approx(eps, rel=1e-6)
+    x = low_variance(2, 3, H, seed=7)
+    if axis == 1:
+        x = np.ascontiguousarray(x.transpose(0, 2, 1))  # the near-constant rows along axis 1
+    eps_matters(np.moveaxis(x, axis, -1), eps)
+    (y,) = ort_run(out, x=x)
+    assert_f32(y, ln64(x, w, b, eps, axes=(axis,)), f"layer_norm_one_pass rule, axis {axis}, eps {eps}")
+
+
 def _mods(batch, seed=3):
     rng = np.random.default_rng(seed)
     return (0.3 * rng.standard_normal((batch, H))).astype(np.float32), (0.3 * rng.standard_normal((batch, H))).astype(np.float32)
