@@ -8,7 +8,7 @@ from pathlib import Path
 import onnx_ir as ir
 import torch
 
-from . import io, load
+from . import io, llm, load
 from .rewriter.driver import interface, weight_bytes
 from .errors import ExportError, UsageError, first_line
 from .export import TARGETS, convert_module, convert_module_ir, op_counts
@@ -26,6 +26,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
                    help="import an installed module first (registers the pytree types a .pt2 names)")
     p.add_argument("--target", choices=TARGETS, default="trt")
+    p.add_argument("--task", choices=("text-generation-with-past", "text-generation"), default=None,
+                   help="causal-LM folders: with the KV cache as inputs / outputs (default; checked by greedy "
+                        "generation) or the plain input_ids -> logits graph (DESIGN §10)")
     p.add_argument("--opset", type=int, default=None)
     p.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default=None, help="cast the model and its float inputs")
     p.add_argument("--weights", metavar="FILE", help="state dict for a module:callable MODEL (loaded with weights_only=True)")
@@ -71,7 +74,11 @@ def run(args) -> int:
     if args.report:
         io.check_writable(args.report, "--report")
     loaded = load.load(args.model, trust_pickle=args.trust_pickle, weights=args.weights, imports=args.imports)
-    job = load.call_for(loaded, args.model, args.input, args.dynamic, args.dtype, args.module)
+    task, loaded, input_args = llm.resolve(loaded, getattr(args, "task", None), args.module, args.input)
+    if task is not None:  # DESIGN §10: the first line says which graph a causal LM exports
+        print(f"task {task}" + (" (default for causal-LM folders; --task text-generation for input_ids -> logits)"
+                                if getattr(args, "task", None) is None and task == llm.WITH_PAST else ""))
+    job = load.call_for(loaded, args.model, input_args, args.dynamic, args.dtype, args.module)
     module, inputs, names, dynamic = job.module, job.inputs, job.names, job.dynamic
     outputs = run_eager(module, inputs)
     output_names = loaded.output_names if loaded.output_names and not args.module else call.output_names(outputs)
@@ -84,6 +91,8 @@ def run(args) -> int:
         model_ir = convert_module_ir(module, inputs, target=args.target, opset=opset, input_names=names,
                                      output_names=output_names, dynamic_axes=dynamic, report=sections,
                                      auto_dynamic=bool(args.module))
+        if task == llm.WITH_PAST:
+            llm.name_dims(model_ir, module.layout.layers)
         nbytes = weight_bytes(model_ir)
         # small: one protobuf for the checker and the parity check; large: the onnx-ir model is
         # streamed to disk and checked there by path (DESIGN §8: never one protobuf)
@@ -125,6 +134,15 @@ def run(args) -> int:
               f"{PARITY_LIMIT / 2**30:.0f} GiB); for the whole model run "
               f"`normexport check {out.name} --reference {args.model}`")
         report["parity"] = f"not run: {nbytes / 2**30:.2f} GiB of weights"
+    elif not args.no_check and task == llm.WITH_PAST:  # DESIGN §10: verified by greedy generation
+        from .parity.generate import check_generation
+
+        result = check_generation(model, module, command="convert", plain_export=lambda: convert_module(
+            module, inputs, target="onnx", opset=opset, input_names=names, output_names=output_names,
+            dynamic_axes=dynamic, fold_bn=False, swap_norms=False, rewrite=False))
+        print(result.table())
+        report = result.to_dict()
+        passed = result.passed
     elif not args.no_check:
         result = check(model, module, inputs, dynamic_axes=dynamic, command="convert",
                        plain_export=lambda: convert_module(  # DESIGN §7: the plain export, built on demand

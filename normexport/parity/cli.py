@@ -30,6 +30,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--atol", type=float, default=None, help="absolute tolerance; default per dtype, DESIGN §7")
     p.add_argument("--extra-shapes", type=int, default=2, metavar="N", help="extra shapes to check along dynamic axes (default 2)")
     p.add_argument("--json", metavar="FILE", help="write the JSON report")
+    p.add_argument("--tokens", type=int, default=16, metavar="N",
+                   help="a file with a KV cache (past_key_values.* inputs): greedy tokens to generate (default 16); "
+                        "--input input_ids:BxS sets the prompt's batch and length (default 1x8)")
     p.add_argument("--weights", metavar="FILE", help="state dict for a module:callable reference (weights_only=True)")
     p.add_argument("--trust-pickle", action="store_true", help="allow unpickling a pickled nn.Module reference")
     p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
@@ -61,6 +64,10 @@ def run(args) -> int:
     if args.plugin and not os.path.isfile(args.plugin):
         raise UsageError(f"plugin library not found: '{args.plugin}': check the --plugin path")
     source = _ModelSource(args.onnx_model)  # UsageError for a missing / corrupt file, before loading torch models
+    from .generate import is_with_past
+
+    if is_with_past(source.proto):  # DESIGN §10: checked by greedy generation
+        return _run_generation(args, source)
     graph_inputs = _graph_inputs(source.proto)
     onnx_names = [i.name for i in graph_inputs]
     dynamic_given = [parse_dynamic(d) for d in args.dynamic]
@@ -96,6 +103,50 @@ def run(args) -> int:
     report.sizes = chosen.how
     if dtype:
         report.dtype_source = "--dtype"
+    print(report.table())
+    if args.json:
+        report.write_json(args.json)
+        print(f"wrote {args.json}")
+    return 0 if report.passed else 1
+
+
+def _run_generation(args, source) -> int:
+    """`check` of a file with a KV cache: greedy generation step by step (parity/generate.py). The
+    reference is loaded inside the check and released before onnxruntime loads the file."""
+    from ..llm import CacheLM, causal_lm
+    from ..load import load as load_reference
+    from ..load.inputs import parse_input
+    from .generate import DEFAULT_BATCH, DEFAULT_PROMPT, check_generation
+
+    if args.tokens < 1:
+        raise UsageError(f"--tokens must be >= 1, got {args.tokens}")
+    if args.backend not in ("ort", "ort-cuda"):
+        raise UsageError(f"'{args.onnx_model}' takes a KV cache: its generation check runs in onnxruntime "
+                         f"(--backend ort or ort-cuda), not {args.backend}")
+    batch, length = DEFAULT_BATCH, DEFAULT_PROMPT
+    for text in args.input:
+        spec = parse_input(text)
+        if spec.name != "input_ids" or len(spec.dims) != 2 or min(spec.dims) < 1:
+            raise UsageError(f"--input {text}: a file with a KV cache takes --input input_ids:BxS (the prompt) only")
+        batch, length = spec.dims
+    if args.dtype:
+        raise UsageError("--dtype: a file with a KV cache is checked in the dtype of its cache inputs; leave --dtype out")
+
+    def reference():
+        loaded = load_reference(args.reference, trust_pickle=args.trust_pickle, weights=args.weights,
+                                imports=getattr(args, "imports", ()))
+        model = causal_lm(loaded)
+        if model is None:
+            raise UsageError(f"'{args.onnx_model}' takes a KV cache but '{args.reference}' is not a transformers "
+                             "causal-LM folder: pass the folder it was converted from")
+        return CacheLM(model)
+
+    try:
+        report = check_generation(source.proto if source.path is None else source.path, reference, tokens=args.tokens,
+                                  batch=batch, prompt_length=length, rtol=args.rtol, atol=args.atol,
+                                  backend=args.backend, command="check", plain_export=True)
+    finally:
+        source.close()
     print(report.table())
     if args.json:
         report.write_json(args.json)

@@ -3,6 +3,11 @@
 opt: sizes the model runs at (normexport.sizes: its static dims, then common sizes it accepts in
 onnxruntime). min: 1 for batch and sequence-like dims, opt for the spatial dims of rank-4/5 inputs
 (image models often take only multiples of some stride). max: 4 x opt. `--shapes` overrides any input.
+
+A file with a KV cache (DESIGN §10: inputs input_ids, attention_mask, position_ids,
+past_key_values.*, dims named batch / sequence / past_sequence / total_sequence) gets one profile
+that serves prefill and decode: LLM_DIMS per named dim (total_sequence = past_sequence + sequence),
+and `--shapes` takes a dim name as well as an input name (`--shapes past_sequence:0/512/4096`).
 """
 
 from __future__ import annotations
@@ -46,8 +51,66 @@ def dynamic_inputs(model: onnx.ModelProto) -> dict[str, list[int | None]]:
     return out
 
 
+#: (min, opt, max) per named dim of a file with a KV cache: decode (sequence 1) through prefill of up
+#: to 512 tokens, an empty past (prefill) through 1024 cached positions, batch 1 to 4
+LLM_DIMS = {"batch": (1, 1, 4), "sequence": (1, 16, 512), "past_sequence": (0, 128, 1024)}
+
+
+def is_with_past(model: onnx.ModelProto) -> bool:
+    names = {i.name for i in sizes.real_inputs(model)}
+    return "input_ids" in names and "past_key_values.0.key" in names
+
+
+def llm_profiles(model: onnx.ModelProto, given: dict) -> tuple[dict, str]:
+    """Profiles of a file with a KV cache over its named dims (module docstring); `given` entries
+    name a dim (rank-1 MIN/OPT/MAX) or an input."""
+    dims = dict(LLM_DIMS)
+    names = [i.name for i in sizes.real_inputs(model)]
+    for name, (lo, opt, hi) in given.items():
+        if name in dims:
+            if len(lo) != 1:
+                raise UsageError(f"--shapes {name}: give one size per MIN/OPT/MAX for a dim, e.g. {name}:1/16/512")
+            dims[name] = (lo[0], opt[0], hi[0])
+        elif name not in names:
+            raise UsageError(f"--shapes names '{name}', which is neither an input nor a dim of the model: inputs are "
+                             f"{', '.join(names[:4])}, ...; dims {', '.join(LLM_DIMS)}")
+    if dims["sequence"][0] < 1 or dims["batch"][0] < 1:
+        raise UsageError("--shapes batch / sequence: MIN must be >= 1")
+    dims["total_sequence"] = tuple(p + s for p, s in zip(dims["past_sequence"], dims["sequence"]))
+    out = {}
+    for inp in sizes.real_inputs(model):
+        if inp.name in given:
+            continue
+        if inp.dims and all(isinstance(d, int) for d in inp.dims):
+            continue
+        lo, opt, hi = [], [], []
+        for d in inp.dims or []:
+            if isinstance(d, int):
+                v = (d, d, d)
+            elif d in dims:
+                v = dims[d]
+            else:
+                raise UsageError(f"input '{inp.name}' has a dim '{d}' that is not one of {', '.join(dims)}: give its "
+                                 f"profile with --shapes {inp.name}:MIN/OPT/MAX")
+            lo.append(v[0]), opt.append(v[1]), hi.append(v[2])
+        out[inp.name] = (tuple(lo), tuple(opt), tuple(hi))
+    checked, _ = _plain_profiles(model, {n: given[n] for n in given if n in names}, allow_missing=True)
+    out.update(checked)
+    told = [n for n in given if n in LLM_DIMS]
+    how = ("a file with a KV cache: " + ", ".join(f"{k} {'/'.join(map(str, v))}" for k, v in dims.items())
+           + " (min/opt/max; " + (f"--shapes for {', '.join(told)}, " if told else "")
+           + "defaults normexport.trt.profiles.LLM_DIMS)")
+    return {n: out[n] for n in names if n in out}, how
+
+
 def profiles_for(model: onnx.ModelProto, given: dict[str, tuple[tuple[int, ...], ...]]) -> tuple[dict, str]:
     """({input: (min, opt, max)} for every dynamic input, how the sizes were chosen)."""
+    if is_with_past(model):
+        return llm_profiles(model, given)
+    return _plain_profiles(model, given)
+
+
+def _plain_profiles(model: onnx.ModelProto, given: dict, allow_missing: bool = False) -> tuple[dict, str]:
     dynamic = dynamic_inputs(model)
     names = [i.name for i in sizes.real_inputs(model)]
     for name, (lo, opt, hi) in given.items():
@@ -60,6 +123,8 @@ def profiles_for(model: onnx.ModelProto, given: dict[str, tuple[tuple[int, ...],
             if d is not None and not lo[axis] == opt[axis] == hi[axis] == d:
                 raise UsageError(f"--shapes {name}: dim {axis} of '{name}' is fixed at {d}: give {d} there")
     todo = [n for n in dynamic if n not in given]
+    if allow_missing:  # the caller sizes the others
+        return {n: given[n] for n in given}, "--shapes"
     if not todo:
         return {n: given[n] for n in dynamic}, "--shapes" if dynamic else "static shapes"
     try:

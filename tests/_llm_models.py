@@ -1,0 +1,45 @@
+"""Tiny causal-LM folders of real transformers classes (random weights, save_pretrained) for the
+KV-cache tests: grouped-query attention everywhere (fewer KV heads than query heads), Qwen 3's
+q/k norms, Gemma 3's sliding window + sandwich norms, Mistral's sliding window, a MoE."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+COMMON = dict(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, max_position_embeddings=128)
+
+
+def config(family: str):
+    import transformers as t
+
+    if family == "llama":
+        return t.LlamaForCausalLM, t.LlamaConfig(**COMMON)
+    if family == "qwen3":
+        return t.Qwen3ForCausalLM, t.Qwen3Config(**COMMON, head_dim=8)
+    if family == "gemma3":  # layer 0 sliding (window 4 < prompt + 16 tokens), layer 1 global
+        return t.Gemma3ForCausalLM, t.Gemma3TextConfig(**COMMON, head_dim=8, sliding_window=4,
+                                                       layer_types=["sliding_attention", "full_attention"])
+    if family == "mistral":
+        return t.MistralForCausalLM, t.MistralConfig(**COMMON, sliding_window=4)
+    if family == "qwen3_moe":
+        return t.Qwen3MoeForCausalLM, t.Qwen3MoeConfig(**COMMON, head_dim=8, num_experts=4, num_experts_per_tok=2,
+                                                       moe_intermediate_size=32, decoder_sparse_step=1)
+    raise KeyError(family)
+
+
+def make_folder(family: str, root: Path, seed: int = 0) -> Path:
+    """save_pretrained folder of a tiny `family` model with random weights (norm scales random too:
+    a Gemma (1 + w) scale of zeros would hide the fold)."""
+    cls, cfg = config(family)
+    torch.manual_seed(seed)
+    model = cls(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(torch.randn_like(p) * 0.3 + (0.0 if family == "gemma3" else 1.0))
+    out = root / family
+    model.save_pretrained(out)
+    return out

@@ -1,0 +1,108 @@
+"""`normexport check` of a file with a KV cache: greedy generation step by step (DESIGN §10,
+normexport/parity/generate.py). A tiny LLaMA (grouped-query attention) converted with `--target ort
+--no-check`, then:
+
+- check passes, with a row for prefill and each decode step, in the table and the JSON;
+- planted cache bugs in the runtime loop make it FAIL: the past fed back off by one position (the
+  oldest position lost, the newest repeated), and decode position_ids off by one;
+- bad input is one line and exit 2.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE))
+import _llm_models  # noqa: E402
+
+from normexport.parity import generate  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory):
+    from normexport.cli import main
+
+    root = tmp_path_factory.mktemp("gen")
+    folder = _llm_models.make_folder("llama", root)
+    out = root / "llama.onnx"
+    assert main(["convert", str(folder), "-o", str(out), "--target", "ort", "--no-check"]) == 0
+    return folder, out
+
+
+def test_check_generates(converted, cli, tmp_path):
+    folder, out = converted
+    code, stdout, err = cli("check", out, "--reference", folder, "--tokens", 5, "--input", "input_ids:2x6",
+                            "--json", tmp_path / "r.json")
+    assert code == 0, stdout + err
+    lines = stdout.splitlines()
+    assert lines[0].startswith(f"generation check: {out} vs LlamaForCausalLM: 5 greedy tokens, batch 2, prompt 6")
+    rows = [ln.split()[0] + (" " + ln.split()[1] if ln.startswith("decode") else "") for ln in lines[2:7]]
+    assert rows == ["prefill", "decode 1", "decode 2", "decode 3", "decode 4"]
+    assert "transformers' generate (its own cache) gives eager's tokens at 5/5 steps" in stdout
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["check"] == "generation" and report["passed"] and report["batch"] == 2
+    assert [s["past"] for s in report["steps"]] == [0, 6, 7, 8, 9]
+    assert [s["sequence"] for s in report["steps"]] == [6, 1, 1, 1, 1]
+    assert all(s["tokens_must_match"] and s["runtime_tokens"] == s["eager_tokens"] for s in report["steps"])
+    assert report["fp64_reference"]["available"]
+
+
+def _plant(monkeypatch, feed):
+    """The checked file's runtime gets `feed(inputs)` at each decode step (a planted bug); the plain
+    export (run second, when a row asks for it) is left correct."""
+    original = generate._run_loop
+    calls = []
+
+    def planted(run, proto, path, n, dtype):
+        calls.append(1)
+        if len(calls) > 1:
+            return original(run, proto, path, n, dtype)
+
+        def bad_run(inputs):
+            return run(feed(list(inputs)) if inputs[3].shape[2] > 0 else inputs)
+
+        return original(bad_run, proto, path, n, dtype)
+
+    monkeypatch.setattr(generate, "_run_loop", planted)
+
+
+def _shift_past(out):
+    """past fed back off by one position: the oldest position lost, the newest repeated."""
+    return out[:3] + [torch.cat([t[:, :, 1:], t[:, :, -1:]], dim=2) for t in out[3:]]
+
+
+def _positions_off(out):
+    return out[:2] + [out[2] + 1] + out[3:]
+
+
+@pytest.mark.parametrize("bug", [_shift_past, _positions_off], ids=["past-shifted", "positions-off-by-one"])
+def test_planted_cache_bug_fails(converted, cli, monkeypatch, bug):
+    folder, out = converted
+    _plant(monkeypatch, bug)
+    code, stdout, err = cli("check", out, "--reference", folder, "--tokens", 4)
+    assert code == 1, stdout + err
+    lines = {ln.split()[0] + (" " + ln.split()[1] if ln.startswith("decode") else ""): ln for ln in stdout.splitlines()
+             if ln.startswith(("prefill", "decode"))}
+    assert lines["prefill"].rstrip().endswith("PASS")  # no past at prefill: nothing to feed wrong
+    assert lines["decode 1"].rstrip().endswith("FAIL")
+    assert "FAIL decode 1 logits: max_abs_err" in stdout
+    assert stdout.splitlines()[-1].startswith("FAILED")
+
+
+def test_bad_input(converted, cli, tmp_path):
+    folder, out = converted
+    for argv, words in (
+        (("--tokens", 0), "--tokens must be >= 1"),
+        (("--backend", "trt"), "runs in onnxruntime"),
+        (("--input", "attention_mask:1x8"), "takes --input input_ids:BxS"),
+    ):
+        code, stdout, err = cli("check", out, "--reference", folder, *argv)
+        assert code == 2 and words in err and len(err.strip().splitlines()) == 1, (argv, err)
+    code, stdout, err = cli("check", out, "--reference", "tests._cli_models:rms_block")
+    assert code == 2 and "is not a transformers causal-LM folder" in err
