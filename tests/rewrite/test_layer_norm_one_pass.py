@@ -213,3 +213,26 @@ def test_a_planted_epsilon_is_rejected_by_local_verification(monkeypatch):
     out, rep = _fuse(model)
     assert G.count(out, "LayerNormalization") == 0, rep.summary()
     assert rep.rules["layer_norm_one_pass_scale_bias"].rejected[0]["reason"].startswith("local verification")
+
+
+@pytest.mark.parametrize("form", ["keras", "flax_shared_sub", "flax_second_sub"])
+def test_two_pass_variance_in_these_output_forms(form):
+    """tf.nn.moments' variance, mean((x − mean)²) (Keras; Flax with use_fast_variance=False), with
+    the outputs above: x·a + (bias − mean·a), or (x − mean)·a + bias with the Sub shared with the
+    variance or written twice."""
+    t = TF2ONNX(13, [2, 5, 16])
+    rng = np.random.default_rng(1)
+    w = (rng.standard_normal(16) * 0.5 + 1.3).astype(np.float32)
+    b = (rng.standard_normal(16) * 0.3).astype(np.float32)
+    mean = t.reduce_mean("x", [-1])
+    d = t.n("Sub", "x", mean)
+    var = t.reduce_mean(t.n("Mul", d, d), [-1])
+    a = t.n("Mul", t.n("Reciprocal", t.n("Sqrt", t.n("Add", var, t.c(np.float32(EPS))))), t.c(w))
+    if form == "keras":
+        y = t.n("Add", t.n("Mul", "x", a), t.n("Sub", t.c(b), t.n("Mul", mean, a)))
+    else:
+        y = t.n("Add", t.n("Mul", d if form == "flax_shared_sub" else t.n("Sub", "x", mean), a), t.c(b))
+    out, rep = _fuse(t.model(y))
+    assert G.op_types(out) == ["LayerNormalization"], rep.summary()
+    x = mixed_rows((2, 5, 16))
+    G.assert_close(G.run(out, x=x)[0], ln64(x, w, b, EPS, -1), "fused vs float64 LayerNorm")

@@ -4,6 +4,7 @@ How tf2onnx writes Flax / Keras / JAX LayerNorms (var = E[x²] − E[x]², Flax'
     mean = ReduceSum(x, axes) · (1/n)  | (1/n) · ReduceSum | ReduceSum / n | ReduceMean(x, axes)
     msq  = the same of x² (Mul(x, x) | Pow(x, 2)), over the same axes
     var  = msq − mean² (Mul(mean, mean) | Pow(mean, 2)), optionally Max(var, 0) (either order)
+         | the mean of (x − mean)² (tf.nn.moments: Keras, Flax without fast variance)
     v    = var + eps (either order), eps a constant scalar
     r    = Reciprocal(Sqrt(v)) | Div(1, Sqrt(v)) | Pow(v, -0.5)      (Rsqrt as tf2onnx spells it)
     a    = r · scale (either order) | r                               (Flax: mul = rsqrt(v) * scale)
@@ -62,7 +63,9 @@ class OnePassLayerNormFusion(pattern.RewriteRuleClassBase):
         mean = _mean(op, x, 1)
         msq = _mean(op, c.square(op, x), 2)
         var = op.Sub(msq, c.square(op, mean), _outputs=["var"])
-        var = pattern.OrValue([op.Max(var, zero), op.Max(zero, var), var], tag_var="clamp", tag_values=[True, True, False])
+        two_pass = _mean(op, c.square(op, op.Sub(x, mean)), 3)  # tf.nn.moments: mean of SquaredDifference(x, mean)
+        var = pattern.OrValue([op.Max(var, zero), op.Max(zero, var), var, two_pass], tag_var="clamp",
+                              tag_values=[True, True, False, False])
         v = c.plus(op, var, eps)
         r = pattern.OrValue([op.Reciprocal(op.Sqrt(v)), op.Div(1.0, op.Sqrt(v)), op.Pow(v, -0.5)])
         a = c.times(op, r, weight) if self._scaled else r
@@ -84,7 +87,7 @@ class OnePassLayerNormFusion(pattern.RewriteRuleClassBase):
             return r.fail("the variance is clamped with Max against something other than 0", zero)
         rank = c.rank_of(x)
         found = []
-        for i in (1, 2):
+        for i in (1, 2 if kw.get("mform2") else 3):
             form = kw.get(f"mform{i}")
             red = kw.get(f"red{i}_{form}")
             if red is None:
