@@ -146,6 +146,9 @@ def convert_module_ir(module, args: tuple, *, target: str = "trt", opset: int | 
             model = ir.serde.deserialize_model(proto)
         except Exception as e:
             second = cause_summary(e)
+            from .prepare.complex import not_lowered  # why complex values were left in the model (§9)
+
+            second += "".join(f"; {why}" for why in not_lowered(report.get("prepare")))
             if not dynamic_axes:
                 raise ExportError(f"torch.onnx cannot export the model: dynamo exporter: {first}; "
                                   f"TorchScript exporter: {second}") from None

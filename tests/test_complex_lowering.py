@@ -15,6 +15,7 @@ import torch
 from normexport.errors import ExportError
 from normexport.export import convert_module
 from normexport.prepare import complex as cx
+from normexport.prepare import complex_calls as cc
 
 
 def _c(*shape, seed=0):
@@ -234,15 +235,15 @@ def test_without_the_lowering_the_spellings_do_not_export(monkeypatch):
 def test_wrong_real_form_is_refused(monkeypatch):
     """A planted error in the real product (the sign of b*d) is caught by lower_complex's own
     comparison with the original: the model is returned unchanged, the report says why."""
-    real_mul = cx._binary
+    real_mul = cc._binary
 
     def wrong(name, x, y, alpha=None):
-        if name == "mul" and cx.is_complex_value(x) and cx.is_complex_value(y):
-            (a, b), (c, d) = cx._parts(x), cx._parts(y)
-            return cx._join(a * c + b * d, a * d + b * c)
+        if name == "mul" and cc.is_complex_value(x) and cc.is_complex_value(y):
+            (a, b), (c, d) = cc._parts(x), cc._parts(y)
+            return cc._join(a * c + b * d, a * d + b * c)
         return real_mul(name, x, y, alpha)
 
-    monkeypatch.setattr(cx, "_binary", wrong)
+    monkeypatch.setattr(cc, "_binary", wrong)
     model, report = PolarRoPE().eval(), []
     assert cx.lower_complex(model, (torch.randn(2, 5, 8),), report) is model
     assert [e["action"] for e in report] == ["note"] and report[0]["max_rel_err"] > 1e-5, report
