@@ -154,7 +154,9 @@ def check_external_data(path: str | os.PathLike, model: onnx.ModelProto | None =
     """Refuse (UsageError, one line) an ONNX file whose external data lies outside its own folder —
     an absolute location, one that climbs out with '..', or a symlink in the folder that points out —
     however the file's path is spelled (a bare name in the current folder included): reading it would
-    copy any file the user can read into the outputs. Also refuse data files shorter than their
+    copy any file the user can read into the outputs (as onnx.load and onnx_ir refuse them too: a
+    Hugging Face cache snapshot, whose files link into ../../blobs, is read after `cp -L` of its
+    folder). Also refuse data files shorter than their
     tensors need (a truncated download is bad input, said so). `model`: the file's proto without
     its external data, when the caller has it (else it is read, weights left on disk)."""
     path = Path(path)
@@ -177,7 +179,8 @@ def check_external_data(path: str | os.PathLike, model: onnx.ModelProto | None =
         target = os.path.realpath(os.path.join(folder, loc))
         if os.path.commonpath([target, real_folder]) != real_folder:
             raise UsageError(f"'{path}': tensor '{t.name}' keeps its data at '{loc}', which leads outside the model's "
-                             f"folder ('{target}'): refusing to read it (external data must lie beside the model)")
+                             f"folder ('{target}'): refusing to read it (external data must lie beside the model: "
+                             "copy the folder with `cp -L` if its files are links)")
         if target not in sizes:
             try:
                 sizes[target] = os.stat(target).st_size

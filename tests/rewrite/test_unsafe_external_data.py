@@ -146,3 +146,23 @@ def test_outputs_honour_the_umask(tree, mask, capfd, monkeypatch):
     want = 0o666 & ~mask
     for f in ("out.onnx", "out.onnx.data", "r.json", "c.json"):
         assert stat.S_IMODE((tmp / f).stat().st_mode) == want, (f, oct((tmp / f).stat().st_mode))
+
+
+def test_hugging_face_cache_layout_is_one_line_with_the_fix(tmp_path, capfd):
+    """snapshots/<rev>/model.onnx and model.onnx.data link into ../../blobs (how hf_hub_download
+    stores files): the data leaves the folder as a link, like the hostile case (onnx.load and
+    onnx_ir refuse it too): one line naming the fix, not an internal error; after `cp -L` it reads."""
+    import shutil
+
+    blobs, snap = tmp_path / "blobs", tmp_path / "snapshots" / "rev"
+    blobs.mkdir()
+    snap.mkdir(parents=True)
+    np.arange(64, dtype=np.float32).tofile(blobs / "sha2")
+    _model(blobs, "sha1", "model.onnx.data")
+    os.symlink("../../blobs/sha1", snap / "model.onnx")
+    os.symlink("../../blobs/sha2", snap / "model.onnx.data")
+    rc, out, err = _run(["rewrite", snap / "model.onnx", "-o", tmp_path / "out.onnx"], capfd)
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and "cp -L" in err, (out, err)
+    shutil.copytree(snap, tmp_path / "copy", symlinks=False)  # what cp -L does
+    rc, out, err = _run(["rewrite", tmp_path / "copy" / "model.onnx", "-o", tmp_path / "out.onnx"], capfd)
+    assert rc == 0, (out, err)
