@@ -7,6 +7,7 @@ Python API (imported lazily):
     normexport.convert_module(module, args, target="trt") -> onnx.ModelProto
     normexport.rewrite(model_proto, target="trt")         -> onnx.ModelProto
     normexport.check(onnx_model, module, inputs)          -> CheckReport
+    with normexport.capture(module, "inputs.pt"): ...      records module's first call for --inputs
 """
 
 import importlib
@@ -20,6 +21,7 @@ _API = {
     "convert_module": ("normexport.export", "convert_module"),
     "rewrite": ("normexport.rewriter", "rewrite"),
     "check": ("normexport.parity", "check"),
+    "capture": ("normexport.capture", None),  # callable module (normexport/capture.py)
 }
 
 

@@ -20,6 +20,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "package.module:callable | a save_pretrained folder (transformers, diffusers)")
     p.add_argument("-o", "--output", metavar="OUT.onnx", help="default: MODEL's stem + .onnx beside it")
     p.add_argument("--input", action="append", default=[], metavar="NAME:DIMS[:DTYPE]", help="e.g. x:2x16x64 (positional, forward order)")
+    p.add_argument("--inputs", metavar="FILE", help="example inputs: a torch.save'd (args, kwargs) of one call, e.g. "
+                   "recorded with `with normexport.capture(model, FILE): pipeline(...)` (loaded with weights_only=True)")
     p.add_argument("--dynamic", action="append", default=[], metavar="NAME:AXES", help="dynamic axes of input NAME, e.g. x:0,1")
     p.add_argument("--module", metavar="NAME", help="export only this submodule (e.g. model.layers.0), with the inputs "
                    "it receives in a forward of the whole model")
@@ -78,7 +80,8 @@ def run(args) -> int:
     if task is not None:  # DESIGN §10: the first line says which graph a causal LM exports
         print(f"task {task}" + (" (default for causal-LM folders; --task text-generation for input_ids -> logits)"
                                 if getattr(args, "task", None) is None and task == llm.WITH_PAST else ""))
-    job = load.call_for(loaded, args.model, input_args, args.dynamic, args.dtype, args.module)
+    job = load.call_for(loaded, args.model, input_args, args.dynamic, args.dtype, args.module,
+                        inputs_file=getattr(args, "inputs", None))
     module, inputs, names, dynamic = job.module, job.inputs, job.names, job.dynamic
     outputs = run_eager(module, inputs)
     output_names = loaded.output_names if loaded.output_names and not args.module else call.output_names(outputs)
@@ -87,20 +90,43 @@ def run(args) -> int:
     if opset is None and (args.dtype == "bfloat16" or _has_bf16(module, inputs)):
         opset = BF16_OPSET  # Conv, MatMul, Gemm, ... take bfloat16 from opset 22 on
     sections: dict = {}
+    checked: list = []  # (model_ir, proto, parity result, kept axes) of the files the exporter ladder made
+
+    def accept(model_ir, kept):
+        """DESIGN §9: the exporter ladder keeps the first file whose parity passes."""
+        if weight_bytes(model_ir) > PARITY_LIMIT:
+            return True  # checked by path once written; parity is not run here
+        proto = ir.serde.serialize_model(model_ir)
+        io.check_onnx(proto, workdir=out.parent)
+        result = check(proto, module, inputs, dynamic_axes=kept, command="convert",
+                       plain_export=lambda: convert_module(  # DESIGN §7: the plain export, built on demand
+                           module, inputs, target="onnx", opset=opset, input_names=names,
+                           output_names=loaded.output_names, dynamic_axes=kept,
+                           fold_bn=False, swap_norms=False, rewrite=False))
+        checked.append((model_ir, proto, result, kept))
+        del checked[1:-1]  # the first file (shown when none passes) and the last
+        return result.passed
+
+    ladder_check = not args.no_check and task != llm.WITH_PAST
     try:
         model_ir = convert_module_ir(module, inputs, target=args.target, opset=opset, input_names=names,
                                      output_names=output_names, dynamic_axes=dynamic, report=sections,
-                                     auto_dynamic=bool(args.module))
+                                     auto_dynamic=bool(args.module), accept=accept if ladder_check else None)
+        hit = next((c for c in checked if c[0] is model_ir), None)
+        checked.clear()
         if task == llm.WITH_PAST:
             llm.name_dims(model_ir, module.layout.layers)
         nbytes = weight_bytes(model_ir)
         # small: one protobuf for the checker and the parity check; large: the onnx-ir model is
         # streamed to disk and checked there by path (DESIGN §8: never one protobuf)
-        model = ir.serde.serialize_model(model_ir) if nbytes <= PARITY_LIMIT else None
-        if model is not None:
-            io.check_onnx(model, workdir=out.parent)
-        if args.module:  # the axes torch.export kept dynamic
-            dynamic = onnx_dynamic_axes(model if model is not None else interface(model_ir))
+        if hit is not None:
+            model = hit[1]
+        else:
+            model = ir.serde.serialize_model(model_ir) if nbytes <= PARITY_LIMIT else None
+            if model is not None:
+                io.check_onnx(model, workdir=out.parent)
+        # the axes the file keeps dynamic (--module: those torch.export kept; DESIGN §9: a lower rung)
+        dynamic = onnx_dynamic_axes(model if model is not None else interface(model_ir))
     except (UsageError, ExportError):
         raise
     except Exception as e:
@@ -112,17 +138,10 @@ def run(args) -> int:
 
     counts = op_counts(model if model is not None else model_ir)
     what = f"{args.model} --module {args.module}" if args.module else args.model
-    exporter = sections.get("exporter", {}).get("name", "dynamo")
-    print(f"exported {what} -> {out.name} (target {args.target}, {exporter} exporter): " + _fused_summary(counts))
-    if sections.get("exporter", {}).get("static"):
-        ex = sections["exporter"]
-        shapes = ", ".join(f"{n}: {'x'.join(map(str, t.shape))}" for n, t in zip(names, inputs) if n in (dynamic or {}))
-        print(f"  STATIC SHAPES: no exporter kept the dynamic axes (dynamo: {ex['dynamic_error']}; TorchScript: "
-              f"{ex['torchscript_error']}): the file is fixed to {shapes}; export one file per size with --input")
-        dynamic = {}
-    if exporter != "dynamo":
-        print(f"  the dynamo exporter failed ({sections['exporter']['dynamo_error']}): used the TorchScript-based "
-              f"exporter (opset {sections['exporter']['opset']}); the rewriter fused its norms")
+    ex = sections.get("exporter", {})
+    print(f"exported {what} -> {out.name} (target {args.target}, {_rung_text(ex)}): " + _fused_summary(counts))
+    for line in _exporter_lines(ex, names, inputs):
+        print(line)
     for line in _rewrite_lines(sections.get("rewrite")):
         print(line)
     for note in getattr(loaded, "notes", ()):  # e.g. sizes the forward fixes (normexport.load)
@@ -140,6 +159,11 @@ def run(args) -> int:
         result = check_generation(model, module, command="convert", plain_export=lambda: convert_module(
             module, inputs, target="onnx", opset=opset, input_names=names, output_names=output_names,
             dynamic_axes=dynamic, fold_bn=False, swap_norms=False, rewrite=False))
+        print(result.table())
+        report = result.to_dict()
+        passed = result.passed
+    elif not args.no_check and hit is not None:  # checked on the exporter ladder
+        result = hit[2]
         print(result.table())
         report = result.to_dict()
         passed = result.passed
@@ -171,6 +195,35 @@ def run(args) -> int:
             raise
     print(f"wrote {out}")
     return 0
+
+
+def _rung_text(ex: dict) -> str:
+    """The exporter ladder's rung that wrote the file (DESIGN §9), for the first output line."""
+    rung = ex.get("rung", "dynamic")
+    axes = ", ".join(f"{n}:{','.join(map(str, a))}" for n, a in (ex.get("static_axes") or {}).items())
+    return {"dynamic": "dynamo exporter", "static axes": f"dynamo exporter, static axes {axes}",
+            "static": "dynamo exporter, static shapes", "torchscript": "torchscript exporter",
+            "torchscript static": "torchscript exporter, static shapes"}.get(rung, f"{ex.get('name')} exporter")
+
+
+def _exporter_lines(ex: dict, names, inputs) -> list[str]:
+    """Why the file came from a lower rung of the exporter ladder, and what it fixes (DESIGN §9)."""
+    lines = []
+    tried = ex.get("attempts") or []
+    why = "; ".join(f"{a['rung']}: " + (a.get("error") or ("parity failed" if a.get("parity") else a.get("skipped", "")))
+                    for a in tried)
+    if ex.get("parity_failed"):
+        lines.append(f"  no rung of the exporter ladder passed parity ({why}): the first file is shown")
+    static = ex.get("static_axes") or {}
+    if static:
+        axes = ", ".join(f"{n}:{','.join(map(str, a))}" for n, a in static.items())
+        shapes = ", ".join(f"{n}: {'x'.join(map(str, t.shape))}" for n, t in zip(names, inputs) if n in static)
+        lines.append(f"  STATIC SHAPES: no exporter kept the dynamic axes {axes} ({why}): the file is fixed to "
+                     f"{shapes}; export one file per size with --input")
+    if ex.get("name") == "torchscript":
+        lines.append(f"  the dynamo exporter failed ({ex.get('dynamo_error')}): used the TorchScript-based exporter "
+                     f"(opset {ex.get('opset')}); the rewriter fused its norms")
+    return lines
 
 
 def _has_bf16(module, inputs) -> bool:

@@ -67,16 +67,22 @@ def convert_module_ir(module, args: tuple, *, target: str = "trt", opset: int | 
                       input_names: list[str] | None = None, output_names: list[str] | None = None,
                       dynamic_axes: dict[str, list[int]] | None = None,
                       report: dict | None = None, fold_bn: bool = True, swap_norms: bool = True,
-                      rewrite: bool = True, verify: bool = True, auto_dynamic: bool = False):
+                      rewrite: bool = True, verify: bool = True, auto_dynamic: bool = False, accept=None):
     """Export `module` called with `args` to ONNX for `target` (DESIGN §3), as an onnx_ir model
     whose initializers are the module's own tensors (no copy of the weights; DESIGN §8).
 
-    torch.onnx's dynamo exporter first; when it raises, or writes a file that fails the ONNX
-    checker or cannot run in onnxruntime, the TorchScript-based exporter (dynamo=False) on the
-    module before the norm swaps, and the rewriter fuses what that left decomposed.
+    The exporter ladder (DESIGN §9, LADDER): torch.onnx's dynamo exporter with `dynamic_axes`;
+    then with the axes it cannot keep made static (torch.export's Dim.AUTO: the file's symbolic
+    dims say which stayed); then with static shapes; then the TorchScript-based exporter
+    (dynamo=False, on the module before the norm swaps; the rewriter fuses what it left
+    decomposed) with the axes, then static. A rung whose export raises, or whose file fails the
+    ONNX checker or cannot run in onnxruntime, gives way to the next; given `accept(model,
+    kept_axes)` (convert: the parity check), so does a file it refuses; the first file accepted is
+    kept (when none is: the first file, with "parity_failed" in the report).
 
-    `report`, when given, receives the sections "fold_batchnorm", "prepare", "exporter"
-    ("dynamo" or "torchscript", with "dynamo_error" when the fallback ran) and "rewrite"."""
+    `report`, when given, receives the sections "fold_batchnorm", "prepare", "exporter" ("name":
+    "dynamo" | "torchscript", "rung", "static_axes" {input: [axes made static]}, "dynamo_error"
+    when the first rung was not kept, "attempts") and "rewrite"."""
     import onnx_ir as ir
 
     if target not in TARGETS:
@@ -88,6 +94,9 @@ def convert_module_ir(module, args: tuple, *, target: str = "trt", opset: int | 
     module = to_exportable(module, args)
     unswapped = module
     if isinstance(module, torch.nn.Module) and not isinstance(module, torch.fx.GraphModule):
+        from .prepare.implementations import exportable_implementations  # MoE experts, attention (§9)
+
+        module = exportable_implementations(module, args, report.setdefault("implementations", []), inplace=False)
         if fold_bn:
             from .prepare.fold_bn import fold_batchnorm
 
@@ -104,7 +113,7 @@ def convert_module_ir(module, args: tuple, *, target: str = "trt", opset: int | 
             from .prepare.swap import prepare
 
             report["prepare"] = complex_report
-            module = prepare(module, report["prepare"])
+            module = prepare(module, report["prepare"], example_inputs=args)
     elif isinstance(module, torch.fx.GraphModule):  # a .pt2's program: its complex ops lowered when re-traced
         from .prepare.complex import lower_complex
 
@@ -114,10 +123,10 @@ def convert_module_ir(module, args: tuple, *, target: str = "trt", opset: int | 
             report["prepare"] = complex_report
     names = list(input_names) if input_names else [f"input_{i}" for i in range(len(args))]
 
-    def dynamo(axes, fresh=False):
+    def dynamo(axes, fresh=False, auto=auto_dynamic):
         # fresh: clones of the inputs (torch.export leaves dynamic-dim marks on the tensors it traced)
         xs = tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args) if fresh else args
-        model = _torch_onnx_export(module, xs, names, output_names, axes, opset, auto_dynamic)
+        model = _torch_onnx_export(module, xs, names, output_names, axes, opset, auto)
         fixed = export_fixes.apply_all(model)  # exact: valid in every dtype, runnable in onnxruntime
         if fixed:
             report["export_fixes"] = fixed
@@ -127,48 +136,153 @@ def convert_module_ir(module, args: tuple, *, target: str = "trt", opset: int | 
         _validate_ir(model, args)
         return model
 
-    try:
-        model = dynamo(dynamic_axes)
-        report["exporter"] = {"name": "dynamo"}
-    except UsageError:
-        raise
-    except Exception as dynamo_error:
-        if "unsupported type: tensor(bfloat16)" in str(dynamo_error):
-            raise  # an op without a bfloat16 form at this opset: the opset is the fix, not another exporter
-        first = cause_summary(dynamo_error)
-        ts_opset = asked_opset or TORCHSCRIPT_OPSET
-        try:
-            proto = _torchscript_export(_traceable(unswapped), args, names, output_names, dynamic_axes, ts_opset)
-            ops.attach_functions(proto)
-            if target != "trt":
-                proto = inline_custom_ops(proto)
-            _validate(proto, args)
-            model = ir.serde.deserialize_model(proto)
-        except Exception as e:
-            second = cause_summary(e)
-            from .prepare.complex import not_lowered  # why complex values were left in the model (§9)
+    def torchscript(axes):
+        proto = _torchscript_export(_traceable(unswapped), args, names, output_names, axes, ts_opset)
+        ops.attach_functions(proto)
+        if target != "trt":
+            proto = inline_custom_ops(proto)
+        _validate(proto, args)
+        return ir.serde.deserialize_model(proto)
 
-            second += "".join(f"; {why}" for why in not_lowered(report.get("prepare")))
-            if not dynamic_axes:
-                raise ExportError(f"torch.onnx cannot export the model: dynamo exporter: {first}; "
-                                  f"TorchScript exporter: {second}") from None
-            try:  # last: the dynamo exporter at the example sizes (a file with static shapes, said so)
-                model = dynamo(None, fresh=True)
-            except Exception as e_static:
-                raise ExportError(f"torch.onnx cannot export the model: dynamo exporter: {first}; "
-                                  f"TorchScript exporter: {second}; dynamo exporter with static shapes: "
-                                  f"{cause_summary(e_static)}") from None
-            report["exporter"] = {"name": "dynamo", "static": True, "dynamic_error": first,
-                                  "torchscript_error": second}
-        else:
-            report["exporter"] = {"name": "torchscript", "opset": ts_opset, "dynamo_error": first}
-    if rewrite:
+    def finish(model):
+        if not rewrite:
+            return model, None
         from . import rewriter
 
         rw_report = rewriter.RewriteReport()
         model = rewriter.rewrite_ir(model, target=target, verify=verify, report=rw_report)
-        report["rewrite"] = rw_report.to_dict()
-    return model
+        return model, rw_report.to_dict()
+
+    ts_opset = asked_opset or TORCHSCRIPT_OPSET
+    wanted = {n: sorted(set(a)) for n, a in (dynamic_axes or {}).items() if a}
+    attempts: list[dict] = []
+    first_failed = None  # (model, exporter section) of the first file that exported but failed `accept`
+    for rung in LADDER:
+        if rung != "dynamic" and rung != "torchscript" and not wanted:
+            continue  # no dynamic axes: the first rung is already static
+        if rung == "static axes" and auto_dynamic:
+            continue  # the first rung already let torch.export make static what it could not keep
+        if rung == "static" and any(a.get("rung") == "static axes" and a.get("kept") == {} for a in attempts):
+            continue  # the previous rung already wrote a fully static file
+        if rung == "torchscript static" and not wanted:
+            continue
+        try:
+            if rung == "dynamic":
+                model = dynamo(dynamic_axes)
+            elif rung == "static axes":
+                keep = keepable_axes(module, args, names, wanted)
+                if keep == wanted:  # torch.export keeps them all: the first rung's file again
+                    attempts.append({"rung": rung, "skipped": "torch.export keeps every dynamic axis"})
+                    continue
+                model = dynamo(keep, fresh=True, auto=False)
+            elif rung == "static":
+                model = dynamo(None, fresh=True)
+            elif rung == "torchscript":
+                model = torchscript(dynamic_axes)
+            else:
+                model = torchscript(None)
+        except UsageError:
+            raise
+        except Exception as e:
+            if rung == "dynamic" and "unsupported type: tensor(bfloat16)" in str(e):
+                raise  # an op without a bfloat16 form at this opset: the opset is the fix, not another exporter
+            attempts.append({"rung": rung, "error": cause_summary(e)})
+            continue
+        kept = file_dynamic_axes(model)
+        static_axes = {n: [a for a in axes if a not in kept.get(n, [])] for n, axes in wanted.items()}
+        static_axes = {n: axes for n, axes in static_axes.items() if axes}
+        section = _exporter_section(rung, attempts, static_axes, ts_opset)
+        model, rw = finish(model)
+        if accept is None or accept(model, kept):
+            report["exporter"] = section
+            if rw is not None:
+                report["rewrite"] = rw
+            return model
+        attempts.append({"rung": rung, "parity": "failed", "kept": kept})
+        if first_failed is None:
+            first_failed = (model, section, rw)
+        else:
+            del model
+    if first_failed is not None:  # every file failed `accept`: the first (most dynamic) one, said so
+        report["exporter"] = {**first_failed[1], "parity_failed": True, "attempts": attempts}
+        if first_failed[2] is not None:
+            report["rewrite"] = first_failed[2]
+        return first_failed[0]
+    causes = "; ".join(f"{RUNG_TEXT[a['rung']]}: {a['error']}" for a in attempts if "error" in a)
+    from .prepare.complex import not_lowered  # why complex values were left in the model (§9)
+
+    causes += "".join(f"; {why}" for why in not_lowered(report.get("prepare")))
+    raise ExportError(f"torch.onnx cannot export the model: {causes}") from None
+
+
+#: the exporter ladder (DESIGN §9), in order: the first file that exports (and, given `accept`,
+#: passes it: convert's parity check) is kept
+LADDER = ("dynamic", "static axes", "static", "torchscript", "torchscript static")
+RUNG_TEXT = {"dynamic": "dynamo exporter", "static axes": "dynamo exporter with the axes it cannot keep static",
+             "static": "dynamo exporter with static shapes", "torchscript": "TorchScript exporter",
+             "torchscript static": "TorchScript exporter with static shapes"}
+
+
+def _exporter_section(rung: str, attempts: list[dict], static_axes: dict, ts_opset: int) -> dict:
+    """The report's "exporter" section: which rung wrote the file, which axes it made static and why
+    the rungs above it were not kept."""
+    name = "torchscript" if rung.startswith("torchscript") else "dynamo"
+    section: dict = {"name": name, "rung": rung, "static_axes": static_axes}
+    if static_axes:
+        section["static"] = True
+    if name == "torchscript":
+        section["opset"] = ts_opset
+    errors = [a for a in attempts if "error" in a]
+    dyn = next((a for a in attempts if a["rung"] == "dynamic"), None)
+    if dyn is not None:
+        section["dynamo_error"] = dyn.get("error") or "parity failed at other sizes"
+        section["dynamic_error"] = section["dynamo_error"]
+    ts = next((a for a in errors if a["rung"] == "torchscript"), None)
+    if ts is not None:
+        section["torchscript_error"] = ts["error"]
+    if attempts:
+        section["attempts"] = attempts
+    return section
+
+
+def keepable_axes(module, args: tuple, names: list[str], wanted: dict[str, list[int]]) -> dict[str, list[int]]:
+    """The axes of `wanted` torch.export keeps dynamic when it may make the others static
+    (Dim.AUTO): an axis the code specializes (Chroma's `torch.tensor([0] * batch)`) is static in the
+    program's inputs (a SymInt specialized to a number counts as static: torch.onnx's own capture
+    of Dim.AUTO wrote Chroma's batch symbolic in the file while the graph had baked it, a file
+    wrong at other sizes)."""
+    xs = tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args)
+    shapes = dynamic_shapes_for(xs, names, wanted, auto=True)
+    if isinstance(module, CallAdapter):
+        shapes = (shapes,)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        program = torch.export.export(module, xs, dynamic_shapes=shapes, strict=False)
+    from torch.export.graph_signature import InputKind
+    from torch.fx.experimental.symbolic_shapes import is_concrete_int  # a SymInt specialized to 2 is concrete
+
+    user = [s.arg.name for s in program.graph_signature.input_specs if s.kind == InputKind.USER_INPUT]
+    vals = {n.name: n.meta.get("val") for n in program.graph.nodes if n.op == "placeholder"}
+    kept = {}
+    for name, placeholder in zip(names, user):
+        val = vals.get(placeholder)
+        axes = [a for a in wanted.get(name, []) if val is not None and not is_concrete_int(val.shape[a])]
+        if axes:
+            kept[name] = axes
+    return kept
+
+
+def file_dynamic_axes(model) -> dict[str, list[int]]:
+    """{input name: [axes with a symbolic dim]} of an onnx_ir model's graph inputs."""
+    axes = {}
+    for v in model.graph.inputs:
+        shape = v.shape
+        if shape is None:
+            continue
+        dims = [i for i, d in enumerate(shape) if not isinstance(d, int)]
+        if dims:
+            axes[v.name] = dims
+    return axes
 
 
 #: the TorchScript-based exporter's opset when --opset does not say (its best-tested one)

@@ -34,15 +34,25 @@ class CallAdapter(nn.Module):
         params = _positional_names(inner, len(args))
         self.input_names = [_input_name(paths[i], params) for i in self._slots]
         self.example_inputs = tuple(leaves[i] for i in self._slots)
+        top = [(params[i], v) for i, v in enumerate(args)] + list(kwargs.items())
+        self._constant_names = {n: v for n, v in top if v is not None and not any(
+            isinstance(x, torch.Tensor) for x in pytree.tree_leaves(v))}  # whole plain values (img_shapes)
+        self._constant_names.update({_input_name(paths[i], params): v for i, v in enumerate(leaves)  # inside nests
+                                     if not isinstance(v, torch.Tensor) and v is not None
+                                     and _input_name(paths[i], params).split(".")[0] not in self._constant_names})
 
     def with_inner(self, inner: nn.Module) -> "CallAdapter":
         """The same call (inputs, names, constants) of another module."""
         new = CallAdapter.__new__(CallAdapter)
         nn.Module.__init__(new)
         new.inner = inner
-        for attr in ("_spec", "_slots", "_constants", "input_names", "example_inputs"):
+        for attr in ("_spec", "_slots", "_constants", "input_names", "example_inputs", "_constant_names"):
             setattr(new, attr, getattr(self, attr))
         return new
+
+    def constants(self) -> dict:
+        """The plain (non-tensor, non-None) values of the call, by input path: fixed in an export."""
+        return dict(getattr(self, "_constant_names", {}))
 
     def forward(self, *tensors):
         return tuple(t for t in pytree.tree_leaves(self.call_inner(*tensors)) if isinstance(t, torch.Tensor))

@@ -54,13 +54,25 @@ def _cfg(config, *names, default=None):
 
 
 def example_kwargs(model, library: str) -> dict[str, torch.Tensor]:
-    """Random example inputs (keyword, by forward parameter) that fit the model class: every
-    parameter of forward without a default, plus the optional ones the config switches on
-    (class labels, pooled projections, guidance, ...). Shapes come from the parameter's name and
-    annotation and the config's sizes (channels, patch, frames, text dims); per-family layouts only
-    where the signature cannot tell (CogVideoX's [B, F, C, H, W] latents, LTX-Video's packed
-    tokens, Flux's packed latents). What cannot be made is one error listing every required input
-    with the shape the config implies."""
+    """Random example inputs (keyword, by forward parameter) that fit the model class (derive);
+    what cannot be made is one error (missing_message)."""
+    out, missing = derive(model, library)
+    if missing:
+        raise UsageError(missing_message(type(model).__name__, missing))
+    return out
+
+
+def derive(model, library: str, given: dict | None = None) -> tuple[dict, dict[str, str]]:
+    """(inputs by forward parameter, {parameter: shape the config implies} when some cannot be
+    made: the missing ones first, then the other required ones, for the message; else {}).
+    `given` (the user's --input / --inputs values, by parameter) is kept as is, and the derived
+    ones take its batch and lengths. Derived: every parameter of forward without a default, plus
+    the optional ones the config switches on (class labels, pooled projections, guidance, ...);
+    shapes from the parameter's name and annotation and the config's sizes (channels, image and
+    patch size, frames, RoPE axes, text dims); per-family layouts only where the signature cannot
+    tell (CogVideoX's [B, F, C, H, W] latents, LTX-Video's packed tokens)."""
+    given = dict(given or {})
+    batch = _batch_of(given)
     gen = torch.Generator().manual_seed(0)
     config = model.config
     signature = _signature(model)
@@ -68,20 +80,48 @@ def example_kwargs(model, library: str) -> dict[str, torch.Tensor]:
     required = [p for p, prm in signature.items()
                 if prm.default is inspect.Parameter.empty and prm.kind not in (prm.VAR_POSITIONAL, prm.VAR_KEYWORD)]
     if library == "transformers":
-        return _transformers_kwargs(model, config, required, gen)
-    sizes = _Sizes(type(model).__name__, config, params)
-    out: dict[str, torch.Tensor] = {}
+        out, missing = _transformers_kwargs(model, config, required, gen, batch, given)
+        return {**out, **given}, {p: v for p, v in missing.items() if p not in given}
+    sizes = _Sizes(type(model).__name__, config, params, batch, given)
+    out: dict = {}
     for p in params:
+        if p in given:
+            out[p] = given[p]
+            continue
         value = sizes.make(p, signature[p], gen, required=p in required)
         if value is not None:
             out[p] = value
     missing = [p for p in required if p not in out]
-    if missing or "hidden_states" not in out:
-        want = "; ".join(f"{p} {sizes.expected(p)}" for p in required) or "hidden_states"
-        raise UsageError(f"{type(model).__name__}: normexport cannot make example inputs for "
-                         f"{', '.join(missing or ['hidden_states'])}: pass --input NAME:DIMS[:DTYPE] for each "
-                         f"required forward input ({want})")
-    return out
+    if "hidden_states" in params and "hidden_states" not in out:
+        missing.append("hidden_states")
+    if not missing:
+        return out, {}
+    listed = list(dict.fromkeys(missing + [p for p in required if p not in given]))
+    return out, {p: sizes.expected(p) + ("" if p in missing else " (made)") for p in listed}
+
+
+def missing_message(cls_name: str, missing: dict[str, str]) -> str:
+    """The one line when example inputs cannot be made: what is missing, every required input with
+    the shape the config implies, and the two ways a user can always give inputs (DESIGN §9)."""
+    lacking = [p for p, shape in missing.items() if not shape.endswith("(made)")]
+    each = "; ".join(f"{p} {shape.removesuffix(' (made)')}" for p, shape in missing.items())
+    flags = " ".join(f"--input {p}:{_dims_text(missing[p])}" for p in lacking)
+    return (f"{cls_name}: normexport cannot make example inputs for {', '.join(lacking)}: pass --input NAME:DIMS[:DTYPE] "
+            f"for each required forward input ({each}), e.g. {flags}; or record a real call with "
+            f"`with normexport.capture(model, \"inputs.pt\"): pipeline(...)` and pass --inputs inputs.pt")
+
+
+def _dims_text(shape: str) -> str:
+    inner = shape.removesuffix(" (made)").strip("[]")
+    return "DIMS" if not inner or "unknown" in inner else inner
+
+
+def _batch_of(given: dict) -> int:
+    """The batch of the user's inputs (the first axis of a batched one), else BATCH."""
+    for name, v in given.items():
+        if name in BATCHED and isinstance(v, torch.Tensor) and v.dim() >= 1:
+            return int(v.shape[0])
+    return BATCH
 
 
 def _signature(model) -> dict:
@@ -93,17 +133,41 @@ def _signature(model) -> dict:
     return params
 
 
-def _transformers_kwargs(model, config, required, gen) -> dict[str, torch.Tensor]:
+def _transformers_kwargs(model, config, required, gen, batch=BATCH, given=None):
+    """Token ids for text models (and decoder ids for encoder-decoders); images for vision models
+    (`pixel_values` [B, num_channels, image_size, image_size] from the config)."""
     name = getattr(model, "main_input_name", "input_ids")
+    given = given or {}
+    if name == "pixel_values":
+        channels, size = _image_sizes(config)
+        if channels and size:
+            return {name: torch.randn(batch, channels, size, size, generator=gen)}, {}
+        return {}, {name: f"[{batch}x{channels or 'CHANNELS'}x{size or 'H'}x{size or 'W'}]"}
     if name != "input_ids":
-        raise UsageError(f"{type(model).__name__} takes '{name}', for which normexport makes no example input: "
-                         f"pass --input {name}:DIMS[:DTYPE]")
+        return {}, {name: "[shape unknown]"}
     vocab = int(_cfg(config, "vocab_size", default=32))
-    out = {"input_ids": torch.randint(0, vocab, (BATCH, SEQ), generator=gen)}
+    out = {"input_ids": torch.randint(0, vocab, (batch, SEQ), generator=gen)}
     if _cfg(config, "is_encoder_decoder") and "decoder_input_ids" in _signature(model):
         # encoder-decoders (T5, BART): the decoder's tokens, a shorter sequence than the encoder's
-        out["decoder_input_ids"] = torch.randint(0, vocab, (BATCH, DECODER_SEQ), generator=gen)
-    return out
+        out["decoder_input_ids"] = torch.randint(0, vocab, (batch, DECODER_SEQ), generator=gen)
+    return out, {}
+
+
+#: image side when the config names none (CNNs take any size; 64 survives 32x downsampling)
+IMAGE_SIZE = 64
+
+
+def _image_sizes(config) -> tuple[int | None, int | None]:
+    """(channels, side) of a vision model's images: num_channels and image_size of the config (or
+    of its vision_config)."""
+    sub = _cfg(config, "vision_config")
+    channels = _cfg(config, "num_channels", "in_channels", "in_chans") or (sub is not None and _cfg(sub, "num_channels"))
+    size = _cfg(config, "image_size") or (sub is not None and _cfg(sub, "image_size")) or IMAGE_SIZE
+    if isinstance(size, (list, tuple)):
+        size = size[0]
+    if isinstance(size, dict):
+        size = size.get("height") or size.get("shortest_edge")
+    return (int(channels) if channels else None), (int(size) if size else None)
 
 
 DECODER_SEQ = 4
@@ -122,8 +186,9 @@ FRAMES = 2
 class _Sizes:
     """The sizes a diffusers model's config implies for its forward inputs."""
 
-    def __init__(self, cls_name: str, config, params: list[str]):
-        self.cls, self.config, self.params = cls_name, config, params
+    def __init__(self, cls_name: str, config, params: list[str], batch: int = BATCH, given: dict | None = None):
+        self.cls, self.config, self.params, self.batch = cls_name, config, params, batch
+        given = given or {}
         c = lambda *n, default=None: _cfg(config, *n, default=default)  # noqa: E731
         self.in_ch = int(c("in_channels", default=4))
         patch = c("patch_size", default=1) or 1
@@ -147,25 +212,35 @@ class _Sizes:
             self.text_dim = self.text_dim[0]
         self.text_seq = int(c("max_text_seq_length", default=TEXT_SEQ)) if c("use_learned_positional_embeddings") \
             else TEXT_SEQ
-        self.packed = "img_ids" in params  # Flux: packed latents [B, tokens, C], float timesteps
+        text = given.get("encoder_hidden_states")
+        if isinstance(text, torch.Tensor) and text.dim() == 3:  # the user's text length
+            self.text_seq = int(text.shape[1])
+        # Flux, Qwen-Image: packed latents [B, tokens, C], float timesteps
+        self.packed = "img_ids" in params or "img_shapes" in params
+        axes = c("axes_dims_rope")  # RoPE axes: one position-id column each (Flux.1: 3, Flux.2: 4)
+        self.id_cols = len(axes) if isinstance(axes, (list, tuple)) and axes else 3
+        latents = given.get("hidden_states")
+        self.seq = int(latents.shape[1]) if self.packed and isinstance(latents, torch.Tensor) and latents.dim() == 3 \
+            else SEQ
         self.tokens_in = "num_frames" in params and "video_coords" in params  # LTX-Video: patchified tokens
 
     def hidden_shape(self) -> tuple:
         if self.packed:
-            return BATCH, SEQ, self.in_ch
+            return self.batch, self.seq, self.in_ch
         if self.tokens_in:
-            return BATCH, self.frames * self.height * self.width, self.in_ch
+            return self.batch, self.frames * self.height * self.width, self.in_ch
         if self.video:
             if self.cls.startswith("CogVideoX"):  # per family: frames before channels
-                return BATCH, self.frames, self.in_ch, self.height, self.width
-            return BATCH, self.in_ch, self.frames, self.height, self.width
-        return BATCH, self.in_ch, self.height, self.width
+                return self.batch, self.frames, self.in_ch, self.height, self.width
+            return self.batch, self.in_ch, self.frames, self.height, self.width
+        return self.batch, self.in_ch, self.height, self.width
 
     def expected(self, p: str) -> str:
-        shapes = {"hidden_states": "x".join(map(str, self.hidden_shape())), "timestep": f"{BATCH}",
-                  "encoder_hidden_states": f"{BATCH}x{self.text_seq}x{self.text_dim or 'TEXT_DIM'}",
-                  "encoder_attention_mask": f"{BATCH}x{self.text_seq}:bool",
-                  "pooled_projections": f"{BATCH}x{_cfg(self.config, 'pooled_projection_dim', default='DIM')}"}
+        shapes = {"hidden_states": "x".join(map(str, self.hidden_shape())), "timestep": f"{self.batch}",
+                  "encoder_hidden_states": f"{self.batch}x{self.text_seq}x{self.text_dim or 'TEXT_DIM'}",
+                  "encoder_attention_mask": f"{self.batch}x{self.text_seq}:bool",
+                  "pooled_projections": f"{self.batch}x{_cfg(self.config, 'pooled_projection_dim', default='DIM')}",
+                  "img_ids": f"{self.seq}x{self.id_cols}", "txt_ids": f"{self.text_seq}x{self.id_cols}"}
         return "[" + shapes.get(p, "shape unknown") + "]"
 
     def make(self, p: str, prm, gen, required: bool):
@@ -175,29 +250,32 @@ class _Sizes:
             return torch.randn(*self.hidden_shape(), generator=gen)
         if p == "timestep":
             if self.packed or ("Long" not in annotation and "int" not in annotation):
-                return torch.rand(BATCH, generator=gen)  # flow matching: t in [0, 1]
-            return torch.randint(1, 1000, (BATCH,), generator=gen)
+                return torch.rand(self.batch, generator=gen)  # flow matching: t in [0, 1]
+            return torch.randint(1, 1000, (self.batch,), generator=gen)
         if p == "encoder_hidden_states" and self.text_dim:
-            return torch.randn(BATCH, self.text_seq, int(self.text_dim), generator=gen)
+            return torch.randn(self.batch, self.text_seq, int(self.text_dim), generator=gen)
         if p == "encoder_attention_mask" and (required or "encoder_hidden_states" in self.params):
             if not required:
                 return None
-            mask = torch.ones(BATCH, self.text_seq, dtype=torch.bool)
+            mask = torch.ones(self.batch, self.text_seq, dtype=torch.bool)
             if self.cls not in MASK_READ_AS_VALUES:
                 mask[1:, -2:] = False  # padding in all but the first prompt
             return mask
         if p == "pooled_projections" and c("pooled_projection_dim"):
-            return torch.randn(BATCH, int(c("pooled_projection_dim")), generator=gen)
+            return torch.randn(self.batch, int(c("pooled_projection_dim")), generator=gen)
         if p == "class_labels" and c("num_embeds_ada_norm"):
-            return torch.randint(0, int(c("num_embeds_ada_norm")), (BATCH,), generator=gen)
+            return torch.randint(0, int(c("num_embeds_ada_norm")), (self.batch,), generator=gen)
         if p == "img_ids":
-            return torch.randn(SEQ, 3, generator=gen)
+            return torch.randn(self.seq, self.id_cols, generator=gen)
         if p == "txt_ids":
-            return torch.randn(TEXT_SEQ, 3, generator=gen)
+            return torch.randn(self.text_seq, self.id_cols, generator=gen)
+        if p == "img_shapes":  # per prompt (frames, height, width) of the packed latent grid: a python constant
+            grid = (1, 2, self.seq // 2) if self.seq % 2 == 0 else (1, 1, self.seq)
+            return [grid] * self.batch
         if p == "guidance" and c("guidance_embeds"):
-            return torch.full((BATCH,), 3.5)
+            return torch.full((self.batch,), 3.5)
         if p == "added_cond_kwargs" and c("use_additional_conditions"):
-            return {"resolution": torch.full((BATCH, 2), float(self.size * 8)), "aspect_ratio": torch.ones(BATCH, 1)}
+            return {"resolution": torch.full((self.batch, 2), float(self.size * 8)), "aspect_ratio": torch.ones(self.batch, 1)}
         if self.tokens_in and p in ("num_frames", "height", "width"):
             return {"num_frames": self.frames, "height": self.height, "width": self.width}[p]
         return None

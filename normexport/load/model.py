@@ -23,6 +23,10 @@ class LoadedModel:
     #: what the user must know about the file this model exports to (printed by convert), e.g.
     #: sizes a forward fixes by reading input values in python
     notes: list[str] = dataclasses.field(default_factory=list)
+    #: forward parameters normexport cannot make example inputs for, with the shape the config
+    #: implies (a save_pretrained folder): the user gives them (--input, --inputs), else the one-line
+    #: error (examples.missing_message) when the call is resolved
+    missing: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 def is_factory(model: str) -> bool:

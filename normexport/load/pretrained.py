@@ -20,7 +20,7 @@ import torch
 
 from ..errors import UsageError, first_line
 from .call import CallAdapter
-from .examples import BATCH, BATCH_LOOP, BATCHED, MASK_READ_AS_VALUES, example_kwargs, forward_parameters
+from .examples import BATCH, BATCH_LOOP, BATCHED, MASK_READ_AS_VALUES, derive, forward_parameters, missing_message
 from .inputs import make_inputs
 from .model import LoadedModel
 
@@ -50,13 +50,13 @@ def load_folder(path: Path):
         raise UsageError(f"'{path}' names {class_name}, which this {library} does not have: "
                          f"upgrade {library} or re-save the model with this version")
     module = _from_pretrained(cls, path)
-    args = example_kwargs(module, library)
-    dt = next((p.dtype for p in module.parameters() if p.is_floating_point()), None)
-    if dt in (torch.float16, torch.bfloat16):  # a folder loaded in its stored half dtype: inputs alike
-        args = {k: v.to(dt) if isinstance(v, torch.Tensor) and v.is_floating_point() else v for k, v in args.items()}
+    module._normexport_library = library  # for derive() once the user's inputs are known
+    args, missing = derive(module, library)
+    if missing:  # the user gives them (--input / --inputs); the error names them only if not
+        return LoadedModel(_Pending(module), "pretrained", None, None, None, missing=missing)
+    args = _in_stored_dtype(module, args)
     adapter = CallAdapter(module, (), args)
-    dynamic = {name: [0, 1] if name in ("input_ids", "attention_mask", "decoder_input_ids") else [0] for name in args
-               if name in BATCHED}
+    dynamic = batched_axes(args)
     notes = []
     if class_name in MASK_READ_AS_VALUES:
         dynamic = {}
@@ -68,6 +68,39 @@ def load_folder(path: Path):
                      f"exporter keeps it dynamic); for batch size B export one file per size: "
                      + " ".join(f"--input {_spec(n, t)}" for n, t in args.items() if hasattr(t, "shape")))
     return LoadedModel(adapter, "pretrained", adapter.example_inputs, adapter.input_names, dynamic or None, notes=notes)
+
+
+class _Pending(CallAdapter):
+    """A folder's model whose example inputs the user must give: the call is made by with_inputs."""
+
+    def __init__(self, inner):
+        torch.nn.Module.__init__(self)
+        self.inner = inner
+
+    def forward(self, *tensors):
+        raise RuntimeError("the inputs of this model are not known yet")
+
+
+def _in_stored_dtype(module, args: dict) -> dict:
+    """A folder loaded in its stored half dtype: floating example inputs alike."""
+    dt = next((p.dtype for p in module.parameters() if p.is_floating_point()), None)
+    if dt in (torch.float16, torch.bfloat16):
+        return {k: v.to(dt) if isinstance(v, torch.Tensor) and v.is_floating_point() else v for k, v in args.items()}
+    return args
+
+
+def batched_axes(args: dict) -> dict[str, list[int]]:
+    """Dynamic axes of a folder model's inputs by parameter: the batch of every batched input (and
+    the sequence of token ids); an axis of size 1 stays static (torch.export specializes it)."""
+    out = {}
+    for name, t in args.items():
+        if name not in BATCHED or not isinstance(t, torch.Tensor):
+            continue
+        axes = [0, 1] if name in ("input_ids", "attention_mask", "decoder_input_ids") else [0]
+        axes = [a for a in axes if a < t.dim() and int(t.shape[a]) > 1]
+        if axes:
+            out[name] = axes
+    return out
 
 
 def _spec(name: str, t, batch: str = "B") -> str:
@@ -165,13 +198,50 @@ def _quiet_progress(library: str) -> None:
         pass
 
 
-def with_inputs(loaded, specs):
-    """A pretrained model called with the user's --input tensors, by forward parameter name."""
+def with_inputs(loaded, specs=(), args: tuple = (), kwargs: dict | None = None):
+    """A pretrained model called with the user's inputs by forward parameter name: the --inputs
+    file's (args, kwargs) bound to the forward's parameters, then each --input over them; the
+    parameters neither gives are derived (examples.derive, at the user's batch), and what still
+    cannot be made is the one-line error naming --input / --inputs / normexport.capture."""
     module = loaded.module.inner
     params = forward_parameters(module)
     unknown = [s.name for s in specs if s.name not in params]
     if unknown:
         raise UsageError(f"--input {unknown[0]} is not a parameter of {type(module).__name__}.forward: "
                          f"use one of {', '.join(p for p in params if p not in ('self', 'kwargs'))[:200]}")
-    adapter = CallAdapter(module, (), dict(zip([s.name for s in specs], make_inputs(specs))))
-    return adapter
+    given = bind(module, args, kwargs or {})
+    given.update(zip([s.name for s in specs], make_inputs(specs)))
+    library = getattr(module, "_normexport_library", "transformers")
+    out, missing = derive(module, library, given)
+    if missing:
+        raise UsageError(missing_message(type(module).__name__, missing))
+    derived = [n for n in out if n not in given]
+    out = {**_in_stored_dtype(module, {n: v for n, v in out.items() if n in derived}),
+           **{n: v for n, v in out.items() if n not in derived}}
+    out = {p: out[p] for p in params if p in out}  # forward order
+    return CallAdapter(module, (), out)
+
+
+def bind(module, args: tuple, kwargs: dict) -> dict:
+    """(args, kwargs) of a call as {parameter: value} by the forward's signature; a call the
+    signature refuses is one line naming the --inputs file's mismatch."""
+    import inspect
+
+    if not args:
+        return dict(kwargs)
+    try:
+        bound = inspect.signature(module.forward).bind_partial(*args, **kwargs)
+    except TypeError as e:
+        raise UsageError(f"the --inputs call does not fit {type(module).__name__}.forward ({e}): record the call "
+                         "of this model (normexport.capture)") from None
+    out = {}
+    for name, value in bound.arguments.items():
+        prm = bound.signature.parameters[name]
+        if prm.kind == prm.VAR_KEYWORD:
+            out.update(value)
+        elif prm.kind == prm.VAR_POSITIONAL:
+            raise UsageError(f"the --inputs call passes *{name} to {type(module).__name__}.forward, which normexport "
+                             "cannot name: give them by keyword")
+        else:
+            out[name] = value
+    return out

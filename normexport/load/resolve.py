@@ -14,8 +14,10 @@ from torch import nn
 
 from ..errors import UsageError
 from . import pretrained, submodule
-from .call import input_names, unwrap
+from .call import CallAdapter, forward_parameter_names, input_names, unwrap
+from .examples import BATCH_LOOP, MASK_READ_AS_VALUES, missing_message
 from .inputs import DTYPES, make_inputs, parse_dynamic, parse_input
+from .inputs_file import load_inputs_file
 from .model import LoadedModel
 
 
@@ -30,11 +32,12 @@ class Call:
 
 
 def call_for(loaded: LoadedModel, model: str, input_args=(), dynamic_args=(), dtype: str | None = None,
-             module_name: str | None = None) -> Call:
-    """The exported call for `loaded` and the convert flags."""
+             module_name: str | None = None, inputs_file: str | None = None) -> Call:
+    """The exported call for `loaded` and the convert flags (`inputs_file`: --inputs FILE)."""
     if dtype and loaded.kind == "exported-program":
         _check_pt2_dtype(loaded, model, dtype)
-    inputs, names, dynamic, module = resolve_inputs(loaded, model, list(input_args), list(dynamic_args), dtype)
+    inputs, names, dynamic, module = resolve_inputs(loaded, model, list(input_args), list(dynamic_args), dtype,
+                                                    inputs_file)
     if dtype:
         module = cast(module, DTYPES[dtype])
     if module_name:
@@ -64,14 +67,26 @@ def cast(module: nn.Module, dtype: torch.dtype) -> nn.Module:
 
 
 def resolve_inputs(loaded: LoadedModel, model: str, input_args: list[str], dynamic_args: list[str],
-                   dtype: str | None = None):
-    """(inputs, names, dynamic_axes, module) from the flags, or from what the model declares; the
-    module is the loaded one, or for a save_pretrained folder one called with the --input tensors."""
+                   dtype: str | None = None, inputs_file: str | None = None):
+    """(inputs, names, dynamic_axes, module) from the flags, or from what the model declares
+    (DESIGN §9: --inputs FILE, then --input per parameter, then the derived / declared inputs); the
+    module is the loaded one, or one called with the user's inputs by forward parameter name
+    (a CallAdapter: keyword and nested inputs reach their parameter, plain values are constants)."""
     specs = [parse_input(s) for s in input_args]
     dynamic = dict(parse_dynamic(d) for d in dynamic_args)
+    recorded = load_inputs_file(inputs_file) if inputs_file else None
     module = loaded.module
-    if specs and loaded.kind == "pretrained":  # by forward parameter name
-        module = pretrained.with_inputs(loaded, specs)
+    if loaded.kind == "pretrained" and (specs or recorded):  # by forward parameter name
+        module = pretrained.with_inputs(loaded, specs, *(recorded or ((), {})))
+        inputs, names = module.example_inputs, module.input_names
+        if recorded and not dynamic:  # a recorded call: its batch dynamic, as a folder's derived inputs
+            dynamic = _batched(module, loaded)
+    elif recorded:
+        module = _recorded_call(unwrap(module), recorded, specs)
+        inputs, names = module.example_inputs, module.input_names
+        dynamic = dynamic or {n: a for n, a in (loaded.dynamic_axes or {}).items() if n in names}
+    elif specs and (keyword := _by_keyword(module, specs)) is not None:
+        module = keyword
         inputs, names = module.example_inputs, module.input_names
     elif specs:
         inputs, names = make_inputs(specs), [s.name for s in specs]
@@ -79,9 +94,14 @@ def resolve_inputs(loaded: LoadedModel, model: str, input_args: list[str], dynam
         inputs = loaded.example_inputs
         names = list(loaded.input_names or input_names(module, len(inputs)))
         dynamic = dynamic or dict(loaded.dynamic_axes or {})
+    elif loaded.missing:
+        raise UsageError(missing_message(type(unwrap(module)).__name__, loaded.missing))
     else:
         hint = " (TorchScript files carry no input shapes)" if loaded.kind == "torchscript" else ""
-        raise UsageError(f"cannot tell the inputs of '{model}'{hint}: add --input NAME:DIMS[:DTYPE] for each forward input")
+        raise UsageError(f"cannot tell the inputs of '{model}'{hint}: add --input NAME:DIMS[:DTYPE] for each forward input, "
+                         "or --inputs FILE recorded with `with normexport.capture(model, \"inputs.pt\"): ...`")
+    if isinstance(module, CallAdapter):
+        _note_constants(loaded, module)
     for i, t in enumerate(inputs):
         if not isinstance(t, torch.Tensor):
             raise UsageError(f"input {i} of '{model}' is a {type(t).__name__}, not a tensor: normexport exports tensor "
@@ -90,6 +110,56 @@ def resolve_inputs(loaded: LoadedModel, model: str, input_args: list[str], dynam
         inputs = tuple(t.to(DTYPES[dtype]) if t.is_floating_point() else t for t in inputs)
     _check_arity(module, len(inputs))
     return tuple(inputs), names, dynamic, module
+
+
+def _batched(adapter: CallAdapter, loaded: LoadedModel) -> dict[str, list[int]]:
+    """Dynamic axes of a folder model called with recorded inputs: the batch of its batched inputs
+    (pretrained.batched_axes), none for the classes whose forward fixes it (examples)."""
+    cls = type(adapter.inner).__name__
+    if cls in MASK_READ_AS_VALUES or cls in BATCH_LOOP:
+        return {}
+    axes = pretrained.batched_axes({n.split(".")[0]: t for n, t in zip(adapter.input_names, adapter.example_inputs)
+                                    if n.split(".")[0] == n})
+    return axes
+
+
+def _recorded_call(module: nn.Module, recorded: tuple, specs) -> CallAdapter:
+    """The --inputs call of any module (.pt2, TorchScript, factory), each --input over the
+    parameter it names."""
+    args, kwargs = recorded
+    if specs:
+        given = pretrained.bind(module, args, kwargs)
+        params = forward_parameter_names(module) or []
+        unknown = [s.name for s in specs if s.name not in params and s.name not in given]
+        if unknown:
+            raise UsageError(f"--input {unknown[0]} names no parameter of the --inputs call: use one of "
+                             f"{', '.join(given)[:200]}")
+        given.update(zip([s.name for s in specs], make_inputs(specs)))
+        args, kwargs = (), given
+    return CallAdapter(module, tuple(args), dict(kwargs))
+
+
+def _by_keyword(module: nn.Module, specs) -> CallAdapter | None:
+    """--input NAMEs that are the forward's parameters but not its first ones in order (a keyword
+    skipped, or another order): the module called by keyword, so each reaches its parameter.
+    None when positional order already fits (the common case) or the signature cannot say."""
+    if isinstance(module, (torch.jit.ScriptModule, torch.fx.GraphModule, CallAdapter)):
+        return None
+    params = forward_parameter_names(module)
+    names = [s.name for s in specs]
+    if not params or any(n not in params for n in names) or names == params[:len(names)]:
+        return None
+    return CallAdapter(module, (), dict(zip(names, make_inputs(specs))))
+
+
+def _note_constants(loaded: LoadedModel, adapter: CallAdapter) -> None:
+    """Plain values of the call (img_shapes, flags) are fixed in the file, not ONNX inputs: said."""
+    fixed = adapter.constants()
+    if fixed:
+        text = ", ".join(f"{n}={v!r}"[:120] for n, v in fixed.items())
+        note = f"fixed in the file (python values of the call, not ONNX inputs): {text}"
+        if note not in loaded.notes:
+            loaded.notes.append(note)
 
 
 def _check_arity(module, n: int) -> None:

@@ -19,6 +19,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--input", action="append", default=[], metavar="NAME:DIMS[:DTYPE]",
                    help="e.g. x:2x16x64, by ONNX input name (the others get sizes the file runs at) or one per ONNX input "
                         "in order; default: the reference's example inputs, else sizes the ONNX file runs at")
+    p.add_argument("--inputs", metavar="FILE", help="check at this call of the reference: a torch.save'd (args, kwargs), "
+                   "e.g. recorded with normexport.capture (loaded with weights_only=True)")
     p.add_argument("--dynamic", action="append", default=[], metavar="NAME:AXES",
                    help="dynamic axes of input NAME, e.g. x:0,1; default: the symbolic dims of the ONNX inputs")
     p.add_argument("--backend", choices=("ort", "ort-cuda", "trt", "all"), default="ort")
@@ -75,8 +77,17 @@ def run(args) -> int:
         parse_input(text)  # malformed --input: one line before loading the reference
     loaded = load_reference(args.reference, trust_pickle=args.trust_pickle, weights=args.weights,
                             imports=getattr(args, "imports", ()))
-    chosen = choose(source.proto, list(args.input), loaded.example_inputs, loaded.input_names, args.reference,
-                    args.onnx_model)
+    reference = loaded.module
+    if getattr(args, "inputs", None):  # DESIGN §9: the recorded call (and --input over its parameters)
+        from ..load import call_for
+        from .choose import Chosen
+
+        job = call_for(loaded, args.reference, list(args.input), [], None, None, inputs_file=args.inputs)
+        reference = job.module
+        chosen = Chosen(tuple(job.inputs), list(job.names), f"--inputs {args.inputs}")
+    else:
+        chosen = choose(source.proto, list(args.input), loaded.example_inputs, loaded.input_names, args.reference,
+                        args.onnx_model)
     inputs, given_names = chosen.inputs, chosen.names
     if len(inputs) != len(onnx_names):
         raise UsageError(f"'{args.onnx_model}' has {len(onnx_names)} input(s) ({', '.join(onnx_names)}) but "
@@ -97,7 +108,7 @@ def run(args) -> int:
         dynamic = _onnx_dynamic(graph_inputs)
 
     dtype = getattr(args, "dtype", None)
-    report = check(source.path, loaded.module, tuple(inputs), backends=(args.backend,), dynamic_axes=dynamic,
+    report = check(source.path, reference, tuple(inputs), backends=(args.backend,), dynamic_axes=dynamic,
                    extra_shapes=args.extra_shapes, rtol=args.rtol, atol=args.atol, plugin=args.plugin, dtype=dtype,
                    command="check", plain_export=True)
     report.sizes = chosen.how

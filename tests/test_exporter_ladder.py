@@ -1,0 +1,85 @@
+"""The exporter ladder (DESIGN §9): dynamo with the dynamic axes -> dynamo with the axes that
+broke made static -> dynamo fully static -> TorchScript; the first file whose parity passes is kept.
+
+ChromaTransformer2DModel builds a tensor from the batch size in python
+(`torch.tensor([0] * batch_size)`): the dynamic-batch dynamo export fails; the TorchScript
+exporter bakes batch 2 into a file that says its batch is dynamic, and parity fails at batch 3/4.
+The ladder must keep the static-axes dynamo file, never the TorchScript one."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import normexport
+from normexport import export as nexport
+
+from _new_families import convert, norm_calls, ops, tiny_chroma
+
+diffusers = pytest.importorskip("diffusers")
+
+
+@pytest.fixture(scope="module")
+def chroma_folder(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("chroma") / "chroma"
+    tiny_chroma().save_pretrained(folder)
+    return folder
+
+
+def test_chroma_folder_keeps_the_static_axes_dynamo_file(cli, chroma_folder, tmp_path):
+    out = tmp_path / "chroma.onnx"
+    stdout, rep, errs = convert(cli, chroma_folder, out)
+    first = stdout.splitlines()[0]
+    ex = rep["exporter"]
+    assert ex["name"] == "dynamo" and ex["rung"] == "static axes", ex
+    assert ex["static_axes"] == {"hidden_states": [0], "encoder_hidden_states": [0], "timestep": [0]}, ex
+    assert "dynamo exporter, static axes hidden_states:0, encoder_hidden_states:0, timestep:0" in first, first
+    assert "STATIC SHAPES" in stdout and "hidden_states: 2x8x8" in stdout, stdout
+    model = __import__("onnx").load(str(out))
+    assert all(d.HasField("dim_value") for i in model.graph.input for d in i.type.tensor_type.shape.dim)
+    loaded = normexport.load(str(chroma_folder))
+    calls = norm_calls(loaded.module, loaded.example_inputs)
+    got = ops(out)
+    assert got["RMSNorm"] == calls["rms"] == 7, (got, calls)
+    assert got["AdaLNZero"] + got["LayerNormalization"] == calls["ln"] and got["ReduceMean"] == 0, (got, calls)
+    assert max(errs) < 1e-5, errs
+
+
+def test_ladder_order_and_what_each_rung_is_given(monkeypatch):
+    """Rungs in order, each with the axes it should get: a dynamo export that refuses any dynamic
+    axis (a planted failure) makes the second rung run with the axes torch.export can keep (here
+    none: the model is a plain MLP, so keepable = all -> skipped) and the third fully static."""
+    calls = []
+    real = nexport._torch_onnx_export
+
+    def spy(module, args, names, output_names, dynamic_axes, opset, auto=False):
+        calls.append(dynamic_axes)
+        if dynamic_axes:
+            raise RuntimeError("planted: no dynamic axis")
+        return real(module, args, names, output_names, dynamic_axes, opset, auto)
+
+    monkeypatch.setattr(nexport, "_torch_onnx_export", spy)
+    m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.LayerNorm(8)).eval()
+    report: dict = {}
+    nexport.convert_module(m, (torch.randn(3, 8),), input_names=["x"], dynamic_axes={"x": [0]}, report=report)
+    assert calls == [{"x": [0]}, None], calls  # dynamic, (static axes skipped: torch.export keeps x:0), static
+    assert report["exporter"]["rung"] == "static" and report["exporter"]["static_axes"] == {"x": [0]}
+    assert [a["rung"] for a in report["exporter"]["attempts"]] == ["dynamic", "static axes"]
+
+
+def test_parity_refusal_moves_down_the_ladder():
+    """`accept` (convert's parity check) refusing the first file: the next rung's file is kept,
+    and the report says which and why."""
+    m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.LayerNorm(8)).eval()
+    seen = []
+
+    def accept(model, kept):
+        seen.append(kept)
+        return not kept  # refuse any file with a dynamic axis
+
+    report: dict = {}
+    nexport.convert_module(m, (torch.randn(3, 8),), input_names=["x"], dynamic_axes={"x": [0]}, report=report,
+                           accept=accept)
+    assert seen == [{"x": [0]}, {}], seen
+    assert report["exporter"]["rung"] == "static" and report["exporter"]["name"] == "dynamo"
+    assert report["exporter"]["attempts"][0] == {"rung": "dynamic", "parity": "failed", "kept": {"x": [0]}}
