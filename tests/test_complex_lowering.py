@@ -84,6 +84,8 @@ CASES = {
                          a.unbind(1)), A),
     "cat/stack": (lambda a, b, r: (torch.cat([a, b], -1), torch.cat([a, b], 0), torch.stack([a, b], -1),
                                    torch.cat([a[0], r], -1)), A, B, R),
+    "pad_sequence": (lambda a, b: (torch.nn.utils.rnn.pad_sequence([a[0], b[0, :2]], batch_first=True),
+                                   torch.nn.utils.rnn.pad_sequence([a[0, :1], b[0]], padding_value=1.5)), A, B),
     # indexing
     "getitem": (lambda a: (a[0], a[..., 1], a[:, 1:3], a[..., None, :], a[a.real > 0], a[[0, 2]]), A),
     "gather/index_select": (lambda a, g: (a.gather(1, g), torch.gather(a, -2, g), a.index_select(-1, torch.tensor([5, 0]))),

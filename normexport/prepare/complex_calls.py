@@ -510,6 +510,20 @@ def _stack(name, args, kwargs):
     return ComplexPair(torch.stack([z.re_im for z in zs], dim=_dim(_get(args, kwargs, 1, "dim", 0), _nd(zs[0]) + 1)))
 
 
+@_handles("pad_sequence")
+def _pad_sequence(name, args, kwargs):
+    zs = _as_pairs(_get(args, kwargs, 0, "sequences"))
+    first = _get(args, kwargs, 1, "batch_first", False)
+    value = _get(args, kwargs, 2, "padding_value", 0.0)
+    side = _get(args, kwargs, 3, "padding_side", "right")
+    pad = torch.nn.utils.rnn.pad_sequence
+    if value == 0:
+        return ComplexPair(pad([z.re_im for z in zs], first, 0.0, side))
+    re, im = _parts(value)
+    return _join(pad([z.re_im[..., 0] for z in zs], first, float(re), side),
+                 pad([z.re_im[..., 1] for z in zs], first, float(im or 0.0), side))
+
+
 # -- indexing
 @_handles("getitem")
 def _getitem(name, args, kwargs):
