@@ -142,12 +142,23 @@ def _tensors(model: onnx.ModelProto):
         yield from nodes(f.node)
 
 
+#: element types packed several to a byte: elements per byte
+_PACKED = {getattr(onnx.TensorProto, n): k for n, k in (("INT4", 2), ("UINT4", 2), ("FLOAT4E2M1", 2), ("INT2", 4),
+                                                        ("UINT2", 4)) if hasattr(onnx.TensorProto, n)}
+
+
 def _needed_bytes(t: onnx.TensorProto) -> int | None:
-    try:
-        item = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
-    except Exception:  # noqa: BLE001 - 4-bit and float8 types: the length field decides alone
+    """Bytes a tensor's data takes (None when its type's size is not known here: the length
+    field decides alone)."""
+    n = int(np.prod(list(t.dims), dtype=np.int64))
+    if t.data_type in _PACKED:
+        return -(-n // _PACKED[t.data_type])
+    if t.data_type == onnx.TensorProto.STRING:
         return None
-    return int(np.prod(list(t.dims), dtype=np.int64)) * item
+    try:
+        return n * np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
+    except Exception:  # noqa: BLE001 - types numpy does not know
+        return None
 
 
 def check_external_data(path: str | os.PathLike, model: onnx.ModelProto | None = None) -> None:

@@ -22,9 +22,14 @@ from normexport import cli
 SECRET = np.arange(64, dtype=np.float32) + 1000.0  # a file outside the model's folder
 
 
-def _model(folder: Path, name: str, location: str, length: int = 256) -> Path:
+def _model(folder: Path, name: str, location: str, length: int | None = 256) -> Path:
     w = numpy_helper.from_array(np.zeros(64, np.float32), "w")
     set_external_data(w, location=location, offset=0, length=length)
+    if length is None:  # no length field: the tensor's dims and type say what it needs
+        for i, e in enumerate(w.external_data):
+            if e.key == "length":
+                del w.external_data[i]
+                break
     w.ClearField("raw_data")
     w.data_location = TensorProto.EXTERNAL
     g = helper.make_graph([helper.make_node("Add", ["x", "w"], ["y"])], "g",
@@ -166,3 +171,12 @@ def test_hugging_face_cache_layout_is_one_line_with_the_fix(tmp_path, capfd):
     shutil.copytree(snap, tmp_path / "copy", symlinks=False)  # what cp -L does
     rc, out, err = _run(["rewrite", tmp_path / "copy" / "model.onnx", "-o", tmp_path / "out.onnx"], capfd)
     assert rc == 0, (out, err)
+
+
+def test_truncated_data_without_a_length_field(tree, capfd):
+    """No length entry: 64 floats need 256 bytes, the file has 40."""
+    tmp, folder, files = tree
+    path = _model(folder, "nolen.onnx", "short.bin", length=None)
+    assert not any(e.key == "length" for e in onnx.load(str(path), load_external_data=False).graph.initializer[0].external_data)
+    rc, out, err = _run(["rewrite", path, "-o", tmp / "out.onnx"], capfd)
+    assert rc == 2 and "shorter than its tensors need" in err and "needs 256" in err, (out, err)
