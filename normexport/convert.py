@@ -13,6 +13,8 @@ from .rewriter.driver import interface, weight_bytes
 from .errors import ExportError, UsageError, first_line
 from .export import TARGETS, convert_module, convert_module_ir, op_counts
 from .load import call
+from .prepare.implementations import exportable_implementations, summary_lines as implementation_lines
+from .prepare.swap import summary_lines as swap_lines
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -83,13 +85,15 @@ def run(args) -> int:
     job = load.call_for(loaded, args.model, input_args, args.dynamic, args.dtype, args.module,
                         inputs_file=getattr(args, "inputs", None))
     module, inputs, names, dynamic = job.module, job.inputs, job.names, job.dynamic
+    switched: list = []  # DESIGN §9: transformers MoE experts / attention the exporters take, switched in place
+    exportable_implementations(module, inputs, switched)  # (so eager, the float64 reference and the file agree)
     outputs = run_eager(module, inputs)
     output_names = loaded.output_names if loaded.output_names and not args.module else call.output_names(outputs)
 
     opset = args.opset
     if opset is None and (args.dtype == "bfloat16" or _has_bf16(module, inputs)):
         opset = BF16_OPSET  # Conv, MatMul, Gemm, ... take bfloat16 from opset 22 on
-    sections: dict = {}
+    sections: dict = {"implementations": switched}
     checked: list = []  # (model_ir, proto, parity result, kept axes) of the files the exporter ladder made
 
     def accept(model_ir, kept):
@@ -141,6 +145,8 @@ def run(args) -> int:
     ex = sections.get("exporter", {})
     print(f"exported {what} -> {out.name} (target {args.target}, {_rung_text(ex)}): " + _fused_summary(counts))
     for line in _exporter_lines(ex, names, inputs):
+        print(line)
+    for line in implementation_lines(switched) + swap_lines(sections.get("prepare") or []):
         print(line)
     for line in _rewrite_lines(sections.get("rewrite")):
         print(line)

@@ -1,9 +1,13 @@
 """normexport.prepare: torch-side preparation before export (DESIGN §1).
 
     fold_bn  BatchNorm folded into the conv / linear before it (fold_batchnorm)
-    swap     recognised norm modules swapped for normexport modules, each swap verified
-             numerically on random input, else skipped (prepare)
-    nn       the nn.Modules that call the normexport custom ops (RMSNorm, AdaLNZero)
+    swap     recognised norm modules swapped for normexport modules, each swap kept only when
+             the replacement takes the calls seen in an example forward and matches on random
+             input and on those inputs, else left to the rewriter with the reason (prepare)
+    nn       the nn.Modules that call the normexport custom ops (RMSNorm, GatedRMSNorm, AdaLNZero)
+    implementations
+             transformers MoE experts / attention switched to implementations the exporters take
+             (exportable_implementations), checked against transformers' eager ones
     complex  complex arithmetic (torch.polar, view_as_complex, complex tables and products, ...)
              carried as real (re, im) pairs for any model, verified on the model's example
              inputs, else left alone with the reason (lower_complex)

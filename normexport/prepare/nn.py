@@ -50,3 +50,45 @@ class AdaLNZero(nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.hidden}, eps={self.eps}, affine={self.weight is not None}"
+
+
+class GatedRMSNorm(nn.Module):
+    """Gated RMSNorm with the RMSNorm part as the normexport op and the gate outside it.
+
+    gate first (Mamba2's MambaRMSNormGated, Zamba2, Bamba, NemotronH):
+        y = RMSNorm(x * silu(gate)) * weight
+    norm first (`norm_before_gate`, Qwen3-Next, FalconH1's default):
+        y = RMSNorm(x) * weight * silu(gate)
+    gate None: y = RMSNorm(x) * weight. With `groups` > 1 the statistics are per group of
+    H / groups channels of the last dim: the op runs with a unit scale over [..., groups, H / groups]
+    and the weight multiplies after. Computed in float32 (as those modules do), cast back to x's dtype."""
+
+    def __init__(self, weight: torch.Tensor, eps: float = 1e-6, groups: int = 1, norm_before_gate: bool = False):
+        super().__init__()
+        hidden = weight.shape[-1]
+        if groups < 1 or hidden % groups:
+            raise ValueError(f"{groups} groups do not divide the {hidden} channels")
+        self.groups, self.eps, self.norm_before_gate = int(groups), float(eps), bool(norm_before_gate)
+        if groups == 1:
+            self.norm = RMSNorm(weight.float(), eps, axis=-1)
+            self.weight = None
+        else:  # unit scale in the op, the per-channel weight after it
+            self.norm = RMSNorm(torch.ones(hidden // groups), eps, axis=-1)
+            self.weight = nn.Parameter(weight.detach().float().clone(), requires_grad=False)
+
+    def forward(self, hidden_states: torch.Tensor, gate: torch.Tensor | None = None) -> torch.Tensor:
+        dtype = hidden_states.dtype
+        x = hidden_states.float()
+        g = None if gate is None else nn.functional.silu(gate.float())
+        if g is not None and not self.norm_before_gate:
+            x = x * g
+        if self.groups == 1:
+            y = self.norm(x)
+        else:
+            y = self.norm(x.unflatten(-1, (self.groups, -1))).flatten(-2) * self.weight
+        if g is not None and self.norm_before_gate:
+            y = y * g
+        return y.to(dtype)
+
+    def extra_repr(self) -> str:
+        return f"groups={self.groups}, {'norm before gate' if self.norm_before_gate else 'gate before norm'}"

@@ -1,7 +1,8 @@
 """Swap recognised normalization modules for normexport modules (DESIGN §1, issue 3).
 
 `prepare(module, report)` deep-copies `module` and replaces, wherever it can prove the swap
-preserves behaviour, RMSNorm-like modules with `normexport.prepare.nn.RMSNorm` and adaLN-Zero
+preserves behaviour, RMSNorm-like modules with `normexport.prepare.nn.RMSNorm` (gated RMSNorms
+with `nn.GatedRMSNorm`: the RMSNorm part as the op, the gate outside) and adaLN-Zero
 normalise-and-modulate steps with `normexport.prepare.nn.AdaLNZero`. Those call the
 `torch.ops.normexport.*` custom ops, which `torch.onnx.export(..., custom_translation_table=
 normexport.ops.TRANSLATION_TABLE)` turns into `normexport::RMSNorm` / `normexport::AdaLNZero`.
@@ -9,7 +10,14 @@ normexport.ops.TRANSLATION_TABLE)` turns into `normexport::RMSNorm` / `normexpor
 Recognition is by behaviour, not by class name alone. A class name or attributes only make a
 module a *candidate*; the replacement is then built, both are run in float32 on random input
 (float32 copies of the module, whatever its dtype) and the swap is kept only if
-max|new - old| / max|old| <= 1e-5. Otherwise the module is left alone and the report says why.
+max|new - old| / max|old| <= 1e-5. Given the model's example inputs, one forward of the model runs
+with hooks on every candidate first (`capture_calls`): per class (and parameter shapes) and call
+form (how many positional inputs, which keywords, which are None) the inputs of its first call.
+Then a replacement must also take every call form seen (its forward binds them: a module called
+as norm(x, gate) is never swapped for a one-input RMSNorm) and match on those inputs; without
+example inputs its forward must take as many positional inputs as the module's. Otherwise the
+module is left alone (the ONNX rewriter sees its decomposition) and the report says why;
+`summary_lines` puts one line per class on the terminal.
 
 Recognisers, tried in order on every module (top-down; a swapped module's children are not
 visited):
@@ -26,6 +34,10 @@ visited):
   SD3 and Flux blocks, norm3 of BasicTransformerBlock, PixArt's ``scale_shift_table`` norm1 /
   norm2, the norm_out of DiT / PixArt) have no module to swap: their nn.LayerNorm is exported
   as LayerNormalization and the ONNX rewriter (rules/adaln*.py) fuses it with the modulation.
+* gated RMSNorm by behaviour (`_gated_rms`): a 1-D weight + eps and a forward of two inputs
+  (hidden_states, gate): y = rmsnorm(x * silu(gate)) * w (Mamba2, Zamba2, Bamba, NemotronH) or
+  rmsnorm(x) * w * silu(gate) (Qwen3-Next, FalconH1), over the whole last dim or the groups its
+  attributes name (group_size / n_groups); the hypothesis that reproduces the module wins.
 * the RMSNorm family by attributes: a module with a 1-D ``weight`` (or weight None plus a
   ``dim``/``normalized_shape``/``hidden_size``) and a float ``variance_epsilon`` or ``eps``
   (HF LlamaRMSNorm, Qwen2RMSNorm, MistralRMSNorm, T5LayerNorm, diffusers RMSNorm with or
@@ -372,6 +384,56 @@ def _rms_family(m: nn.Module) -> list[Candidate]:
     return cands
 
 
+
+def _positional_params(fn) -> list[str] | None:
+    """Names of fn's positional parameters (None: unreadable, or *args: any number)."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind == p.VAR_POSITIONAL for p in params):
+        return None
+    return [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+
+
+def _gated_rms(m: nn.Module) -> list[Candidate]:
+    """Gated RMSNorm hypotheses for a module with a 1-D weight + eps whose forward takes two
+    inputs (hidden_states, gate): the gate before the norm (Mamba2) or after it (norm before
+    gate), statistics over the whole last dim or over the groups its attributes name
+    (group_size / n_groups / ngroups / num_groups). The replacement computes the gate outside
+    and the RMSNorm part with the normexport op (nn.GatedRMSNorm)."""
+    eps, w = _eps_of(m), getattr(m, "weight", None)
+    params = _positional_params(m.forward)
+    if eps is None or not isinstance(w, torch.Tensor) or w.dim() != 1 or not w.is_floating_point() \
+            or params is None or len(params) != 2:
+        return []
+    hidden = w.shape[0]
+    groups = [1]
+    size = getattr(m, "group_size", None)
+    if isinstance(size, int) and size > 0 and hidden % size == 0:
+        groups.append(hidden // size)
+    for a in ("n_groups", "ngroups", "num_groups"):
+        g = getattr(m, a, None)
+        if isinstance(g, int) and g > 0 and hidden % g == 0:
+            groups.append(g)
+    groups = sorted(set(groups), key=groups.index)
+    order = [bool(getattr(m, "norm_before_gate", False))]
+    order.append(not order[0])
+
+    def inputs():
+        return (_rand((2, 5, hidden), 11, 0.3), _rand((2, 5, hidden), 12))
+
+    cands = []
+    for before in order:
+        for g in groups:
+            def build(dtype, g=g, before=before):
+                return nenn.GatedRMSNorm(w.detach(), eps, groups=g, norm_before_gate=before)
+            form = "RMSNorm(x) * w * silu(gate)" if before else "RMSNorm(x * silu(gate)) * w"
+            cands.append(("RMSNorm", build, inputs, f"gated RMSNorm by behaviour: y = {form}"
+                          + (f" over {g} groups" if g > 1 else "") + "; RMSNorm fused, the gate outside"))
+    return cands
+
+
 #: diffusers modules whose LayerNorm output is modulated inside the module: class name ->
 #: (replacement class, what the report says)
 _DIFFUSERS_ADALN = {
@@ -501,15 +563,137 @@ def _dit_block(block: nn.Module, name: str, report: list) -> set[str]:
     return set(lns)
 
 
+# ---- calls seen in a forward of the model (hooks) -----------------------------------------------
+#: per module class and parameter shapes: per call pattern (number of positional inputs, keyword
+#: names, which are None), the inputs of its first call in the example forward
+Calls = dict[tuple, dict[tuple, tuple[tuple, dict]]]
+
+
+def _capture_key(m: nn.Module) -> tuple:
+    return (type(m), tuple(tuple(p.shape) for p in m.parameters()))
+
+
+def _pattern(args: tuple, kwargs: dict) -> tuple:
+    keys = tuple(sorted(kwargs))
+    return (len(args), keys, tuple(a is None for a in args), tuple(kwargs[k] is None for k in keys))
+
+
+def _detached(x):
+    if isinstance(x, torch.Tensor):
+        return x.detach().clone()
+    if isinstance(x, (list, tuple)):
+        return type(x)(_detached(v) for v in x) if not hasattr(x, "_fields") else type(x)(*(_detached(v) for v in x))
+    if isinstance(x, dict):
+        return {k: _detached(v) for k, v in x.items()}
+    return x
+
+
+def _candidates(m: nn.Module) -> list[Candidate]:
+    cands: list[Candidate] = [c for c in (_torch_rmsnorm(m), _diffusers_adaln_zero(m)) if c is not None]
+    if not cands:
+        cands = _gated_rms(m) + _rms_family(m)
+    return cands
+
+
+def capture_calls(module: nn.Module, example_inputs: tuple, report: list | None = None) -> Calls:
+    """Run `module(*example_inputs)` once with forward pre-hooks on every swap candidate and keep,
+    per class (and parameter shapes) and call pattern, the inputs of the first call."""
+    calls: Calls = {}
+
+    def hook(mod, args, kwargs):
+        per = calls.setdefault(_capture_key(mod), {})
+        pat = _pattern(args, kwargs)
+        if pat not in per:
+            per[pat] = (_detached(tuple(args)), _detached(dict(kwargs)))
+
+    handles = [m.register_forward_pre_hook(hook, with_kwargs=True) for m in module.modules()
+               if not isinstance(m, _STANDARD_NORMS) or isinstance(m, nn.RMSNorm)
+               if _candidates(m)]
+    try:
+        with torch.no_grad():
+            module(*example_inputs)
+    except Exception as e:  # noqa: BLE001 - swaps are then checked on random inputs and signatures only
+        if report is not None:
+            report.append({"name": "", "kind": type(module).__name__, "action": "note", "op": None,
+                           "reason": f"the model did not run on the example inputs ({type(e).__name__}: "
+                                     f"{str(e).splitlines()[0][:160] if str(e) else ''}): swaps checked on random "
+                                     "inputs and forward signatures only", "max_rel_err": math.nan})
+        return {}
+    finally:
+        for h in handles:
+            h.remove()
+    return calls
+
+
+def _float32_inputs(x):
+    if isinstance(x, torch.Tensor):
+        return x.float() if x.is_floating_point() else x
+    if isinstance(x, (list, tuple)):
+        return type(x)(_float32_inputs(v) for v in x) if not hasattr(x, "_fields") else type(x)(*(_float32_inputs(v) for v in x))
+    if isinstance(x, dict):
+        return {k: _float32_inputs(v) for k, v in x.items()}
+    return x
+
+
+def _signature_text(fn) -> str:
+    try:
+        return f"({', '.join(inspect.signature(fn).parameters)})"
+    except (TypeError, ValueError):
+        return "(...)"
+
+
+def _call_text(args: tuple, kwargs: dict) -> str:
+    parts = ["None" if a is None else ("x".join(map(str, a.shape)) if isinstance(a, torch.Tensor) else type(a).__name__)
+             for a in args] + [f"{k}=" + ("None" if v is None else "tensor" if isinstance(v, torch.Tensor) else type(v).__name__)
+                               for k, v in kwargs.items()]
+    return f"({', '.join(parts)})"
+
+
+def _signature_problem(m: nn.Module, new: nn.Module, calls: dict | None) -> str | None:
+    """Why `new` cannot stand in for `m` at its call sites, or None. With the calls seen in the
+    example forward: each must bind to new's forward. Without (the module did not run, or no
+    example inputs): new's forward must take as many positional inputs as m's."""
+    try:
+        sig = inspect.signature(new.forward)
+    except (TypeError, ValueError):
+        return None
+    if calls:
+        for args, kwargs in calls.values():
+            try:
+                sig.bind(*args, **kwargs)
+            except TypeError:
+                return (f"called as forward{_call_text(args, kwargs)} in the example forward; "
+                        f"{type(new).__name__}.forward{_signature_text(new.forward)} cannot take that call")
+        return None
+    old, cur = _positional_params(m.forward), _positional_params(new.forward)
+    if old is not None and cur is not None and len(old) > len(cur):
+        return (f"forward{_signature_text(m.forward)} takes {len(old)} inputs, {type(new).__name__}.forward"
+                f"{_signature_text(new.forward)} {len(cur)} (not called in an example forward to show which are used)")
+    return None
+
+
+def _check_calls(new: nn.Module, ref: nn.Module, calls: dict) -> tuple[float, str | None]:
+    """max rel err of new vs ref over the inputs m received in the example forward (float32)."""
+    worst = 0.0
+    for args, kwargs in calls.values():
+        a, k = _float32_inputs(args), _float32_inputs(kwargs)
+        with torch.no_grad():
+            err = rel_err(new(*a, **k), ref(*a, **k))
+        if not err <= REL_TOL:
+            return err, _call_text(args, kwargs)
+        worst = max(worst, err)
+    return worst, None
+
+
 # ---- driver ------------------------------------------------------------------------------------
 def _entry(name, module, action, op, reason, err) -> dict:
     return {"name": name, "kind": type(module).__name__, "action": action, "op": op,
             "reason": reason, "max_rel_err": float(err)}
 
 
-def _try_swap(name: str, m: nn.Module, report: list) -> nn.Module | None:
+def _try_swap(name: str, m: nn.Module, report: list, seen: Calls | None = None) -> nn.Module | None:
     """The replacement for `m` (verified), or None; appends a report entry for candidates and
-    for modules named like norms."""
+    for modules named like norms. `seen`: the calls of the example forward (capture_calls)."""
     looks_like_norm = "Norm" in type(m).__name__
     if isinstance(m, _STANDARD_NORMS) and not isinstance(m, nn.RMSNorm):
         if isinstance(m, nn.LayerNorm):
@@ -521,50 +705,56 @@ def _try_swap(name: str, m: nn.Module, report: list) -> nn.Module | None:
             why = f"{type(m).__name__} is exported as a standard ONNX op"
         report.append(_entry(name, m, "skipped", None, "standard torch norm, not swapped: " + why, math.nan))
         return None
-    cands: list[Candidate] = []
-    for rec in (_torch_rmsnorm, _diffusers_adaln_zero):
-        c = rec(m)
-        if c is not None:
-            cands.append(c)
-    if not cands:
-        cands = _rms_family(m)
+    cands = _candidates(m)
     if not cands:
         if looks_like_norm and (name or not any(True for _ in m.children())):
             report.append(_entry(name, m, "skipped", None,
                                  "named like a norm but not a recognised RMSNorm / AdaLN-Zero form "
                                  "(no 1-D weight with eps/variance_epsilon)", math.nan))
         return None
+    calls = (seen or {}).get(_capture_key(m))
     dtype, device = _param_dtype(m), _device(m)
     ref = _float32(m)
     best, fails = (math.inf, None), []
     for op, build, inputs_fn, reason in cands:
         try:
-            err = _compare(_eval(build(torch.float32)), ref, inputs_fn())
+            new32 = _eval(build(torch.float32))
+            problem = _signature_problem(m, new32, calls)
+            if problem is not None:
+                fails.append(f"{reason}: signature: {problem}")
+                continue
+            err = _compare(new32, ref, inputs_fn())
+            where = "random input"
+            if err <= REL_TOL and calls:
+                err, bad_call = _check_calls(new32, ref, calls)
+                where = f"the inputs it receives in the example forward {bad_call}"
         except Exception as e:  # noqa: BLE001
-            fails.append(f"{reason}: check failed ({type(e).__name__}: {e})")
+            fails.append(f"{reason}: check failed ({type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''})")
             continue
         if err <= REL_TOL:
             new = build(dtype).to(device).train(m.training)
-            report.append(_entry(name, m, "swapped", op, reason, err))
+            checked = (f"; checked on random input and on its {len(calls)} call form(s) in the example forward"
+                       if calls else "")
+            report.append(_entry(name, m, "swapped", op, reason + checked, err))
             return new
-        fails.append(f"{reason}: rel err {err:.3g} > {REL_TOL:g}")
+        fails.append(f"{reason}: rel err {err:.3g} > {REL_TOL:g} on {where}")
         best = min(best, (err, op), key=lambda t: t[0])
     report.append(_entry(name, m, "skipped", None, "behaviour differs from every hypothesis: " + "; ".join(fails),
                          best[0]))
     return None
 
 
-def _walk(module: nn.Module, prefix: str, report: list) -> None:
+def _walk(module: nn.Module, prefix: str, report: list, seen: Calls | None = None) -> None:
     skip = _dit_block(module, prefix, report)
     for cname, child in list(module.named_children()):
         if cname in skip:
             continue
         full = f"{prefix}.{cname}" if prefix else cname
-        new = _try_swap(full, child, report)
+        new = _try_swap(full, child, report, seen)
         if new is not None:
             setattr(module, cname, new)
         else:
-            _walk(child, full, report)
+            _walk(child, full, report, seen)
 
 
 def structure_copy(module: nn.Module) -> nn.Module:
@@ -574,26 +764,54 @@ def structure_copy(module: nn.Module) -> nn.Module:
     return copy.deepcopy(module, memo)
 
 
-def prepare(module: nn.Module, report: list | None = None) -> nn.Module:
+def prepare(module: nn.Module, report: list | None = None, example_inputs: tuple | None = None) -> nn.Module:
     """A copy of `module` (its module tree; the weights shared) with recognised norm modules
     swapped for normexport modules.
 
-    Every swap is verified numerically (float32, random input, rel err <= 1e-5) and kept only
-    then. `report`, when given, receives one dict per candidate or norm-named module:
-    {"name", "kind", "action": "swapped"|"skipped", "op": "RMSNorm"|"AdaLNZero"|None,
-    "reason", "max_rel_err"} (max_rel_err is NaN where no numeric check ran, e.g. for standard
-    torch norms). The input module is not modified."""
+    A swap is kept only when (1) the replacement's forward takes every call the module gets: with
+    `example_inputs`, each call form seen in one forward of the model (forward hooks), else the
+    same number of positional inputs; (2) its outputs match (float32, rel err <= 1e-5) on random
+    input and, with `example_inputs`, on the inputs the module's class received in that forward.
+    Otherwise the module is left to the ONNX rewriter. `report`, when given, receives one dict per
+    candidate or norm-named module: {"name", "kind", "action": "swapped"|"skipped", "op":
+    "RMSNorm"|"AdaLNZero"|None, "reason", "max_rel_err"} (max_rel_err is NaN where no numeric
+    check ran, e.g. for standard torch norms); `summary_lines(report)` is what the terminal shows.
+    The input module is not modified."""
     if report is None:
         report = []
     new = structure_copy(module)
-    root = _try_swap("", new, report)
+    seen = capture_calls(new, tuple(example_inputs), report) if example_inputs is not None else None
+    root = _try_swap("", new, report, seen)
     if root is not None:
         new = root
     else:
-        _walk(new, "", report)
+        _walk(new, "", report, seen)
     return new
 
 
-__all__ = ["prepare", "structure_copy", "rel_err", "REL_TOL", "AdaLayerNormZeroNE", "AdaLayerNormZeroSingleNE", "AdaLayerNormContinuousNE",
-           "SD35AdaLayerNormZeroXNE", "DeferredLayerNorm", "fused_class", "RMSNormWithBias",
-           "UpcastRMSNorm"]
+def summary_lines(report: list[dict]) -> list[str]:
+    """Terminal lines for a prepare report: the swaps per class and op, then one line per class of
+    candidates left to the rewriter, with the count and the first reason (standard torch norms,
+    exported as standard ops by design, are not listed)."""
+    entries = [r for r in report if r.get("action") in ("swapped", "skipped", "note") and "kind" in r and "op" in r
+               and "lowering" not in r]  # complex lowering entries: said by prepare.complex
+    swapped: dict[tuple, int] = {}
+    for r in entries:
+        if r["action"] == "swapped":
+            swapped[(r["kind"], r["op"])] = swapped.get((r["kind"], r["op"]), 0) + 1
+    lines = []
+    if swapped:
+        lines.append("  swapped: " + ", ".join(f"{n} {k} -> {op}" for (k, op), n in swapped.items()))
+    skipped: dict[str, list[dict]] = {}
+    for r in entries:
+        if r["action"] == "skipped" and not r["reason"].startswith("standard torch norm"):
+            skipped.setdefault(r["kind"], []).append(r)
+    for kind, rs in skipped.items():
+        lines.append(f"  not swapped, left to the rewriter: {len(rs)} {kind}: {rs[0]['reason']}")
+    lines += [f"  note: {r['reason']}" for r in entries if r["action"] == "note"]
+    return lines
+
+
+__all__ = ["prepare", "capture_calls", "summary_lines", "structure_copy", "rel_err", "REL_TOL", "AdaLayerNormZeroNE",
+           "AdaLayerNormZeroSingleNE", "AdaLayerNormContinuousNE", "SD35AdaLayerNormZeroXNE", "DeferredLayerNorm",
+           "fused_class", "RMSNormWithBias", "UpcastRMSNorm"]

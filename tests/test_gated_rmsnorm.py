@@ -1,0 +1,148 @@
+"""Gated RMSNorm (issue 22, mechanism 5): the RMSNorm part as the normexport op, the gate outside.
+
+- nn.GatedRMSNorm against float64 numpy formulas: gate before the norm (Mamba2), norm before the
+  gate (Qwen3-Next), per-group statistics, gate None.
+- prepare() recognises the real transformers classes by behaviour (MambaRMSNormGated with 2 groups,
+  Qwen3NextRMSNormGated whose gate comes after the norm) and picks the right hypothesis.
+- a Mamba2ForCausalLM folder converts: every RMSNorm fused (the 2 gated ones swapped, not left to
+  the rewriter), onnxruntime parity against float64 passing. Before issue 22 its gated norms were
+  swapped for a one-input RMSNorm and the export died ("forward() takes 2 positional arguments").
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from normexport.prepare import nn as nenn  # noqa: E402
+from normexport.prepare.swap import prepare  # noqa: E402
+
+
+def _silu(g):
+    return g / (1.0 + np.exp(-g))
+
+
+def _rms(x, eps, groups):
+    *lead, h = x.shape
+    xg = x.reshape(*lead, groups, h // groups)
+    y = xg / np.sqrt((xg * xg).mean(-1, keepdims=True) + eps)
+    return y.reshape(*lead, h)
+
+
+def _reference(x, gate, w, eps, groups, norm_before_gate):
+    x, w = x.astype(np.float64), w.astype(np.float64)
+    g = None if gate is None else _silu(gate.astype(np.float64))
+    if g is not None and not norm_before_gate:
+        x = x * g
+    y = _rms(x, eps, groups) * w
+    if g is not None and norm_before_gate:
+        y = y * g
+    return y
+
+
+@pytest.mark.parametrize("groups", [1, 4])
+@pytest.mark.parametrize("norm_before_gate", [False, True])
+@pytest.mark.parametrize("with_gate", [True, False])
+def test_gated_rmsnorm_matches_float64_formula(groups, norm_before_gate, with_gate):
+    gen = torch.Generator().manual_seed(groups + 2 * norm_before_gate)
+    h, eps = 32, 1e-5
+    w = torch.randn(h, generator=gen) * 0.5 + 1.0
+    x = torch.randn(2, 7, h, generator=gen) * 2.0 + 0.4
+    x[0, 0] *= 1e-3  # a row where epsilon matters
+    gate = torch.randn(2, 7, h, generator=gen) * 1.5 if with_gate else None
+    mod = nenn.GatedRMSNorm(w, eps, groups=groups, norm_before_gate=norm_before_gate)
+    got = mod(x, gate).double().numpy()
+    ref = _reference(x.numpy(), None if gate is None else gate.numpy(), w.numpy(), eps, groups, norm_before_gate)
+    err = np.abs(got - ref).max()
+    assert err <= 1e-5 * np.abs(ref).max() + 1e-6, err
+    if with_gate:  # the other gate position is a different function (the test can tell them apart)
+        other = _reference(x.numpy(), gate.numpy(), w.numpy(), eps, groups, not norm_before_gate)
+        assert np.abs(other - ref).max() > 100 * (1e-5 * np.abs(ref).max() + 1e-6)
+
+
+class _Caller(torch.nn.Module):
+    """Calls a gated norm as the library's mixers do: norm(hidden_states, gate)."""
+
+    def __init__(self, norm, hidden):
+        super().__init__()
+        self.proj = torch.nn.Linear(hidden, 2 * hidden)
+        self.norm = norm
+
+    def forward(self, x):
+        h, g = self.proj(x).chunk(2, dim=-1)
+        return self.norm(h, g)
+
+
+def _randomize(module, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.5 + (1.0 if p.dim() == 1 else 0.0))
+    return module
+
+
+@pytest.mark.parametrize("make, groups, before", [
+    (lambda: transformers.models.mamba2.modeling_mamba2.MambaRMSNormGated(32, group_size=16, eps=1e-5), 2, False),
+    (lambda: transformers.models.qwen3_next.modeling_qwen3_next.Qwen3NextRMSNormGated(32, eps=1e-6), 1, True),
+])
+def test_prepare_swaps_library_gated_norms(make, groups, before):
+    model = _randomize(_Caller(make(), 32)).eval()
+    x = torch.randn(2, 5, 32, generator=torch.Generator().manual_seed(1)) + 0.3
+    report = []
+    new = prepare(model, report, example_inputs=(x,))
+    assert isinstance(new.norm, nenn.GatedRMSNorm), report
+    assert (new.norm.groups, new.norm.norm_before_gate) == (groups, before)
+    (entry,) = [r for r in report if r["name"] == "norm"]
+    assert entry["action"] == "swapped" and "gate outside" in entry["reason"], entry
+    with torch.no_grad():
+        assert torch.allclose(new(x), model(x), rtol=1e-5, atol=1e-6)
+
+
+def _norm_calls(model, inputs) -> int:
+    """RMSNorm-type module calls in a forward of the model (its own structure)."""
+    n = Counter()
+    hooks = [m.register_forward_hook(lambda *a: n.update(["rms"])) for m in model.modules()
+             if type(m).__name__.endswith(("RMSNorm", "RMSNormGated"))]
+    with torch.no_grad():
+        model(*inputs)
+    for h in hooks:
+        h.remove()
+    return n["rms"]
+
+
+def test_mamba2_folder_converts_with_gated_norms_fused(cli, tmp_path):
+    torch.manual_seed(0)
+    cfg = transformers.Mamba2Config(vocab_size=64, hidden_size=32, num_hidden_layers=1, state_size=8, expand=2,
+                                    head_dim=8, num_heads=8, n_groups=2, chunk_size=256, conv_kernel=4)  # real chunk size
+    model = transformers.Mamba2ForCausalLM(cfg).eval()
+    _randomize_norms(model)
+    folder = tmp_path / "mamba2"
+    model.save_pretrained(folder)
+    out = tmp_path / "m.onnx"
+    code, stdout, err = cli("convert", folder, "-o", out, "--task", "text-generation", "--report", tmp_path / "r.json")
+    assert code == 0, (stdout, err)
+    rep = json.loads((tmp_path / "r.json").read_text())
+    gated = [r for r in rep["prepare"] if r.get("kind") == "MambaRMSNormGated"]
+    assert len(gated) == 1 and all(r["action"] == "swapped" for r in gated), gated
+    assert "1 MambaRMSNormGated -> RMSNorm" in stdout, stdout
+    ops = Counter(n.op_type for n in onnx.load(str(out)).graph.node)
+    expected = _norm_calls(model, (torch.randint(0, 64, (2, 8)),))
+    assert expected == 3 and ops["RMSNorm"] == expected, ops  # layer norm + gated norm + norm_f
+    assert ops["ReduceMean"] == 0, ops
+    rows = [row for per in rep["results"]["ort"].values() for row in per]
+    assert rows and all(row["passed"] for row in rows), rows
+
+
+def _randomize_norms(model):
+    gen = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for m in model.modules():
+            if type(m).__name__.endswith(("RMSNorm", "RMSNormGated")):
+                m.weight.copy_(torch.rand(m.weight.shape, generator=gen) + 0.5)
