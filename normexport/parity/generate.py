@@ -319,9 +319,9 @@ def _library_generate(lm, prompt, path, eager_logits, margins, dtype, rtol, atol
         config = copy.deepcopy(model.generation_config)
         config.eos_token_id = None  # all `tokens` steps, no early stop
         config.pad_token_id = 0 if config.pad_token_id is None else config.pad_token_id
+        config.max_new_tokens, config.do_sample, config.use_cache = tokens, False, True
         with torch.no_grad():
-            got = model.generate(prompt, attention_mask=torch.ones_like(prompt), generation_config=config,
-                                 max_new_tokens=tokens, do_sample=False, use_cache=True)[:, n:]
+            got = model.generate(prompt, attention_mask=torch.ones_like(prompt), generation_config=config)[:, n:]
     except Exception as e:  # noqa: BLE001
         return {"reason": f"{type(e).__name__}: {_short(e)}"}
     if got.shape[1] != tokens:
