@@ -14,6 +14,7 @@ from .errors import ExportError, UsageError, first_line
 from .export import TARGETS, convert_module, convert_module_ir, op_counts
 from .load import call
 from .prepare.implementations import exportable_implementations, summary_lines as implementation_lines
+from .prepare.complex import summary_lines as complex_lines
 from .prepare.swap import summary_lines as swap_lines
 
 
@@ -146,7 +147,8 @@ def run(args) -> int:
     print(f"exported {what} -> {out.name} (target {args.target}, {_rung_text(ex)}): " + _fused_summary(counts))
     for line in _exporter_lines(ex, names, inputs):
         print(line)
-    for line in implementation_lines(switched) + swap_lines(sections.get("prepare") or []):
+    for line in (implementation_lines(switched) + complex_lines(sections.get("prepare") or [])
+                 + swap_lines(sections.get("prepare") or [])):
         print(line)
     for line in _rewrite_lines(sections.get("rewrite")):
         print(line)

@@ -216,6 +216,22 @@ def _entry(kind, lowered: bool, reason, err) -> dict:
             "lowering": "complex"}
 
 
+def summary_lines(report: list) -> list[str]:
+    """Terminal lines for the complex lowering entries of a prepare report."""
+    lines = []
+    for e in report or []:
+        if e.get("lowering") != "complex":
+            continue
+        if e["action"] == "swapped":
+            calls = e.get("calls") or ""
+            lines.append(f"  complex values carried as real (re, im) pairs: {e['kind']}"
+                         + (f" ({calls})" if calls else "")
+                         + f"; outputs equal to the original's to {e['max_rel_err']:.2g} of max|output|")
+        else:
+            lines.append(f"  note: {e['reason']}")
+    return lines
+
+
 def not_lowered(report: list) -> list[str]:
     """The reasons complex arithmetic was left complex, from a prepare report."""
     return [e["reason"] for e in report or [] if e.get("lowering") == "complex" and e.get("action") != "swapped"]
@@ -297,8 +313,11 @@ def lower_complex(module: nn.Module, args: tuple, report: list | None = None) ->
                          + (f" (calls: {ops})" if ops else "")
                          + (f"; stored complex tables as real pairs: {stored}" if stored else "")
                          + "; the model's outputs vs the original's on the example inputs", err))
+    n_tables = sum(len(a) for a in tables.values())
+    report[-1]["calls"] = ", ".join(f"{n} x{c}" for n, c in mode_counts.most_common(4) if not n.startswith("_")) + (
+        f"; {n_tables} stored complex table(s)" if n_tables else "")
     return new
 
 
-__all__ = ["lower_complex", "not_lowered", "complex_tables", "may_use_complex", "ComplexPair", "RealComplexMode",
+__all__ = ["lower_complex", "not_lowered", "summary_lines", "complex_tables", "may_use_complex", "ComplexPair", "RealComplexMode",
            "ComplexNotLowered", "is_complex_value", "lift", "pack", "unpack", "op_name"]
