@@ -90,6 +90,8 @@ def run(args) -> int:
     exportable_implementations(module, inputs, switched)  # (so eager, the float64 reference and the file agree)
     outputs = run_eager(module, inputs)
     output_names = loaded.output_names if loaded.output_names and not args.module else call.output_names(outputs)
+    # an output named like an input (UNet's `sample` in and out) would make the graph invalid (SSA)
+    output_names = [f"{n}_out" if n in names else n for n in output_names] if output_names else output_names
 
     opset = args.opset
     if opset is None and (args.dtype == "bfloat16" or _has_bf16(module, inputs)):

@@ -164,7 +164,8 @@ def test_missing_inputs_error_lists_every_required_input(cli, tmp_path):
     code, out, err = cli("convert", tmp_path / "unet", "-o", tmp_path / "u.onnx")
     assert code == 2 and len(err.strip().splitlines()) == 1, err
     assert "cannot make example inputs for sample" in err
-    for part in ("sample [shape unknown]", "timestep [2]", "encoder_hidden_states [2x6x16]", "--input NAME:DIMS"):
+    for part in ("sample [2x4x8x8]", "timestep [2]", "encoder_hidden_states [2x6x16]", "--input NAME:DIMS",
+                 "--input sample:2x4x8x8", "--inputs inputs.pt", "normexport.capture(model"):
         assert part in err, err
     assert not (tmp_path / "u.onnx").exists()
 

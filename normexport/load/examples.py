@@ -236,7 +236,8 @@ class _Sizes:
         return self.batch, self.in_ch, self.height, self.width
 
     def expected(self, p: str) -> str:
-        shapes = {"hidden_states": "x".join(map(str, self.hidden_shape())), "timestep": f"{self.batch}",
+        latents = "x".join(map(str, self.hidden_shape()))
+        shapes = {"hidden_states": latents, "sample": latents, "timestep": f"{self.batch}",
                   "encoder_hidden_states": f"{self.batch}x{self.text_seq}x{self.text_dim or 'TEXT_DIM'}",
                   "encoder_attention_mask": f"{self.batch}x{self.text_seq}:bool",
                   "pooled_projections": f"{self.batch}x{_cfg(self.config, 'pooled_projection_dim', default='DIM')}",
