@@ -174,7 +174,10 @@ def build_plugins(archs: str | None = None, tensorrt_root: str | None = None,
 # CPU emulation build (tests/cuda_emu/emu.h): the kernel sources compiled by the host compiler
 # ------------------------------------------------------------------------------------------
 EMU_DIR = REPO_ROOT / "tests" / "cuda_emu"
-KERNEL_SOURCES = ("rms_norm.cu", "layer_norm.cu", "adaln_zero.cu")
+KERNEL_SOURCES = ("rms_norm.cu", "layer_norm.cu", "adaln_zero.cu", "skip_rms_norm.cu", "gated_adaln_zero.cu")
+#: the TensorRT plugin sources (plugins/tensorrt/), one per op plus the library entry points
+PLUGIN_SOURCES = ("rmsNormPlugin.cpp", "adaLNZeroPlugin.cpp", "skipRmsNormPlugin.cpp", "gatedAdaLNZeroPlugin.cpp",
+                  "plugins.cpp")
 _LAUNCH_RE = re.compile(r"([A-Za-z_]\w*<[^;{}<>]*>)\s*<<<(.+?)>>>", re.S)
 _EMU_CACHE: dict[tuple, Path] = {}
 
@@ -289,7 +292,7 @@ def build_emulated_plugin(tensorrt_include: str) -> tuple[Path, Path]:
     incs = [f"-I{include}", f"-I{PLUGINS_DIR / 'include'}", f"-I{trt}", f"-isystem{tensorrt_include}", f"-I{EMU_DIR}"]
     _compile([
         [cxx, "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", "-w", *incs,
-         *[str(trt / f) for f in ("rmsNormPlugin.cpp", "adaLNZeroPlugin.cpp", "plugins.cpp")],
+         *[str(trt / f) for f in PLUGIN_SOURCES],
          str(out / "kernels_emu.cpp"), "-o", str(lib), "-Wl,--no-undefined",
          f"-Wl,--version-script={trt / 'exports.map'}"],
         [cxx, "-std=c++17", "-O1", "-Wall", "-Wextra", "-DNORMEXPORT_HOST_TEST_EMULATED", f"-isystem{tensorrt_include}",
@@ -359,7 +362,9 @@ def load_kernels(path: str | os.PathLike) -> ctypes.CDLL:
     so.normexport_rms_norm.argtypes = [p, p, p, i64, i64, c_int, f32, p]
     so.normexport_layer_norm.argtypes = [p, p, p, p, i64, i64, c_int, f32, p]
     so.normexport_adaln_zero.argtypes = [p, p, p, p, p, p, i64, i64, i64, c_int, c_int, f32, p]
-    for fn in (so.normexport_rms_norm, so.normexport_layer_norm, so.normexport_adaln_zero,
-               so.normexport_kernels_abi_version):
+    so.normexport_skip_rms_norm.argtypes = [p, p, p, p, p, p, i64, i64, c_int, f32, p]
+    so.normexport_gated_adaln_zero.argtypes = [p, p, p, p, p, p, p, p, p, i64, i64, i64, c_int, c_int, f32, p]
+    for fn in (so.normexport_rms_norm, so.normexport_layer_norm, so.normexport_adaln_zero, so.normexport_skip_rms_norm,
+               so.normexport_gated_adaln_zero, so.normexport_kernels_abi_version):
         fn.restype = c_int
     return so

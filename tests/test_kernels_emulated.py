@@ -3,8 +3,9 @@
 shuffles, blocks one after another), through the C ABI of plugins/include/normexport_kernels.h.
 
 What this proves without a GPU: for every launch configuration the dispatcher picks (8/16/32
-lanes per row, 1/2/4 vectors per thread, one block per row with 4 or 8 per thread, the looped
-kernel), 16-byte vector and scalar paths, every dtype, [B,H] and full-shape modulation, the
+lanes per row, 1/2/4 vectors per thread, one block per row with 2 or 4 vectors per thread, or 8
+scalars, the looped kernel), 16-byte vector and scalar paths, every dtype, [B,H] and full-shape
+modulation, the fused residual ops (SkipRMSNorm, GatedAdaLNZero: both outputs), the
 kernels read and write exactly the row's elements (guard cells around y stay untouched), every
 lane reaches every shuffle and barrier (a lane that did not would time the barrier out and
 the call would fail), and the results match float64 references written from the formulas within
@@ -41,8 +42,11 @@ GUARD = 16
 SENTINEL = 1234.5
 # The launch each hidden size takes (fp32 vector width 4, half types 8; scalar path for odd sizes
 # or misaligned pointers): group kernels with 8/16/32 lanes and 1/2/4 vectors per thread, block
-# kernels with 4 (vector and scalar) or 8 (scalar) per thread, and the looped kernel past them.
+# kernels with 2 or 4 vectors (vector path) or 2/4/8 scalars per thread, the looped kernel past
+# them (16384 fp32: 4 vectors per thread; 6001: 8 scalars; 20000 fp32, 40000: looped).
 HIDDEN = [1, 8, 37, 64, 128, 256, 512, 1000, 1032, 4096, 6001, 16384, 20000, 40000]
+# The fused ops: one size per launch kind (group, scalar, block with 2 / 4 vectors, looped).
+FUSED_HIDDEN = [8, 37, 256, 1000, 4096, 6001, 16384, 40000]
 
 
 @pytest.fixture(scope="module")
@@ -191,6 +195,123 @@ def test_adaln_zero(lib, hidden, dtype_id, mod_full, affine):
     assert rc == 0, f"cudaError {rc}"
     ref = ref_adaln(_f64(x), _f64(shift), _f64(scale), _f64(w), _f64(b), mod_full)
     _check(y, ref, dtype_id, f"AdaLNZero {dtype_id} {batch}x{seq}x{hidden} mod_full={mod_full} affine={affine}")
+
+
+def _round(a: np.ndarray, dtype) -> np.ndarray:
+    """float64 values rounded to the IO dtype and back (the stored residual sum)."""
+    return a.astype(dtype).astype(np.float64)
+
+
+def _run_skip_rms(lib, x, skip, bias, w, dtype_id, rows, hidden, replace_lib=None):
+    dtype, code = DTYPES[dtype_id]
+    y = Buf(np.zeros((rows, hidden)), dtype, x.lead != GUARD)
+    out_sum = Buf(np.zeros((rows, hidden)), dtype, x.lead != GUARD)
+    rc = (replace_lib or lib).normexport_skip_rms_norm(x.ptr, skip.ptr, bias and bias.ptr, w.ptr, y.ptr, out_sum.ptr,
+                                                      rows, hidden, code, EPS, None)
+    return rc, y, out_sum
+
+
+def _check_skip_rms(rc, y, out_sum, x, skip, bias, w, dtype_id, what):
+    assert rc == 0, f"{what}: cudaError {rc}"
+    dtype = DTYPES[dtype_id][0]
+    ref_sum = _f64(x) + _f64(skip) + (0 if bias is None else _f64(bias))
+    _check(out_sum, ref_sum, dtype_id, f"{what} Sum")
+    # DESIGN §2: Y normalises the sum as stored (rounded to the IO dtype)
+    _check(y, ref_rms(_round(ref_sum, dtype), _f64(w)), dtype_id, f"{what} Y")
+
+
+@pytest.mark.parametrize("dtype_id", list(DTYPES))
+@pytest.mark.parametrize("hidden", FUSED_HIDDEN)
+@pytest.mark.parametrize("form", ["bias", "nobias", "misaligned"])
+def test_skip_rms_norm(lib, hidden, dtype_id, form):
+    dtype, _ = DTYPES[dtype_id]
+    rng = np.random.default_rng(hidden + 3)
+    rows = _rows_for(hidden)
+    mis = form == "misaligned"
+    x = _inputs((rows, hidden), dtype, rng, mis, mean=0.5, std=2.0)
+    skip = _inputs((rows, hidden), dtype, rng, mis, mean=-0.3, std=1.5)
+    bias = _inputs((hidden,), dtype, rng, mis, std=0.5) if form != "nobias" else None
+    w = _inputs((hidden,), dtype, rng, mis, mean=1.0, std=0.5)
+    rc, y, out_sum = _run_skip_rms(lib, x, skip, bias, w, dtype_id, rows, hidden)
+    _check_skip_rms(rc, y, out_sum, x, skip, bias, w, dtype_id, f"SkipRMSNorm {dtype_id} {rows}x{hidden} {form}")
+
+
+def _run_gated(lib, x, upd, gate, shift, scale, w, b, batch, seq, hidden, mod_full, dtype_id):
+    dtype, code = DTYPES[dtype_id]
+    y = Buf(np.zeros((batch, seq, hidden)), dtype)
+    out_sum = Buf(np.zeros((batch, seq, hidden)), dtype)
+    rc = lib.normexport_gated_adaln_zero(x.ptr, upd.ptr, gate.ptr, shift.ptr, scale.ptr, w and w.ptr, b and b.ptr, y.ptr,
+                                         out_sum.ptr, batch, seq, hidden, mod_full, code, EPS, None)
+    return rc, y, out_sum
+
+
+def _gated_case(hidden, dtype_id, mod_full, affine, seed):
+    dtype, _ = DTYPES[dtype_id]
+    rng = np.random.default_rng(seed)
+    batch, seq = (3, 7) if hidden <= 1032 else (2, 2)
+    mod_shape = (batch, seq, hidden) if mod_full else (batch, hidden)
+    x = _inputs((batch, seq, hidden), dtype, rng, mean=0.2, std=1.5)
+    upd = _inputs((batch, seq, hidden), dtype, rng, mean=0.4, std=2.0)
+    gate = _inputs(mod_shape, dtype, rng, mean=0.5, std=0.5)
+    shift = _inputs(mod_shape, dtype, rng, std=0.3)
+    scale = _inputs(mod_shape, dtype, rng, std=0.3)
+    w = _inputs((hidden,), dtype, rng, mean=1.0, std=0.2) if affine else None
+    b = _inputs((hidden,), dtype, rng, std=0.2) if affine else None
+    return x, upd, gate, shift, scale, w, b, batch, seq
+
+
+def _check_gated(rc, y, out_sum, case, mod_full, dtype_id, what):
+    x, upd, gate, shift, scale, w, b, batch, seq = case
+    assert rc == 0, f"{what}: cudaError {rc}"
+    g = _f64(gate) if mod_full else _f64(gate)[:, None, :]
+    ref_sum = _f64(x) + g * _f64(upd)
+    _check(out_sum, ref_sum, dtype_id, f"{what} Sum")
+    ref = ref_adaln(_round(ref_sum, DTYPES[dtype_id][0]), _f64(shift), _f64(scale), _f64(w), _f64(b), mod_full)
+    _check(y, ref, dtype_id, f"{what} Y")
+
+
+@pytest.mark.parametrize("dtype_id", list(DTYPES))
+@pytest.mark.parametrize("hidden", FUSED_HIDDEN)
+@pytest.mark.parametrize("mod_full", [0, 1], ids=["modBH", "modFull"])
+@pytest.mark.parametrize("affine", [False, True], ids=["noaffine", "affine"])
+def test_gated_adaln_zero(lib, hidden, dtype_id, mod_full, affine):
+    case = _gated_case(hidden, dtype_id, mod_full, affine, hidden + 4)
+    x, upd, gate, shift, scale, w, b, batch, seq = case
+    rc, y, out_sum = _run_gated(lib, x, upd, gate, shift, scale, w, b, batch, seq, hidden, mod_full, dtype_id)
+    _check_gated(rc, y, out_sum, case, mod_full, dtype_id,
+                 f"GatedAdaLNZero {dtype_id} {batch}x{seq}x{hidden} mod_full={mod_full} affine={affine}")
+
+
+# Planted bugs in the fused paths, all in one build (one compile of the emulated kernels: each
+# touches a different path, so each check below fails for its own bug). Seen failing one by one
+# too, with a fourth (statistics of X instead of the sum) that these checks also catch.
+FUSED_PLANTS = (
+    # the gate ignored in the row kernels (Sum = X + update)
+    ("a[k] = to_float(v[i].v[k]) + g[k] * to_float(r.v[k]);", "a[k] = to_float(v[i].v[k]) + to_float(r.v[k]);"),
+    # the looped kernel reads the gate of modulation row 0 for every row
+    ("gr = static_cast<T const*>(p.gate) + mrow * p.hidden;", "gr = static_cast<T const*>(p.gate);"),
+    # SkipRMSNorm's bias dropped from the sum
+    ("                        a[k] += c[k];\n", "                        a[k] += 0.f * c[k];\n"),
+)
+
+
+def test_fused_checks_catch_planted_bugs():
+    """The fused-op checks can fail: gate ignored (row kernel, hidden 256), gate row wrong (looped
+    kernel, hidden 40000), SkipRMSNorm bias dropped (hidden 256) each fail their check."""
+    bad = load_kernels(build_emulated_kernels(FUSED_PLANTS, barrier_timeout_ms=2000))
+    for hidden in (256, 40000):
+        case = _gated_case(hidden, "fp32", 0, True, 11)
+        x, upd, gate, shift, scale, w, b, batch, seq = case
+        rc, y, out_sum = _run_gated(bad, x, upd, gate, shift, scale, w, b, batch, seq, hidden, 0, "fp32")
+        with pytest.raises(AssertionError):
+            _check_gated(rc, y, out_sum, case, 0, "fp32", f"planted {hidden}")
+    rng = np.random.default_rng(5)
+    dtype = DTYPES["fp16"][0]
+    x, skip = _inputs((19, 256), dtype, rng), _inputs((19, 256), dtype, rng)
+    bias, w = _inputs((256,), dtype, rng, std=0.5), _inputs((256,), dtype, rng, mean=1.0, std=0.5)
+    rc, y, out_sum = _run_skip_rms(bad, x, skip, bias, w, "fp16", 19, 256)
+    with pytest.raises(AssertionError):
+        _check_skip_rms(rc, y, out_sum, x, skip, bias, w, "fp16", "planted")
 
 
 @pytest.mark.parametrize("which", ["shift", "scale", "weight"])

@@ -29,7 +29,7 @@ DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 DTYPE_IDS = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 REL_TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 ABS_TOL = {torch.float32: 1e-6, torch.float16: 0.0, torch.bfloat16: 0.0}
-# 6001: scalar block kernel (8 per thread) for every op; 32768: the half-precision vector block
+# 6001: scalar block kernel (8 per thread; the fused ops: looped) for every op; 32768: the half-precision vector block
 # kernel at 1024 threads (its 64-register configuration)
 HIDDEN = [1, 3, 7, 8, 64, 127, 128, 256, 1000, 1024, 1032, 2048, 4095, 4096, 6001, 8192, 8200, 16384, 32768]
 ROWS = 37  # not a multiple of the rows per block
@@ -230,3 +230,66 @@ def test_many_rows_and_side_stream(lib):
     assert rc == 0
     stream.synchronize()
     _check(y, ref_rms(_np64(x), _np64(s), 1e-6), dtype, "rms many rows")
+
+
+# ------------------------------------------------------------------------------------------
+# Fused residual ops: SkipRMSNorm, GatedAdaLNZero (Y and Sum, DESIGN §2)
+# ------------------------------------------------------------------------------------------
+
+
+def _rounded(a: np.ndarray, dtype) -> np.ndarray:
+    """float64 values rounded to the IO dtype (the stored sum the op normalises)."""
+    t = torch.from_numpy(a).to(dtype)
+    return t.double().numpy()
+
+
+@pytest.mark.parametrize("hidden", HIDDEN)
+@pytest.mark.parametrize("dtype", list(DTYPES), ids=list(DTYPE_IDS.values()))
+@pytest.mark.parametrize("form", ["bias", "nobias", "unaligned"])
+def test_skip_rms_norm(lib, dtype, hidden, form):
+    g = torch.Generator().manual_seed(hidden * 13 + DTYPES[dtype])
+    eps = 1e-6
+    un = form == "unaligned"
+    x = _tensor((ROWS, hidden), dtype, unaligned=un, gen=g, mean=0.3, std=1.5)
+    skip = _tensor((ROWS, hidden), dtype, gen=g, mean=-0.2, std=1.0)
+    bias = _tensor((hidden,), dtype, gen=g, std=0.5) if form != "nobias" else None
+    scale = _tensor((hidden,), dtype, gen=g, mean=1.0, std=0.5)
+    y = _tensor((ROWS, hidden), dtype, gen=g)
+    total = _tensor((ROWS, hidden), dtype, gen=g)
+    rc = lib.normexport_skip_rms_norm(_ptr(x), _ptr(skip), _ptr(bias), _ptr(scale), _ptr(y), _ptr(total), ROWS, hidden,
+                                      DTYPES[dtype], eps, _stream())
+    assert rc == 0
+    torch.cuda.synchronize()
+    ref_sum = _np64(x) + _np64(skip) + (0.0 if bias is None else _np64(bias))
+    _check(total, ref_sum, dtype, f"skip-rms Sum hidden={hidden}")
+    _check(y, ref_rms(_rounded(ref_sum, dtype), _np64(scale), eps), dtype, f"skip-rms Y hidden={hidden}")
+
+
+@pytest.mark.parametrize("hidden", HIDDEN)
+@pytest.mark.parametrize("dtype", list(DTYPES), ids=list(DTYPE_IDS.values()))
+@pytest.mark.parametrize("mod_full", [0, 1], ids=["modBH", "modFull"])
+@pytest.mark.parametrize("affine", [False, True], ids=["noaffine", "affine"])
+def test_gated_adaln_zero(lib, dtype, hidden, mod_full, affine):
+    g = torch.Generator().manual_seed(hidden * 17 + DTYPES[dtype])
+    eps = 1e-6
+    batch, seq = 3, 5
+    mod_shape = (batch, seq, hidden) if mod_full else (batch, hidden)
+    x = _tensor((batch, seq, hidden), dtype, gen=g, mean=0.2, std=1.5)
+    upd = _tensor((batch, seq, hidden), dtype, gen=g, mean=0.4, std=2.0)
+    gate = _tensor(mod_shape, dtype, gen=g, mean=0.5, std=0.5)
+    shift = _tensor(mod_shape, dtype, gen=g, std=0.3)
+    scale = _tensor(mod_shape, dtype, gen=g, std=0.3)
+    w = _tensor((hidden,), dtype, gen=g, mean=1.0, std=0.2) if affine else None
+    b = _tensor((hidden,), dtype, gen=g, std=0.2) if affine else None
+    y = _tensor((batch, seq, hidden), dtype, gen=g)
+    total = _tensor((batch, seq, hidden), dtype, gen=g)
+    rc = lib.normexport_gated_adaln_zero(_ptr(x), _ptr(upd), _ptr(gate), _ptr(shift), _ptr(scale), _ptr(w), _ptr(b),
+                                         _ptr(y), _ptr(total), batch, seq, hidden, mod_full, DTYPES[dtype], eps,
+                                         _stream())
+    assert rc == 0
+    torch.cuda.synchronize()
+    gg = _np64(gate) if mod_full else _np64(gate)[:, None, :]
+    ref_sum = _np64(x) + gg * _np64(upd)
+    _check(total, ref_sum, dtype, f"gated Sum hidden={hidden}")
+    ref = ref_adaln(_rounded(ref_sum, dtype), _np64(shift), _np64(scale), _np64(w), _np64(b), eps, mod_full)
+    _check(y, ref, dtype, f"gated Y hidden={hidden}")

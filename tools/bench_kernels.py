@@ -1,10 +1,14 @@
 #!/usr/bin/env python3
 """Benchmark the normexport CUDA kernels against PyTorch eager and torch.compile.
 
-RMSNorm and AdaLNZero ([B,H] modulation, B = tokens / seq) over tokens x hidden x dtype.
-Bandwidth counts one read of x, one write of y and one read of every parameter tensor; it is
-also given as a percentage of a device-to-device copy (torch copy_ of an x-sized buffer)
-measured in the same run. CUDA events, warm-up, median of --iters launches.
+RMSNorm, LayerNorm (weight + bias), AdaLNZero ([B,H] modulation, B = tokens / seq) and the fused
+residual ops SkipRMSNorm (x + skip, then RMSNorm; writes y and the sum) and GatedAdaLNZero
+(x + gate * update, then AdaLNZero; writes y and the sum) over tokens x hidden x dtype. The fused
+ops are compared with torch eager / torch.compile of the same *unfused* math (the add, then the
+norm, both results returned), which is what a model runs without them.
+Bandwidth counts one read of every input tensor and one write of every output; it is also given
+as a percentage of a device-to-device copy (torch copy_ of an x-sized buffer) measured in the same
+run. CUDA events, warm-up, median of --iters launches, each from a cold L2.
 
 Writes benchmarks/results/<date>_<device-slug>.{json,png} and prints a table.
 
@@ -27,6 +31,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 DTYPE_CODE = {"float32": 0, "float16": 1, "bfloat16": 2}
+OPS = ("RMSNorm", "LayerNorm", "AdaLNZero", "SkipRMSNorm", "GatedAdaLNZero")
 
 
 def parse_args():
@@ -39,6 +44,7 @@ def parse_args():
     p.add_argument("--seq", type=int, default=256, help="tokens per sequence for AdaLNZero ([B,H] modulation)")
     p.add_argument("--iters", type=int, default=50)
     p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--ops", nargs="+", default=list(OPS), choices=list(OPS))
     p.add_argument("--no-compile", action="store_true", help="skip torch.compile")
     p.add_argument("--quick", action="store_true", help="fewer iterations, no torch.compile")
     p.add_argument("--out-dir", default=str(REPO / "benchmarks" / "results"))
@@ -62,9 +68,17 @@ def load_lib(path: Path):
     i64, p, f32, c_int = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes.c_int
     so.normexport_rms_norm.argtypes = [p, p, p, i64, i64, c_int, f32, p]
     so.normexport_adaln_zero.argtypes = [p, p, p, p, p, p, i64, i64, i64, c_int, c_int, f32, p]
-    so.normexport_rms_norm.restype = c_int
-    so.normexport_adaln_zero.restype = c_int
+    so.normexport_layer_norm.argtypes = [p, p, p, p, i64, i64, c_int, f32, p]
+    so.normexport_skip_rms_norm.argtypes = [p, p, p, p, p, p, i64, i64, c_int, f32, p]
+    so.normexport_gated_adaln_zero.argtypes = [p, p, p, p, p, p, p, p, p, i64, i64, i64, c_int, c_int, f32, p]
+    for fn in (so.normexport_rms_norm, so.normexport_adaln_zero, so.normexport_layer_norm, so.normexport_skip_rms_norm,
+               so.normexport_gated_adaln_zero):
+        fn.restype = c_int
     return so
+
+
+#: short dtype names for labels (the plot once cut "float16" and "float32" both to "floa")
+SHORT_DTYPE = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 
 
 def time_fn(torch, fn, iters: int, warmup: int, flush) -> float:
@@ -109,9 +123,21 @@ def main() -> int:
     def rms_eager(x, w):
         return F.rms_norm(x, (x.shape[-1],), w, eps)
 
+    def ln_eager(x, w, b):
+        return F.layer_norm(x, (x.shape[-1],), w, b, eps)
+
     def adaln_eager(x, shift, scale):
         y = F.layer_norm(x, (x.shape[-1],), None, None, eps)
         return y * (1 + scale[:, None]) + shift[:, None]
+
+    def skip_rms_eager(x, skip, w):  # the unfused add + norm a model runs
+        h = x + skip
+        return F.rms_norm(h, (h.shape[-1],), w, eps), h
+
+    def gated_adaln_eager(x, upd, gate, shift, scale):
+        h = x + gate[:, None] * upd
+        y = F.layer_norm(h, (h.shape[-1],), None, None, eps)
+        return y * (1 + scale[:, None]) + shift[:, None], h
 
     l2_bytes = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 0) or (64 << 20)
     flush = torch.empty(max(4 * l2_bytes, 256 << 20), dtype=torch.int8, device=dev)
@@ -130,45 +156,72 @@ def main() -> int:
                 batch = tokens // seq
                 x = torch.randn(batch, seq, hidden, device=dev, dtype=dtype)
                 y = torch.empty_like(x)
+                total = torch.empty_like(x)
+                skip = torch.randn_like(x)
                 w = torch.rand(hidden, device=dev, dtype=dtype) + 0.5
+                b = torch.randn(hidden, device=dev, dtype=dtype) * 0.1
                 shift = torch.randn(batch, hidden, device=dev, dtype=dtype) * 0.1
                 scale = torch.randn(batch, hidden, device=dev, dtype=dtype) * 0.1
+                gate = torch.randn(batch, hidden, device=dev, dtype=dtype) * 0.5
                 stream = torch.cuda.current_stream().cuda_stream
                 n = x.numel()
+                rows = batch * seq
                 if not args.no_compile:
                     # A fresh compile per shape: past dynamo's recompile limit (8) it would quietly
                     # run eager code under the torch.compile label.
                     torch._dynamo.reset()
-                    compiled = {"rms": torch.compile(rms_eager, dynamic=False),
-                                "adaln": torch.compile(adaln_eager, dynamic=False)}
+                    compiled = {k: torch.compile(f, dynamic=False) for k, f in (
+                        ("rms", rms_eager), ("ln", ln_eager), ("adaln", adaln_eager), ("skip", skip_rms_eager),
+                        ("gated", gated_adaln_eager))}
 
                 copy_ms = time_fn(torch, lambda: y.copy_(x), args.iters, args.warmup, flush)
                 copy_gbs = 2 * n * esize / copy_ms / 1e6
 
-                def ours_rms():
-                    rc = lib.normexport_rms_norm(x.data_ptr(), w.data_ptr(), y.data_ptr(), batch * seq, hidden, code,
-                                                 eps, stream)
+                def check(rc, what):
                     if rc != 0:
-                        raise RuntimeError(f"normexport_rms_norm returned cudaError {rc}")
+                        raise RuntimeError(f"{what} returned cudaError {rc}")
+
+                def ours_rms():
+                    check(lib.normexport_rms_norm(x.data_ptr(), w.data_ptr(), y.data_ptr(), rows, hidden, code, eps,
+                                                  stream), "normexport_rms_norm")
+
+                def ours_ln():
+                    check(lib.normexport_layer_norm(x.data_ptr(), w.data_ptr(), b.data_ptr(), y.data_ptr(), rows, hidden,
+                                                    code, eps, stream), "normexport_layer_norm")
 
                 def ours_adaln():
-                    rc = lib.normexport_adaln_zero(x.data_ptr(), shift.data_ptr(), scale.data_ptr(), None, None,
-                                                   y.data_ptr(), batch, seq, hidden, 0, code, eps, stream)
-                    if rc != 0:
-                        raise RuntimeError(f"normexport_adaln_zero returned cudaError {rc}")
+                    check(lib.normexport_adaln_zero(x.data_ptr(), shift.data_ptr(), scale.data_ptr(), None, None,
+                                                    y.data_ptr(), batch, seq, hidden, 0, code, eps, stream),
+                          "normexport_adaln_zero")
 
+                def ours_skip():
+                    check(lib.normexport_skip_rms_norm(x.data_ptr(), skip.data_ptr(), None, w.data_ptr(), y.data_ptr(),
+                                                       total.data_ptr(), rows, hidden, code, eps, stream),
+                          "normexport_skip_rms_norm")
+
+                def ours_gated():
+                    check(lib.normexport_gated_adaln_zero(x.data_ptr(), skip.data_ptr(), gate.data_ptr(),
+                                                          shift.data_ptr(), scale.data_ptr(), None, None, y.data_ptr(),
+                                                          total.data_ptr(), batch, seq, hidden, 0, code, eps, stream),
+                          "normexport_gated_adaln_zero")
+
+                def impls(ours, key, eager, *a):
+                    d = {"normexport": ours, "torch eager": lambda: eager(*a)}
+                    if compiled:
+                        d["torch.compile"] = lambda: compiled[key](*a)
+                    return d
+
+                bh = batch * hidden
                 cases = {
-                    "RMSNorm": (
-                        (2 * n + hidden) * esize,
-                        {"normexport": ours_rms, "torch eager": lambda: rms_eager(x, w)}
-                        | ({"torch.compile": lambda: compiled["rms"](x, w)} if compiled else {}),
-                    ),
-                    "AdaLNZero": (
-                        (2 * n + 2 * batch * hidden) * esize,
-                        {"normexport": ours_adaln, "torch eager": lambda: adaln_eager(x, shift, scale)}
-                        | ({"torch.compile": lambda: compiled["adaln"](x, shift, scale)} if compiled else {}),
-                    ),
+                    "RMSNorm": ((2 * n + hidden) * esize, impls(ours_rms, "rms", rms_eager, x, w)),
+                    "LayerNorm": ((2 * n + 2 * hidden) * esize, impls(ours_ln, "ln", ln_eager, x, w, b)),
+                    "AdaLNZero": ((2 * n + 2 * bh) * esize, impls(ours_adaln, "adaln", adaln_eager, x, shift, scale)),
+                    # fused: read x and the skip / update, write y and the sum
+                    "SkipRMSNorm": ((4 * n + hidden) * esize, impls(ours_skip, "skip", skip_rms_eager, x, skip, w)),
+                    "GatedAdaLNZero": ((4 * n + 3 * bh) * esize,
+                                       impls(ours_gated, "gated", gated_adaln_eager, x, skip, gate, shift, scale)),
                 }
+                cases = {k: v for k, v in cases.items() if k in args.ops}
                 for op, (nbytes, impls) in cases.items():
                     for impl, fn in impls.items():
                         try:
@@ -182,11 +235,11 @@ def main() -> int:
                             "batch": batch, "seq": seq, "ms": ms, "bytes": nbytes, "gb_per_s": gbs,
                             "copy_gb_per_s": copy_gbs, "pct_of_copy": (100 * gbs / copy_gbs) if gbs else None,
                         })
-                del x, y, w, shift, scale
+                del x, y, total, skip, w, b, shift, scale, gate
                 torch.cuda.empty_cache()
 
     # table
-    header = f"{'op':<10} {'dtype':<9} {'tokens':>6} {'hidden':>6} {'impl':<14} {'ms':>8} {'GB/s':>8} {'%copy':>6}"
+    header = f"{'op':<14} {'dtype':<9} {'tokens':>6} {'hidden':>6} {'impl':<14} {'ms':>8} {'GB/s':>8} {'%copy':>6}"
     print(f"\n{name}  (copy bandwidth measured per shape; median of {args.iters} calls, each from a cold L2)")
     print(header)
     print("-" * len(header))
@@ -194,7 +247,7 @@ def main() -> int:
         ms = f"{r['ms']:.4f}" if r["ms"] else "-"
         gbs = f"{r['gb_per_s']:.0f}" if r["gb_per_s"] else "-"
         pct = f"{r['pct_of_copy']:.0f}" if r["pct_of_copy"] else "-"
-        print(f"{r['op']:<10} {r['dtype']:<9} {r['tokens']:>6} {r['hidden']:>6} {r['impl']:<14} {ms:>8} {gbs:>8} {pct:>6}")
+        print(f"{r['op']:<14} {r['dtype']:<9} {r['tokens']:>6} {r['hidden']:>6} {r['impl']:<14} {ms:>8} {gbs:>8} {pct:>6}")
 
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -204,7 +257,9 @@ def main() -> int:
         "iters": args.iters, "warmup": args.warmup, "eps": eps, "seq": args.seq,
         "timing": "CUDA events around each call, queued behind a write of a buffer 4x the L2 size (cold L2, no host "
                   "launch overhead); median",
-        "bytes_model": "read x + write y + read params (RMSNorm: scale [H]; AdaLNZero: shift, scale [B,H])",
+        "bytes_model": "read x + write y + read params (RMSNorm: scale [H]; LayerNorm: weight, bias [H]; AdaLNZero: "
+                       "shift, scale [B,H]); fused ops also read the skip / update and write the sum (GatedAdaLNZero: "
+                       "gate [B,H] too)",
     }
     stem.with_suffix(".json").write_text(json.dumps({"meta": meta, "results": results}, indent=2))
     try:
@@ -235,7 +290,7 @@ def plot(results, device: str, path: Path) -> None:
                 vals.append((hit[0]["pct_of_copy"] or 0) if hit else 0)
             ax.bar([i + k * width for i in range(len(configs))], vals, width, label=impl)
         ax.set_xticks([i + width * (len(impls) - 1) / 2 for i in range(len(configs))])
-        ax.set_xticklabels([f"{d[:4]}\n{t}x{h}" for d, t, h in configs], fontsize=7)
+        ax.set_xticklabels([f"{SHORT_DTYPE.get(d, d)}\n{t}x{h}" for d, t, h in configs], fontsize=7)
         ax.axhline(100, color="grey", lw=0.8, ls="--")
         ax.set_ylabel("% of copy bandwidth")
         ax.set_title(f"{op} on {device}")

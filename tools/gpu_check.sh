@@ -5,11 +5,15 @@
 # 1. Python: uses the system python3 if it already imports torch (GPU machines often have no
 #    internet); else .venv (created as the README does: python3 -m venv .venv, pip install
 #    torch==2.13.0, pip install -e '.[test]').
-# 2. Builds plugins/ with CMake into build/plugins (TensorRT plugin too when TensorRT_ROOT or
-#    system TensorRT is found).
-# 3. pytest tests/test_kernels_gpu.py tests/test_plugins_build.py (+ TensorRT: tests/test_trt_plugin_host.py, tests/test_trt.py).
-# 4. tools/bench_kernels.py; results in benchmarks/results/ (in $OUT when set: the device tool's
-#    output folder, written as the run goes so that a run cut short still returns its logs).
+# 2. Builds plugins/ with CMake into build/plugins (the TensorRT plugin too when TensorRT_ROOT points
+#    at TensorRT headers: an install, or the include/ folder of NVIDIA/TensorRT alone, built with
+#    NORMEXPORT_TRT_HEADERS_ONLY=ON since the plugin never links libnvinfer).
+# 3. pytest tests/test_kernels_gpu.py tests/test_plugins_build.py (+ TensorRT: tests/test_trt_plugin_host.py,
+#    tests/test_trt.py, tests/test_trt_precision.py); PYTEST_FILES replaces that list, PYTEST_ARGS adds options.
+# 4. tools/bench_kernels.py (BENCH_ARGS adds to it); results in benchmarks/results/ (in $OUT when set:
+#    the device tool's output folder, written as the run goes so that a run cut short still returns
+#    its logs).
+# STEPS="build tests bench" (default) selects the steps.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -30,7 +34,9 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>
 NVCC=${CUDACXX:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
 echo "== building plugins with $NVCC"
 CMAKE_ARGS=(-S plugins -B build/plugins -DCMAKE_CUDA_COMPILER="$NVCC")
-[ -n "${TensorRT_ROOT:-}" ] && CMAKE_ARGS+=(-DTensorRT_ROOT="$TensorRT_ROOT")
+[ -n "${TensorRT_ROOT:-}" ] && CMAKE_ARGS+=(-DTensorRT_ROOT="$TensorRT_ROOT" -DNORMEXPORT_TRT_HEADERS_ONLY=ON)
+[ -n "${CUDA_ARCHS:-}" ] && CMAKE_ARGS+=(-DCMAKE_CUDA_ARCHITECTURES="$CUDA_ARCHS")
+STEPS=${STEPS:-build tests bench}
 command -v ninja >/dev/null && CMAKE_ARGS+=(-G Ninja)
 start=$(date +%s)
 cmake "${CMAKE_ARGS[@]}" && cmake --build build/plugins -j "$(nproc)" || { echo "gpu_check: build failed" >&2; exit 1; }
@@ -43,12 +49,17 @@ RESULTS=${OUT:-benchmarks/results}
 mkdir -p "$LOGS" "$RESULTS"
 status=0
 echo "== pytest (log: $LOGS/normexport_gpu_pytest.log)"
-PYTHONUNBUFFERED=1 $PY -m pytest tests/test_kernels_gpu.py tests/test_plugins_build.py tests/test_trt_plugin_host.py \
-    tests/test_trt.py -v -rs 2>&1 | tee "$LOGS/normexport_gpu_pytest.log"
-[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+if [[ " $STEPS " == *" tests "* ]]; then
+    PYTEST_FILES=${PYTEST_FILES:-tests/test_kernels_gpu.py tests/test_plugins_build.py tests/test_trt_plugin_host.py \
+tests/test_trt.py tests/test_trt_precision.py}
+    PYTHONUNBUFFERED=1 $PY -m pytest $PYTEST_FILES -rs ${PYTEST_ARGS:-} 2>&1 | tee "$LOGS/normexport_gpu_pytest.log"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
 
 echo "== benchmark (log: $LOGS/normexport_bench.log, results: $RESULTS)"
-PYTHONUNBUFFERED=1 $PY tools/bench_kernels.py --lib "$NORMEXPORT_KERNELS_LIB" --out-dir "$RESULTS" ${BENCH_ARGS:-} 2>&1 \
-    | tee "$LOGS/normexport_bench.log"
-[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+if [[ " $STEPS " == *" bench "* ]]; then
+    PYTHONUNBUFFERED=1 $PY tools/bench_kernels.py --lib "$NORMEXPORT_KERNELS_LIB" --out-dir "$RESULTS" ${BENCH_ARGS:-} 2>&1 \
+        | tee "$LOGS/normexport_bench.log"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
 exit $status

@@ -1,15 +1,15 @@
 """Custom ops of the `normexport` ONNX domain. Each op's contract lives in one module
-(`rms_norm.py`, `adaln_zero.py`); this package wires those specs to torch and ONNX."""
+(`rms_norm.py`, `adaln_zero.py`, `skip_rms_norm.py`, `gated_adaln_zero.py`); this package wires those specs to torch and ONNX."""
 
 from __future__ import annotations
 
 import onnx
 import torch
 
-from . import adaln_zero, rms_norm
+from . import adaln_zero, gated_adaln_zero, rms_norm, skip_rms_norm
 from ._spec import DOMAIN, MIN_OPSET, PLUGIN_ATTRIBUTES, VERSION, OpSpec
 
-SPECS: dict[str, OpSpec] = {m.SPEC.name: m.SPEC for m in (rms_norm, adaln_zero)}
+SPECS: dict[str, OpSpec] = {m.SPEC.name: m.SPEC for m in (rms_norm, adaln_zero, skip_rms_norm, gated_adaln_zero)}
 
 for _spec in SPECS.values():
     _spec.register_schema()
@@ -18,6 +18,8 @@ for _spec in SPECS.values():
 TRANSLATION_TABLE = {
     torch.ops.normexport.rms_norm.default: rms_norm.translate,
     torch.ops.normexport.adaln_zero.default: adaln_zero.translate,
+    torch.ops.normexport.skip_rms_norm.default: skip_rms_norm.translate,
+    torch.ops.normexport.gated_adaln_zero.default: gated_adaln_zero.translate,
 }
 
 

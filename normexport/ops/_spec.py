@@ -47,6 +47,8 @@ class OpSpec:
     reference: Callable[..., Any]  # numpy float64 reference, (*inputs, **attributes)
     #: the FunctionProto (body in standard ops, opset 18) for a node with `n_inputs` inputs
     body: Callable[[int], onnx.FunctionProto]
+    #: (name, doc) of each output, in order
+    outputs: tuple[tuple[str, str], ...] = (("Y", "same shape and type as X"),)
 
     @property
     def defaults(self) -> dict[str, float | int]:
@@ -63,7 +65,7 @@ class OpSpec:
             VERSION,
             self.doc,
             inputs=[param(i) for i in self.inputs],
-            outputs=[OpSchema.FormalParameter("Y", "T", "same shape and type as X")],
+            outputs=[OpSchema.FormalParameter(name, "T", doc) for name, doc in self.outputs],
             type_constraints=[("T", list(FLOAT_TYPES), "float32, float16 or bfloat16")],
             attributes=[OpSchema.Attribute(a.name, onnx.helper.make_attribute(a.name, a.default), a.doc) for a in self.attributes]
             + [OpSchema.Attribute(k, onnx.helper.make_attribute(k, v), _PLUGIN_ATTRIBUTE_DOC)

@@ -83,7 +83,7 @@ def AdaLNZero(X, shift, scale, weight, bias, epsilon: float = 1e-6):
                        op.Shape(shift, start=1), axis=0)
     shift_b = op.Reshape(op.Cast(shift, to=1), target)
     scale_b = op.Reshape(op.Cast(scale, to=1), target)
-    return op.CastLike(normed * (op.Constant(value_float=1.0) + scale_b) + shift_b, X)
+    return op.CastLike(normed * (op.CastLike(op.Constant(value_float=1.0), normed) + scale_b) + shift_b, X)
 
 
 def translate(x, shift, scale, weight, bias, epsilon: float):

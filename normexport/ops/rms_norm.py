@@ -42,13 +42,15 @@ def _(x, scale, epsilon, axis):
 # ---- ONNX function body (standard ops only) --------------------------------------------------
 @onnxscript.script(_OPSET, default_opset=op)
 def RMSNorm(X, scale, epsilon: float = 1e-6, axis: int = -1):
-    # TensorRT's parser needs reduction axes that are constants at build time: flatten the
-    # normalized dims into one (Flatten takes `axis` as an attribute), reduce over that constant
-    # axis, and give the result X's shape back.
+    # TensorRT's parser needs reduction axes that are constants at build time: reshape X to
+    # [dims before `axis`..., normalized elements], reduce over the constant last axis, and give
+    # the result X's shape back. (Not Flatten(axis=axis): onnx's reference evaluator, the
+    # rewriter's float64 reference, cannot run a unary op whose attribute refers to the
+    # function's, and the local verification of fusions around an RMSNorm node needs it.)
     xf = op.Cast(X, to=1)
-    flat = op.Flatten(xf, axis=axis)
-    mean_sq = op.ReduceMean(flat * flat, op.Constant(value_ints=[1]), keepdims=1)
-    inv_rms = op.Reciprocal(op.Sqrt(mean_sq + op.Constant(value_float=epsilon)))
+    flat = op.Reshape(xf, op.Concat(op.Shape(X, end=axis), op.Constant(value_ints=[-1]), axis=0))
+    mean_sq = op.ReduceMean(flat * flat, op.Constant(value_ints=[-1]), keepdims=1)
+    inv_rms = op.Reciprocal(op.Sqrt(mean_sq + op.CastLike(op.Constant(value_float=epsilon), mean_sq)))
     y = op.Reshape(flat * inv_rms, op.Shape(X))
     return op.CastLike(y * op.Cast(scale, to=1), X)
 

@@ -38,13 +38,32 @@ class Engine:
     layer_count: int
 
 
+def _recording_logger(trt) -> Any:
+    """A TensorRT logger that keeps the error messages (TensorRT's own reason when a call fails,
+    e.g. TensorRT for RTX's "engine cannot run on this GPU, which has compute capability 9.0")."""
+
+    class _Recorder(trt.ILogger):
+        def __init__(self) -> None:
+            trt.ILogger.__init__(self)
+            self.errors: list[str] = []
+
+        def log(self, severity, msg) -> None:  # noqa: D401 - TensorRT's callback
+            if severity in (trt.ILogger.Severity.ERROR, trt.ILogger.Severity.INTERNAL_ERROR):
+                self.errors.append(str(msg).strip())
+
+    return _Recorder()
+
+
 def deserialize(serialized: bytes, plugin: str | os.PathLike | None = None) -> Any:
     t = runtime.load()
     if plugin is not None:
         load_plugin_library(plugin)
-    engine = t.module.Runtime(t.module.Logger(t.module.Logger.WARNING)).deserialize_cuda_engine(serialized)
+    logger = _recording_logger(t.module)
+    trt_runtime = t.module.Runtime(logger)
+    engine = trt_runtime.deserialize_cuda_engine(serialized) if trt_runtime is not None else None
     if engine is None:
-        raise RuntimeError("TensorRT could not deserialize the engine (is there a CUDA GPU?)")
+        why = logger.errors[-1] if logger.errors else "no reason logged (is there a CUDA GPU?)"
+        raise RuntimeError(f"TensorRT could not deserialize the engine: {why}")
     return engine
 
 

@@ -14,7 +14,8 @@
  *  - rows == 0 (or batch * seq == 0) is a valid no-op.
  *  - Any hidden size >= 1 works. The row is kept in registers (one read of x and params, one
  *    write of y) up to hidden 16384 (fp32) / 32768 (fp16, bf16) on the 16-byte vector path and
- *    up to 8192 on the scalar path; beyond that a looped multi-pass kernel is used.
+ *    up to 8192 on the scalar path; beyond that a looped multi-pass kernel is used (the fused
+ *    ops then read their sum back from `sum`).
  *  - 16-byte vector loads/stores are used when every pointer is 16-byte aligned and hidden is a
  *    multiple of 16 / sizeof(dtype); otherwise a scalar path with identical results is used.
  *  - y may not alias any input.
@@ -70,6 +71,29 @@ NORMEXPORT_API cudaError_t normexport_layer_norm(void const* x, void const* weig
 NORMEXPORT_API cudaError_t normexport_adaln_zero(void const* x, void const* shift, void const* scale,
     void const* weight, void const* bias, void* y, int64_t batch, int64_t seq, int64_t hidden, int mod_full,
     int dtype, float eps, cudaStream_t stream);
+
+/*
+ * RMSNorm fused with the residual add before it (LLaMA's h = x + attn(x); rmsnorm(h)):
+ *   sum[r, :] = x[r, :] + skip[r, :] [+ bias[:]]     (float32, rounded once to the IO dtype)
+ *   y[r, :]   = sum[r, :] / sqrt(mean(sum[r, :]^2) + eps) * scale[:]   (of the rounded sum)
+ * x, skip, y, sum: [rows, hidden]; scale: [hidden] (required); bias: [hidden] or NULL.
+ * sum may not alias any input.
+ */
+NORMEXPORT_API cudaError_t normexport_skip_rms_norm(void const* x, void const* skip, void const* bias,
+    void const* scale, void* y, void* sum, int64_t rows, int64_t hidden, int dtype, float eps, cudaStream_t stream);
+
+/*
+ * AdaLN-Zero fused with the gated residual before it (DiT's x = x + gate * attn(...); then the
+ * modulated LayerNorm):
+ *   sum = x + gate * update                          (float32, rounded once to the IO dtype)
+ *   y   = LayerNorm(sum; weight, bias, eps) * (1 + scale) + shift   (of the rounded sum)
+ * x, update, y, sum: [batch, seq, hidden]. gate, shift, scale: all three [batch, hidden]
+ * (mod_full == 0, broadcast over seq) or all three [batch, seq, hidden] (mod_full == 1).
+ * weight, bias: [hidden] or NULL. sum may not alias any input.
+ */
+NORMEXPORT_API cudaError_t normexport_gated_adaln_zero(void const* x, void const* update, void const* gate,
+    void const* shift, void const* scale, void const* weight, void const* bias, void* y, void* sum, int64_t batch,
+    int64_t seq, int64_t hidden, int mod_full, int dtype, float eps, cudaStream_t stream);
 
 /* Version of this ABI (bumped on any incompatible change). */
 NORMEXPORT_API int normexport_kernels_abi_version(void);

@@ -3,12 +3,23 @@
 // Three row-register kernels and one fallback, all templated on the IO type T and the op:
 //   - norm_group_kernel: LANES threads (8..32, i.e. at most one warp) per row, several rows per
 //     128-thread block; used for short rows.
-//   - norm_block_kernel: one row per block (blockDim chosen at launch, <= 1024 threads).
+//   - norm_block_kernel: one row per block of up to 1024 threads (blockDim chosen at launch so that
+//     each thread holds VPT = 2 vectors of the row up to hidden 16384 in half precision, 8192 in
+//     float32: 64..1024 threads per row, RMSNorm at <= 32 registers so 2048 threads and as many
+//     16-byte loads in flight per SM; 8 vectors in blocks of <= 512 threads beyond that).
 //   - norm_looped_kernel: one row per block, any hidden size, several passes over global memory.
-// The row kernels keep the whole row in registers (VPT vectors of VEC elements per thread, loops
-// fully unrolled so no register array is indexed dynamically), compute the mean first and then
-// the sum of squared deviations from those registers (two-pass, numerically stable), and write y
-// once. VEC = 16 / sizeof(T) gives 128-bit global loads/stores; VEC = 1 is the generic scalar path.
+// The row kernels keep the whole row in registers as packed IO values (VPT vectors of VEC elements
+// per thread: a bf16/fp16 vector of 8 is 4 registers, half of what float32 copies would take),
+// loops fully unrolled so no register array is indexed dynamically; they compute the mean first
+// and then the sum of squared deviations from those registers (two-pass, numerically stable) and
+// write y once. VEC = 16 / sizeof(T) gives 128-bit global loads/stores; VEC = 1 is the generic
+// scalar path. __launch_bounds__ caps the registers (min_blocks_for).
+//
+// The fused residual kinds (kSkipRms, kGatedAdaLN) first form the row sum
+//   Sum = X + skip [+ bias]        (SkipRMSNorm)
+//   Sum = X + gate * update        (GatedAdaLNZero)
+// in float32, round it to T, store it (the next residual) and normalise that stored value, so the
+// fused op equals the unfused Add + norm of the same dtype (DESIGN §2).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -25,10 +36,19 @@ namespace normexport
 
 enum class NormKind
 {
-    kRms,      // y = x * rstd * scale
-    kLayer,    // y = (x - mean) * rstd [* weight] [+ bias]
-    kAdaLN,    // y = ((x - mean) * rstd [* weight] [+ bias]) * (1 + mod_scale) + shift
+    kRms,        // y = x * rstd * scale
+    kLayer,      // y = (x - mean) * rstd [* weight] [+ bias]
+    kAdaLN,      // y = ((x - mean) * rstd [* weight] [+ bias]) * (1 + mod_scale) + shift
+    kSkipRms,    // s = x + residual [+ res_bias]; y = s * rstd(s) * scale
+    kGatedAdaLN, // s = x + gate * residual; y = AdaLN(s)
 };
+
+template <NormKind K>
+constexpr bool kIsRms = K == NormKind::kRms || K == NormKind::kSkipRms;
+template <NormKind K>
+constexpr bool kIsAdaLN = K == NormKind::kAdaLN || K == NormKind::kGatedAdaLN;
+template <NormKind K>
+constexpr bool kHasResidual = K == NormKind::kSkipRms || K == NormKind::kGatedAdaLN;
 
 struct NormParams
 {
@@ -37,7 +57,11 @@ struct NormParams
     void const* bias;      // nullable
     void const* shift;     // AdaLN only
     void const* mod_scale; // AdaLN only
+    void const* residual;  // fused kinds: SkipRMSNorm's skip, GatedAdaLNZero's update ([rows, hidden])
+    void const* res_bias;  // SkipRMSNorm's optional bias [hidden] added to the sum (nullable)
+    void const* gate;      // GatedAdaLNZero: gate, laid out as shift / mod_scale
     void* y;
+    void* sum;             // fused kinds: the residual sum output ([rows, hidden])
     int64_t rows;
     int64_t hidden;
     int64_t mod_row_div;   // AdaLN: modulation row = row / mod_row_div (seq for [B,H], 1 for full)
@@ -67,6 +91,42 @@ struct alignas(sizeof(T) * N) Pack
 {
     T v[N];
 };
+
+// Load / store one pack as raw IO values (16-byte packs as one 128-bit access).
+template <typename T, int N, bool READ_ONLY>
+__device__ __forceinline__ Pack<T, N> load_raw(T const* p)
+{
+    Pack<T, N> pk;
+    if constexpr (sizeof(Pack<T, N>) == 16)
+    {
+        uint4 raw;
+        if constexpr (READ_ONLY)
+            raw = __ldg(reinterpret_cast<uint4 const*>(p));
+        else
+            raw = *reinterpret_cast<uint4 const*>(p);
+        memcpy(&pk, &raw, sizeof(raw));
+    }
+    else
+    {
+        pk = *reinterpret_cast<Pack<T, N> const*>(p);
+    }
+    return pk;
+}
+
+template <typename T, int N>
+__device__ __forceinline__ void store_raw(T* p, Pack<T, N> const& pk)
+{
+    if constexpr (sizeof(Pack<T, N>) == 16)
+    {
+        uint4 raw;
+        memcpy(&raw, &pk, sizeof(raw));
+        *reinterpret_cast<uint4*>(p) = raw;
+    }
+    else
+    {
+        *reinterpret_cast<Pack<T, N>*>(p) = pk;
+    }
+}
 
 // Load N elements starting at p (p must be aligned to sizeof(T) * N). READ_ONLY selects the
 // non-coherent read-only path for parameters that are re-read by many rows.
@@ -164,41 +224,90 @@ __device__ __forceinline__ void norm_row(NormParams const& p, int64_t row, bool 
 {
     // In-row indices fit in 32 bits (hidden <= INT32_MAX); only the row base is 64-bit.
     int const nvec = static_cast<int>(p.hidden / VEC);
-    T const* __restrict__ xr = static_cast<T const*>(p.x) + row * p.hidden;
-    T* __restrict__ yr = static_cast<T*>(p.y) + row * p.hidden;
+    int64_t const base = row * p.hidden;
+    T const* __restrict__ xr = static_cast<T const*>(p.x) + base;
+    T* __restrict__ yr = static_cast<T*>(p.y) + base;
     float const inv_h = p.inv_hidden;
 
     // Whether vector i of this thread is inside the row; recomputed rather than kept in a bool
     // array (there are only 7 predicate registers, and bools would cost general registers).
     auto in_row = [=](int i) { return valid && tid + i * nthr < nvec; };
 
-    float v[VPT][VEC];
+    // The row, as packed IO values. Every load of the row is issued before any arithmetic.
+    Pack<T, VEC> v[VPT];
 #pragma unroll
     for (int i = 0; i < VPT; ++i)
     {
         int const vi = tid + i * nthr;
         if (in_row(i))
         {
-            load_pack<T, VEC, false>(xr + vi * VEC, v[i]);
+            v[i] = load_raw<T, VEC, false>(xr + vi * VEC);
         }
         else
         {
 #pragma unroll
             for (int k = 0; k < VEC; ++k)
-                v[i][k] = 0.f;
+                v[i].v[k] = from_float<T>(0.f);
+        }
+    }
+
+    if constexpr (kHasResidual<K>)
+    {
+        T const* __restrict__ rr = static_cast<T const*>(p.residual) + base;
+        T* __restrict__ sr = static_cast<T*>(p.sum) + base;
+        T const* __restrict__ gr = nullptr;
+        if constexpr (K == NormKind::kGatedAdaLN)
+            gr = static_cast<T const*>(p.gate) + mod_row(row, p.mod_row_div) * p.hidden;
+#pragma unroll
+        for (int i = 0; i < VPT; ++i)
+        {
+            if (!in_row(i))
+                continue;
+            int const off = (tid + i * nthr) * VEC;
+            Pack<T, VEC> const r = load_raw<T, VEC, false>(rr + off);
+            float a[VEC];
+            if constexpr (K == NormKind::kGatedAdaLN)
+            {
+                float g[VEC];
+                load_pack<T, VEC, true>(gr + off, g);
+#pragma unroll
+                for (int k = 0; k < VEC; ++k)
+                    a[k] = to_float(v[i].v[k]) + g[k] * to_float(r.v[k]);
+            }
+            else
+            {
+#pragma unroll
+                for (int k = 0; k < VEC; ++k)
+                    a[k] = to_float(v[i].v[k]) + to_float(r.v[k]);
+                if (p.res_bias != nullptr)
+                {
+                    float c[VEC];
+                    load_pack<T, VEC, true>(static_cast<T const*>(p.res_bias) + off, c);
+#pragma unroll
+                    for (int k = 0; k < VEC; ++k)
+                        a[k] += c[k];
+                }
+            }
+#pragma unroll
+            for (int k = 0; k < VEC; ++k)
+                v[i].v[k] = from_float<T>(a[k]);
+            store_raw<T, VEC>(sr + off, v[i]);
         }
     }
 
     float mean = 0.f;
     float rstd;
-    if constexpr (K == NormKind::kRms)
+    if constexpr (kIsRms<K>)
     {
         float ss = 0.f;
 #pragma unroll
         for (int i = 0; i < VPT; ++i)
 #pragma unroll
             for (int k = 0; k < VEC; ++k)
-                ss += v[i][k] * v[i][k];
+            {
+                float const a = to_float(v[i].v[k]);
+                ss += a * a;
+            }
         ss = reduce(ss);
         rstd = rsqrtf(ss * inv_h + p.eps);
     }
@@ -209,7 +318,7 @@ __device__ __forceinline__ void norm_row(NormParams const& p, int64_t row, bool 
         for (int i = 0; i < VPT; ++i)
 #pragma unroll
             for (int k = 0; k < VEC; ++k)
-                s += v[i][k];
+                s += to_float(v[i].v[k]);
         mean = reduce(s) * inv_h;
         float sq = 0.f;
 #pragma unroll
@@ -220,7 +329,7 @@ __device__ __forceinline__ void norm_row(NormParams const& p, int64_t row, bool 
 #pragma unroll
                 for (int k = 0; k < VEC; ++k)
                 {
-                    float const d = v[i][k] - mean;
+                    float const d = to_float(v[i].v[k]) - mean;
                     sq += d * d;
                 }
             }
@@ -232,7 +341,7 @@ __device__ __forceinline__ void norm_row(NormParams const& p, int64_t row, bool 
     T const* __restrict__ b = static_cast<T const*>(p.bias);
     T const* __restrict__ sh = nullptr;
     T const* __restrict__ sc = nullptr;
-    if constexpr (K == NormKind::kAdaLN)
+    if constexpr (kIsAdaLN<K>)
     {
         int64_t const mrow = mod_row(row, p.mod_row_div);
         sh = static_cast<T const*>(p.shift) + mrow * p.hidden;
@@ -246,19 +355,19 @@ __device__ __forceinline__ void norm_row(NormParams const& p, int64_t row, bool 
             continue;
         int const off = (tid + i * nthr) * VEC;
         float out[VEC];
-        if constexpr (K == NormKind::kRms)
+        if constexpr (kIsRms<K>)
         {
             float g[VEC];
             load_pack<T, VEC, true>(w + off, g);
 #pragma unroll
             for (int k = 0; k < VEC; ++k)
-                out[k] = v[i][k] * rstd * g[k];
+                out[k] = to_float(v[i].v[k]) * rstd * g[k];
         }
         else
         {
 #pragma unroll
             for (int k = 0; k < VEC; ++k)
-                out[k] = (v[i][k] - mean) * rstd;
+                out[k] = (to_float(v[i].v[k]) - mean) * rstd;
             if (w != nullptr)
             {
                 float g[VEC];
@@ -275,7 +384,7 @@ __device__ __forceinline__ void norm_row(NormParams const& p, int64_t row, bool 
                 for (int k = 0; k < VEC; ++k)
                     out[k] += c[k];
             }
-            if constexpr (K == NormKind::kAdaLN)
+            if constexpr (kIsAdaLN<K>)
             {
                 float s1[VEC];
                 float s0[VEC];
@@ -290,9 +399,24 @@ __device__ __forceinline__ void norm_row(NormParams const& p, int64_t row, bool 
     }
 }
 
+// Threads and registers of the row kernels (__launch_bounds__). Up to 2 vectors per thread: blocks
+// of up to 1024 threads, RMSNorm at <= 32 registers (2048 threads per SM), the other ops at <= 64
+// of which the compiler takes what it needs. More (rows beyond 2048 vectors): blocks of up to 512
+// threads with 8 vectors each and up to 128 registers (no spills; such rows are rare).
+template <int VPT>
+constexpr int max_threads_for()
+{
+    return VPT <= 2 ? 1024 : 512;
+}
+template <NormKind K, int VPT>
+constexpr int min_blocks_for(int threads)
+{
+    return VPT <= 2 ? (K == NormKind::kRms ? 2048 : 1024) / threads : 1;
+}
+
 // LANES threads per row, 128 / LANES rows per 128-thread block.
 template <typename T, NormKind K, int VEC, int VPT, int LANES>
-__global__ void __launch_bounds__(128) norm_group_kernel(NormParams p)
+__global__ void __launch_bounds__(128, min_blocks_for<K, VPT>(128)) norm_group_kernel(NormParams p)
 {
     constexpr int kRowsPerBlock = 128 / LANES;
     int const group = threadIdx.x / LANES;
@@ -306,9 +430,9 @@ __global__ void __launch_bounds__(128) norm_group_kernel(NormParams p)
     }
 }
 
-// One row per block of blockDim.x threads (multiple of 32, <= 1024).
+// One row per block of blockDim.x threads (multiple of 32, <= max_threads_for<VPT>()).
 template <typename T, NormKind K, int VEC, int VPT>
-__global__ void __launch_bounds__(1024) norm_block_kernel(NormParams p)
+__global__ void __launch_bounds__(max_threads_for<VPT>(), min_blocks_for<K, VPT>(max_threads_for<VPT>())) norm_block_kernel(NormParams p)
 {
     __shared__ float smem[32];
     auto reduce = [&](float v) { return block_sum(v, smem); };
@@ -317,7 +441,8 @@ __global__ void __launch_bounds__(1024) norm_block_kernel(NormParams p)
 }
 
 // Any hidden size: one row per block, statistics in separate passes over global memory
-// (mean, then sum of squared deviations, then output), scalar accesses.
+// (mean, then sum of squared deviations, then output), scalar accesses. The fused kinds write the
+// sum in the first pass and read it back (each thread its own elements) in the later ones.
 template <typename T, NormKind K>
 __global__ void __launch_bounds__(512) norm_looped_kernel(NormParams p)
 {
@@ -327,26 +452,53 @@ __global__ void __launch_bounds__(512) norm_looped_kernel(NormParams p)
     T const* __restrict__ b = static_cast<T const*>(p.bias);
     for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x)
     {
-        T const* __restrict__ xr = static_cast<T const*>(p.x) + row * p.hidden;
-        T* __restrict__ yr = static_cast<T*>(p.y) + row * p.hidden;
-        float mean = 0.f;
-        float rstd;
-        if constexpr (K == NormKind::kRms)
+        int64_t const base = row * p.hidden;
+        T* yr = static_cast<T*>(p.y) + base;
+        int64_t mrow = 0;
+        if constexpr (kIsAdaLN<K>)
+            mrow = mod_row(row, p.mod_row_div);
+        // The row the statistics are taken over: x, or the sum written by the first pass.
+        T const* xr = static_cast<T const*>(p.x) + base;
+        float first = 0.f; // pass-1 partial: sum of squares (RMS) or sum (LayerNorm)
+        if constexpr (kHasResidual<K>)
         {
-            float ss = 0.f;
+            T const* rr = static_cast<T const*>(p.residual) + base;
+            T* sr = static_cast<T*>(p.sum) + base;
+            T const* gr = nullptr;
+            if constexpr (K == NormKind::kGatedAdaLN)
+                gr = static_cast<T const*>(p.gate) + mrow * p.hidden;
+            T const* rb = static_cast<T const*>(p.res_bias);
             for (int64_t j = threadIdx.x; j < p.hidden; j += blockDim.x)
             {
-                float const a = to_float(xr[j]);
-                ss += a * a;
+                float a;
+                if constexpr (K == NormKind::kGatedAdaLN)
+                    a = to_float(xr[j]) + to_float(gr[j]) * to_float(rr[j]);
+                else
+                    a = to_float(xr[j]) + to_float(rr[j]) + (rb != nullptr ? to_float(rb[j]) : 0.f);
+                T const t = from_float<T>(a);
+                sr[j] = t;
+                a = to_float(t);
+                first += kIsRms<K> ? a * a : a;
             }
-            rstd = rsqrtf(block_sum(ss, smem) * inv_h + p.eps);
+            xr = sr;
         }
         else
         {
-            float s = 0.f;
             for (int64_t j = threadIdx.x; j < p.hidden; j += blockDim.x)
-                s += to_float(xr[j]);
-            mean = block_sum(s, smem) * inv_h;
+            {
+                float const a = to_float(xr[j]);
+                first += kIsRms<K> ? a * a : a;
+            }
+        }
+        float mean = 0.f;
+        float rstd;
+        if constexpr (kIsRms<K>)
+        {
+            rstd = rsqrtf(block_sum(first, smem) * inv_h + p.eps);
+        }
+        else
+        {
+            mean = block_sum(first, smem) * inv_h;
             float sq = 0.f;
             for (int64_t j = threadIdx.x; j < p.hidden; j += blockDim.x)
             {
@@ -357,16 +509,15 @@ __global__ void __launch_bounds__(512) norm_looped_kernel(NormParams p)
         }
         T const* sh = nullptr;
         T const* sc = nullptr;
-        if constexpr (K == NormKind::kAdaLN)
+        if constexpr (kIsAdaLN<K>)
         {
-            int64_t const mrow = mod_row(row, p.mod_row_div);
             sh = static_cast<T const*>(p.shift) + mrow * p.hidden;
             sc = static_cast<T const*>(p.mod_scale) + mrow * p.hidden;
         }
         for (int64_t j = threadIdx.x; j < p.hidden; j += blockDim.x)
         {
             float o;
-            if constexpr (K == NormKind::kRms)
+            if constexpr (kIsRms<K>)
             {
                 o = to_float(xr[j]) * rstd * to_float(w[j]);
             }
@@ -377,7 +528,7 @@ __global__ void __launch_bounds__(512) norm_looped_kernel(NormParams p)
                     o *= to_float(w[j]);
                 if (b != nullptr)
                     o += to_float(b[j]);
-                if constexpr (K == NormKind::kAdaLN)
+                if constexpr (kIsAdaLN<K>)
                     o = o * (1.f + to_float(sc[j])) + to_float(sh[j]);
             }
             yr[j] = from_float<T>(o);
@@ -411,13 +562,16 @@ inline void launch_group(NormParams const& p, cudaStream_t stream)
 template <typename T, NormKind K, int VEC, int VPT>
 inline void launch_block(NormParams const& p, int64_t nvec, cudaStream_t stream)
 {
-    int64_t threads = (nvec + VPT - 1) / VPT;
+    int64_t threads = (nvec + VPT - 1) / VPT; // <= max_threads_for<VPT>() by the choice of VPT below
     threads = (threads + 31) / 32 * 32;
     norm_block_kernel<T, K, VEC, VPT><<<grid_for(p.rows), static_cast<unsigned>(threads), 0, stream>>>(p);
 }
 
 // Pick the register-resident configuration for vector width VEC; returns false when the row is
-// too long for registers (caller then uses the looped kernel).
+// too long for registers (caller then uses the looped kernel). Short rows (<= 64 vectors): one
+// warp or part of one per row, several rows per block. Longer rows: one block per row with 2
+// vectors per thread (a row of 1024..16384 half-precision values gets 64..1024 threads), 8 for
+// longer ones (up to 32768 half / 16384 float32 values).
 template <typename T, NormKind K, int VEC>
 inline bool launch_rows(NormParams const& p, cudaStream_t stream)
 {
@@ -430,15 +584,15 @@ inline bool launch_rows(NormParams const& p, cudaStream_t stream)
         launch_group<T, K, VEC, 1, 32>(p, stream);
     else if (nvec <= 64)
         launch_group<T, K, VEC, 2, 32>(p, stream);
-    else if (nvec <= 128)
-        launch_group<T, K, VEC, 4, 32>(p, stream);
-    else if (nvec <= 4 * 1024)
-        launch_block<T, K, VEC, 4>(p, nvec, stream);
-    else if constexpr (VEC == 1)
+    else if (nvec <= 2 * 1024)
+        launch_block<T, K, VEC, 2>(p, nvec, stream);
+    else if (nvec <= 8 * 512)
+        launch_block<T, K, VEC, 8>(p, nvec, stream);
+    else if constexpr (VEC == 1 && !kHasResidual<K>)
     {
-        // Scalar path: 8 elements per thread at most; 16 would spill at 1024 threads (64 regs).
-        if (nvec <= 8 * 1024)
-            launch_block<T, K, VEC, 8>(p, nvec, stream);
+        // Scalar path: up to 8192 elements (16 per thread, 512 threads); the fused ops then loop.
+        if (nvec <= 16 * 512)
+            launch_block<T, K, VEC, 16>(p, nvec, stream);
         else
             return false;
     }
@@ -455,7 +609,8 @@ inline cudaError_t launch_norm(NormParams p, cudaStream_t stream)
     p.inv_hidden = static_cast<float>(1.0 / static_cast<double>(p.hidden));
     constexpr int kVec = 16 / static_cast<int>(sizeof(T));
     bool const vec_ok = p.hidden % kVec == 0 && aligned16(p.x) && aligned16(p.y) && aligned16(p.weight)
-        && aligned16(p.bias) && aligned16(p.shift) && aligned16(p.mod_scale);
+        && aligned16(p.bias) && aligned16(p.shift) && aligned16(p.mod_scale) && aligned16(p.residual)
+        && aligned16(p.res_bias) && aligned16(p.gate) && aligned16(p.sum);
     bool launched = vec_ok ? launch_rows<T, K, kVec>(p, stream) : launch_rows<T, K, 1>(p, stream);
     if (!launched)
         norm_looped_kernel<T, K><<<grid_for(p.rows), 512, 0, stream>>>(p);

@@ -7,7 +7,9 @@
  * No static registration: loading the library with dlopen alone registers nothing.
  */
 #include "adaLNZeroPlugin.h"
+#include "gatedAdaLNZeroPlugin.h"
 #include "rmsNormPlugin.h"
+#include "skipRmsNormPlugin.h"
 
 #include <mutex>
 
@@ -67,7 +69,10 @@ extern "C" NORMEXPORT_PLUGIN_API nvinfer1::IPluginCreatorInterface* const* getCr
 {
     static normexport::plugin::RMSNormPluginCreator sRMSNormCreator;
     static normexport::plugin::AdaLNZeroPluginCreator sAdaLNZeroCreator;
-    static nvinfer1::IPluginCreatorInterface* const kCreators[] = {&sRMSNormCreator, &sAdaLNZeroCreator};
+    static normexport::plugin::SkipRMSNormPluginCreator sSkipRMSNormCreator;
+    static normexport::plugin::GatedAdaLNZeroPluginCreator sGatedAdaLNZeroCreator;
+    static nvinfer1::IPluginCreatorInterface* const kCreators[]
+        = {&sRMSNormCreator, &sAdaLNZeroCreator, &sSkipRMSNormCreator, &sGatedAdaLNZeroCreator};
     nbCreators = static_cast<int32_t>(sizeof(kCreators) / sizeof(kCreators[0]));
     return kCreators;
 }

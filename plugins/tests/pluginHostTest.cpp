@@ -738,6 +738,287 @@ void testAdaLNZero(IPluginCreatorV3One* creator, RecordingLogger& log, bool devi
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Fused residual ops (two outputs, Y and Sum): SkipRMSNorm, GatedAdaLNZero
+// ---------------------------------------------------------------------------------------------
+//! Build-time checks shared by both fused creators: fields, two outputs of X's type and shape,
+//! formats, configurePlugin with a wrong input rejected (logged), serialisation round trip.
+IPluginV3* checkFusedBuild(IPluginCreatorV3One* creator, RecordingLogger& log, std::string const& who,
+    std::vector<std::vector<int64_t>> const& inShapes, int32_t badInput, char const* badMessage)
+{
+    check(std::strcmp(creator->getPluginVersion(), "1") == 0, who + " creator version is \"1\"");
+    PluginFieldCollection const* names = creator->getFieldNames();
+    check(names != nullptr && names->nbFields == 1 && std::strcmp(names->fields[0].name, "epsilon") == 0,
+        who + " creator lists field epsilon");
+    float const eps = 1e-5F;
+    char const ns[] = "normexport";
+    PluginField fields[] = {{"epsilon", &eps, PluginFieldType::kFLOAT32, 1},
+        {"plugin_namespace", ns, PluginFieldType::kCHAR, 10}};
+    PluginFieldCollection fc{2, fields};
+    IPluginV3* plugin = creator->createPlugin("fused0", &fc, TensorRTPhase::kBUILD);
+    check(plugin != nullptr, who + " createPlugin(kBUILD) from ONNX-parser fields");
+    if (plugin == nullptr)
+    {
+        return nullptr;
+    }
+    Capabilities caps = capabilities(plugin);
+    check(caps.core && caps.build && caps.runtime, who + " has core, build and runtime capabilities");
+    if (!(caps.core && caps.build && caps.runtime))
+    {
+        delete plugin;
+        return nullptr;
+    }
+    check(std::strcmp(caps.core->getPluginName(), who.c_str()) == 0
+            && std::strcmp(caps.core->getPluginNamespace(), "normexport") == 0,
+        who + " core name/namespace");
+    check(caps.build->getNbOutputs() == 2, who + " has two outputs (Y, Sum)");
+    int32_t const n = static_cast<int32_t>(inShapes.size());
+    std::vector<DataType> inTypes(n, DataType::kBF16);
+    DataType outTypes[2] = {DataType::kFLOAT, DataType::kFLOAT};
+    check(caps.build->getOutputDataTypes(outTypes, 2, inTypes.data(), n) == 0 && outTypes[0] == DataType::kBF16
+            && outTypes[1] == DataType::kBF16,
+        who + " both output dtypes follow X (bfloat16)");
+    NoExprBuilder exprBuilder;
+    NoDimExpr dimExprs[3];
+    std::vector<DimsExprs> exprs(n);
+    for (auto& e : exprs)
+    {
+        e.nbDims = 3;
+        for (int32_t i = 0; i < 3; ++i)
+        {
+            e.d[i] = &dimExprs[i];
+        }
+    }
+    DimsExprs outShapes[2]{};
+    check(caps.build->getOutputShapes(exprs.data(), n, nullptr, 0, outShapes, 2, exprBuilder) == 0
+            && outShapes[0].nbDims == 3 && outShapes[1].nbDims == 3 && outShapes[1].d[2] == &dimExprs[2],
+        who + " output shapes = X's shape");
+    std::vector<DynamicPluginTensorDesc> io;
+    for (auto const& sh : inShapes)
+    {
+        io.push_back(dyn(sh));
+    }
+    io.push_back(dyn(inShapes[0]));
+    io.push_back(dyn(inShapes[0]));
+    bool all = true;
+    for (int32_t pos = 0; pos < n + 2; ++pos)
+    {
+        all = all && caps.build->supportsFormatCombination(pos, io.data(), n, 2);
+    }
+    check(all, who + " supports linear float32 for every tensor");
+    io[1] = dyn(inShapes[1], DataType::kHALF);
+    check(!caps.build->supportsFormatCombination(1, io.data(), n, 2), who + " rejects an input of another dtype than X");
+    io[1] = dyn(inShapes[1]);
+    check(!caps.build->supportsFormatCombination(0, io.data(), n, 1), who + " rejects one output");
+    check(caps.build->configurePlugin(io.data(), n, io.data() + n, 2) == 0, who + " configurePlugin");
+    std::vector<DynamicPluginTensorDesc> bad = io;
+    std::vector<int64_t> wrong = inShapes[badInput];
+    wrong.back() += 1;
+    bad[badInput] = dyn(wrong);
+    check(caps.build->configurePlugin(bad.data(), n, bad.data() + n, 2) != 0 && log.lastErrorHas(badMessage),
+        who + " configurePlugin rejects a wrong input " + std::to_string(badInput) + ", with a logged reason");
+    check(caps.build->configurePlugin(io.data(), n, io.data() + n, 2) == 0, who + " configurePlugin again");
+    PluginFieldCollection const* ser = caps.runtime->getFieldsToSerialize();
+    int32_t const* nb = fieldData<int32_t>(ser, "nb_inputs", PluginFieldType::kINT32);
+    float const* serEps = fieldData<float>(ser, "epsilon", PluginFieldType::kFLOAT32);
+    check(nb != nullptr && *nb == n && serEps != nullptr && *serEps == eps, who + " serialises epsilon and nb_inputs");
+    IPluginV3* attached = deserialiseAndAttach(creator, "fused0", ser, who);
+    delete plugin;
+    return attached;
+}
+
+double refRowStats(std::vector<double> const& s, int64_t r, int64_t hidden, bool rms, double eps, double& mean)
+{
+    double m = 0.0;
+    double q = 0.0;
+    for (int64_t j = 0; j < hidden; ++j)
+    {
+        m += s[r * hidden + j];
+        q += s[r * hidden + j] * s[r * hidden + j];
+    }
+    m /= static_cast<double>(hidden);
+    if (rms)
+    {
+        mean = 0.0;
+        return 1.0 / std::sqrt(q / static_cast<double>(hidden) + eps);
+    }
+    double var = 0.0;
+    for (int64_t j = 0; j < hidden; ++j)
+    {
+        var += (s[r * hidden + j] - m) * (s[r * hidden + j] - m);
+    }
+    mean = m;
+    return 1.0 / std::sqrt(var / static_cast<double>(hidden) + eps);
+}
+
+void checkSkipRMSNormEnqueue(IPluginCreatorV3One* creator, std::vector<int64_t> const& shape, bool bias)
+{
+    float const eps = 1e-5F;
+    int32_t const nbInputs = bias ? 4 : 3;
+    PluginField fields[] = {{"epsilon", &eps, PluginFieldType::kFLOAT32, 1}, {"nb_inputs", &nbInputs, PluginFieldType::kINT32, 1}};
+    PluginFieldCollection fc{2, fields};
+    IPluginV3* plugin = creator->createPlugin("skip", &fc, TensorRTPhase::kRUNTIME);
+    std::string const what = std::string("SkipRMSNorm enqueue on ") + kWHERE + " " + shapeString(shape) + (bias ? " bias" : "");
+    if (plugin == nullptr)
+    {
+        check(false, what + ": no plugin");
+        return;
+    }
+    int64_t const hidden = shape.back();
+    int64_t const rows = product(shape, 0, shape.size() - 1);
+    std::vector<float> const x = pattern(rows * hidden, 2.0F, 0.3F);
+    std::vector<float> const skip = pattern(rows * hidden, 1.5F, 2.1F);
+    std::vector<float> const w = pattern(hidden, 0.5F, 1.7F);
+    std::vector<float> const b = pattern(hidden, 0.4F, 0.6F);
+    PluginTensorDesc in[4] = {desc(shape), desc(shape), desc({hidden}), desc({hidden})};
+    PluginTensorDesc out[2] = {desc(shape), desc(shape)};
+    IPluginV3OneRuntime* rt = capabilities(plugin).runtime;
+    DeviceBuffer dx(x), ds(skip), dw(w), db(b), dy(std::vector<float>(x.size(), 0.F)), dsum(std::vector<float>(x.size(), 0.F));
+    void const* ins[4] = {dx.ptr, ds.ptr, dw.ptr, db.ptr};
+    void* outs[2] = {dy.ptr, dsum.ptr};
+    int32_t const shaped = rt->onShapeChange(in, nbInputs, out, 2);
+    int32_t const rc = rt->enqueue(in, out, ins, outs, nullptr, nullptr);
+    bool const synced = synchronize();
+    std::vector<double> sum(x.size()), ref(x.size());
+    for (size_t i = 0; i < x.size(); ++i)
+    {
+        sum[i] = static_cast<double>(x[i]) + skip[i] + (bias ? b[i % hidden] : 0.0);
+    }
+    for (int64_t r = 0; r < rows; ++r)
+    {
+        double mean = 0.0;
+        double const rstd = refRowStats(sum, r, hidden, true, eps, mean);
+        for (int64_t j = 0; j < hidden; ++j)
+        {
+            ref[r * hidden + j] = sum[r * hidden + j] * rstd * w[j];
+        }
+    }
+    double const errY = maxRelErr(dy.read(), ref);
+    double const errS = maxRelErr(dsum.read(), sum);
+    check(shaped == 0 && rc == 0 && synced && errY < 1e-5 && errS < 1e-6,
+        what + " matches float64 (Y " + sci(errY) + ", Sum " + sci(errS) + ")");
+    delete plugin;
+}
+
+void checkGatedAdaLNZeroEnqueue(IPluginCreatorV3One* creator, std::vector<int64_t> const& shape, Mod mod, bool affine)
+{
+    float const eps = 1e-6F;
+    int32_t const nbInputs = affine ? 7 : 5;
+    PluginField fields[] = {{"epsilon", &eps, PluginFieldType::kFLOAT32, 1}, {"nb_inputs", &nbInputs, PluginFieldType::kINT32, 1}};
+    PluginFieldCollection fc{2, fields};
+    IPluginV3* plugin = creator->createPlugin("gated", &fc, TensorRTPhase::kRUNTIME);
+    char const* modName = mod == Mod::kFull ? "full" : mod == Mod::kRowsOfB ? "[B,H]" : "[1,H]";
+    std::string const what = std::string("GatedAdaLNZero enqueue on ") + kWHERE + " " + shapeString(shape)
+        + " modulation " + modName + (affine ? " affine" : "");
+    if (plugin == nullptr)
+    {
+        check(false, what + ": no plugin");
+        return;
+    }
+    int64_t const hidden = shape.back();
+    int64_t const rows = product(shape, 0, shape.size() - 1);
+    int64_t const perBatch = product(shape, 1, shape.size() - 1);
+    std::vector<int64_t> const modShape = mod == Mod::kFull ? shape
+        : mod == Mod::kRowsOfB                           ? std::vector<int64_t>{shape[0], hidden}
+                                                         : std::vector<int64_t>{1, hidden};
+    int64_t const modRows = product(modShape, 0, modShape.size() - 1);
+    std::vector<float> const x = pattern(rows * hidden, 3.0F, 0.1F);
+    std::vector<float> const upd = pattern(rows * hidden, 1.0F, 1.1F);
+    std::vector<float> const gate = pattern(modRows * hidden, 0.8F, 0.4F);
+    std::vector<float> const shift = pattern(modRows * hidden, 0.4F, 2.2F);
+    std::vector<float> const scale = pattern(modRows * hidden, 0.3F, 0.9F);
+    std::vector<float> const w = pattern(hidden, 0.7F, 1.3F);
+    std::vector<float> const b = pattern(hidden, 0.2F, 0.5F);
+    PluginTensorDesc in[7] = {desc(shape), desc(shape), desc(modShape), desc(modShape), desc(modShape), desc({hidden}),
+        desc({hidden})};
+    PluginTensorDesc out[2] = {desc(shape), desc(shape)};
+    IPluginV3OneRuntime* rt = capabilities(plugin).runtime;
+    DeviceBuffer dx(x), du(upd), dg(gate), dsh(shift), dsc(scale), dw(w), db(b), dy(std::vector<float>(x.size(), 0.F)),
+        dsum(std::vector<float>(x.size(), 0.F));
+    void const* ins[7] = {dx.ptr, du.ptr, dg.ptr, dsh.ptr, dsc.ptr, dw.ptr, db.ptr};
+    void* outs[2] = {dy.ptr, dsum.ptr};
+    int32_t const shaped = rt->onShapeChange(in, nbInputs, out, 2);
+    int32_t const rc = rt->enqueue(in, out, ins, outs, nullptr, nullptr);
+    bool const synced = synchronize();
+    std::vector<double> sum(x.size()), ref(x.size());
+    auto modRow = [&](int64_t r) { return mod == Mod::kFull ? r : mod == Mod::kRowsOfB ? r / perBatch : 0; };
+    for (int64_t r = 0; r < rows; ++r)
+    {
+        for (int64_t j = 0; j < hidden; ++j)
+        {
+            sum[r * hidden + j] = static_cast<double>(x[r * hidden + j])
+                + static_cast<double>(gate[modRow(r) * hidden + j]) * upd[r * hidden + j];
+        }
+    }
+    for (int64_t r = 0; r < rows; ++r)
+    {
+        double mean = 0.0;
+        double const rstd = refRowStats(sum, r, hidden, false, eps, mean);
+        int64_t const m = modRow(r);
+        for (int64_t j = 0; j < hidden; ++j)
+        {
+            double ln = (sum[r * hidden + j] - mean) * rstd;
+            if (affine)
+            {
+                ln = ln * w[j] + b[j];
+            }
+            ref[r * hidden + j] = ln * (1.0 + scale[m * hidden + j]) + shift[m * hidden + j];
+        }
+    }
+    double const errY = maxRelErr(dy.read(), ref);
+    double const errS = maxRelErr(dsum.read(), sum);
+    check(shaped == 0 && rc == 0 && synced && errY < 1e-5 && errS < 1e-6,
+        what + " matches float64 (Y " + sci(errY) + ", Sum " + sci(errS) + ")");
+    delete plugin;
+}
+
+void testSkipRMSNorm(IPluginCreatorV3One* creator, RecordingLogger& log, bool device)
+{
+    int64_t const B = 2, S = 3, H = 64;
+    IPluginV3* attached
+        = checkFusedBuild(creator, log, "SkipRMSNorm", {{B, S, H}, {B, S, H}, {H}, {H}}, 1, "skip has shape");
+    if (attached == nullptr)
+    {
+        return;
+    }
+    delete attached;
+    if (device)
+    {
+        checkSkipRMSNormEnqueue(creator, {B, S, H}, true);
+        checkSkipRMSNormEnqueue(creator, {B, S, H}, false);
+        checkSkipRMSNormEnqueue(creator, {3, 37}, true);   // odd hidden: scalar path
+        checkSkipRMSNormEnqueue(creator, {2, 4096}, false); // one block per row
+    }
+}
+
+void testGatedAdaLNZero(IPluginCreatorV3One* creator, RecordingLogger& log, bool device)
+{
+    int64_t const B = 2, S = 5, H = 48;
+    IPluginV3* attached = checkFusedBuild(
+        creator, log, "GatedAdaLNZero", {{B, S, H}, {B, S, H}, {B, H}, {B, H}, {B, H}, {H}, {H}}, 3, "shift has shape");
+    if (attached == nullptr)
+    {
+        return;
+    }
+    {
+        // gate, shift, scale of different layouts
+        Capabilities rt = capabilities(attached);
+        PluginTensorDesc in[7] = {desc({B, S, H}), desc({B, S, H}), desc({B, S, H}), desc({B, H}), desc({B, H}),
+            desc({H}), desc({H})};
+        PluginTensorDesc out[2] = {desc({B, S, H}), desc({B, S, H})};
+        check(rt.runtime->onShapeChange(in, 7, out, 2) != 0 && log.lastErrorHas("different layouts"),
+            "GatedAdaLNZero rejects gate [B,S,H] with shift [B,H], with a logged reason");
+    }
+    delete attached;
+    if (device)
+    {
+        checkGatedAdaLNZeroEnqueue(creator, {B, S, H}, Mod::kRowsOfB, true);
+        checkGatedAdaLNZeroEnqueue(creator, {B, S, H}, Mod::kFull, false);
+        checkGatedAdaLNZeroEnqueue(creator, {B, S, H}, Mod::kOneRow, true);
+        checkGatedAdaLNZeroEnqueue(creator, {2, 3, 1152}, Mod::kRowsOfB, true); // DiT-XL hidden size
+    }
+}
+
 } // namespace
 
 int main(int argc, char** argv)
@@ -769,7 +1050,7 @@ int main(int argc, char** argv)
 
     int32_t nb = -1;
     IPluginCreatorInterface* const* creators = getCreators(nb);
-    check(creators != nullptr && nb == 2, "getCreators returns 2 creators");
+    check(creators != nullptr && nb == 4, "getCreators returns 4 creators");
     bool const device = hasDevice();
     std::printf("INFO CUDA device present: %s\n", device ? "yes (enqueue runs the kernels)" : "no");
     int found = 0;
@@ -791,8 +1072,18 @@ int main(int argc, char** argv)
             ++found;
             testAdaLNZero(creator, logger, device);
         }
+        else if (std::strcmp(creator->getPluginName(), "SkipRMSNorm") == 0)
+        {
+            ++found;
+            testSkipRMSNorm(creator, logger, device);
+        }
+        else if (std::strcmp(creator->getPluginName(), "GatedAdaLNZero") == 0)
+        {
+            ++found;
+            testGatedAdaLNZero(creator, logger, device);
+        }
     }
-    check(found == 2, "creators named RMSNorm and AdaLNZero");
+    check(found == 4, "creators named RMSNorm, AdaLNZero, SkipRMSNorm and GatedAdaLNZero");
     std::printf("%d checks, %d failed\n", gChecks, gFailures);
     return gFailures == 0 ? 0 : 1;
 }

@@ -114,6 +114,17 @@ void run(int dtype, long hidden, bool mis)
         expectOk(normexport_adaln_zero(x.get(), sh.get(), sc.get(), w.get(), b.get(), y.get(), batch, seq, hidden, full,
                      dtype, 1e-6F, nullptr),
             full ? "adaln_zero (full)" : "adaln_zero ([B,H])", dtype, hidden, mis);
+        Exact<T> upd(batch * seq * hidden, mis, 6.F), gate(modRows * hidden, mis, 7.F), sum(batch * seq * hidden, mis, 0.F);
+        expectOk(normexport_gated_adaln_zero(x.get(), upd.get(), gate.get(), sh.get(), sc.get(), w.get(), b.get(), y.get(),
+                     sum.get(), batch, seq, hidden, full, dtype, 1e-6F, nullptr),
+            full ? "gated_adaln_zero (full)" : "gated_adaln_zero ([B,H])", dtype, hidden, mis);
+    }
+    {
+        Exact<T> x(rows * hidden, mis, 1.F), skip(rows * hidden, mis, 2.F), bias(hidden, mis, 3.F), w(hidden, mis, 4.F),
+            y(rows * hidden, mis, 0.F), sum(rows * hidden, mis, 0.F);
+        expectOk(normexport_skip_rms_norm(x.get(), skip.get(), bias.get(), w.get(), y.get(), sum.get(), rows, hidden, dtype,
+                     1e-6F, nullptr),
+            "skip_rms_norm", dtype, hidden, mis);
     }
 }
 

@@ -1,0 +1,131 @@
+"""normexport::GatedAdaLNZero — AdaLN-Zero fused with the gated residual before it (DiT).
+
+    Sum = X + gate * update                      (float32, rounded once to X's dtype)
+    Y   = LayerNorm(Sum; weight, bias, epsilon) * (1 + scale) + shift   (of Sum as stored)
+
+Outputs (Y, Sum): Sum is the next residual (DiT: x = x + gate_msa * attn(...); then the
+modulated LayerNorm before the MLP). X, update: [B, ..., H], last dim normalized (biased
+variance). gate, shift, scale: all three [B, H] (broadcast over the middle dims) or all three the
+full shape of X. weight, bias: optional [H] LayerNorm affine (both or neither). Statistics in
+float32, so the op equals Add(X, Mul(gate, update)) + normexport::AdaLNZero of the same dtype.
+This file is the single source of the op's contract.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+import onnx
+import onnxscript
+import torch
+from onnxscript import opset18 as op
+
+from . import adaln_zero as _adaln
+from ._spec import DOMAIN, VERSION, Attr, Input, OpSpec
+
+_OPSET = onnxscript.values.Opset(DOMAIN, VERSION)
+
+
+def reference(x, update, gate, shift, scale, weight=None, bias=None, epsilon: float = 1e-6,
+              dtype=None) -> tuple[np.ndarray, np.ndarray]:
+    """float64 numpy reference, written from the formula: (Y, Sum). With `dtype`, Sum is rounded to
+    it before the normalisation (as the op stores it)."""
+    x = np.asarray(x, dtype=np.float64)
+    g = _adaln._broadcastable(np.asarray(gate, dtype=np.float64), x.ndim)
+    s = x + g * np.asarray(update, dtype=np.float64)
+    stored = s if dtype is None else s.astype(dtype).astype(np.float64)
+    return _adaln.reference(stored, shift, scale, weight, bias, epsilon), s
+
+
+# ---- torch custom op -------------------------------------------------------------------------
+@torch.library.custom_op("normexport::gated_adaln_zero", mutates_args=())
+def gated_adaln_zero(
+    x: torch.Tensor,
+    update: torch.Tensor,
+    gate: torch.Tensor,
+    shift: torch.Tensor,
+    scale: torch.Tensor,
+    weight: Optional[torch.Tensor],
+    bias: Optional[torch.Tensor],
+    epsilon: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    total = (x.float() + _adaln._mod(gate, x.dim()) * update.float()).to(x.dtype)
+    tf = total.float()
+    w = weight.float() if weight is not None else None
+    b = bias.float() if bias is not None else None
+    y = torch.nn.functional.layer_norm(tf, tf.shape[-1:], w, b, epsilon)
+    y = y * (1.0 + _adaln._mod(scale, x.dim())) + _adaln._mod(shift, x.dim())
+    return y.to(x.dtype), total
+
+
+@gated_adaln_zero.register_fake
+def _(x, update, gate, shift, scale, weight, bias, epsilon):
+    return torch.empty_like(x), torch.empty_like(x)
+
+
+# ---- ONNX function bodies (standard ops only) ------------------------------------------------
+@onnxscript.script(_OPSET, default_opset=op)
+def GatedAdaLNZero(X, update, gate, shift, scale, weight, bias, epsilon: float = 1e-6):
+    # [B, H] -> [B, 1, ..., 1, H]; full-shape gate/shift/scale keep their shape (as AdaLNZero)
+    mshape = op.Shape(shift)
+    missing = op.Reshape(op.Size(op.Shape(X)) - op.Size(mshape), op.Constant(value_ints=[1]))
+    target = op.Concat(op.Shape(shift, end=1), op.Expand(op.Constant(value_ints=[1]), missing),
+                       op.Shape(shift, start=1), axis=0)
+    gate_b = op.Reshape(op.Cast(gate, to=1), target)
+    total = op.CastLike(op.Cast(X, to=1) + gate_b * op.Cast(update, to=1), X)
+    normed = op.LayerNormalization(op.Cast(total, to=1), op.Cast(weight, to=1), op.Cast(bias, to=1), axis=-1,
+                                   epsilon=epsilon)
+    shift_b = op.Reshape(op.Cast(shift, to=1), target)
+    scale_b = op.Reshape(op.Cast(scale, to=1), target)
+    Y = op.CastLike(normed * (op.CastLike(op.Constant(value_float=1.0), normed) + scale_b) + shift_b, X)
+    Sum = op.Identity(total)
+    return Y, Sum
+
+
+def translate(x, update, gate, shift, scale, weight, bias, epsilon: float):
+    """torch.onnx custom_translation_table entry: one normexport::GatedAdaLNZero node, two outputs."""
+    if weight is None:
+        return _OPSET.GatedAdaLNZero(x, update, gate, shift, scale, epsilon=epsilon)
+    return _OPSET.GatedAdaLNZero(x, update, gate, shift, scale, weight, bias, epsilon=epsilon)
+
+
+def _body(n_inputs: int) -> onnx.FunctionProto:
+    """The body for a node with 7 inputs, or with 5 (no affine: weight = 1, bias = 0 are made
+    inside the body, as AdaLNZero's)."""
+    fn = GatedAdaLNZero.to_function_proto()
+    if n_inputs == 7:
+        return fn
+    del fn.input[5:]
+    one, zero = (onnx.helper.make_tensor("v", onnx.TensorProto.FLOAT, [1], [v]) for v in (1.0, 0.0))
+    prologue = [
+        onnx.helper.make_node("Shape", ["X"], ["_hidden"], start=-1),
+        onnx.helper.make_node("ConstantOfShape", ["_hidden"], ["weight"], value=one),
+        onnx.helper.make_node("ConstantOfShape", ["_hidden"], ["bias"], value=zero),
+    ]
+    nodes = prologue + list(fn.node)
+    del fn.node[:]
+    fn.node.extend(nodes)
+    return fn
+
+
+SPEC = OpSpec(
+    name="GatedAdaLNZero",
+    torch_op="normexport::gated_adaln_zero",
+    doc="Sum = X + gate * update (rounded to X's dtype); Y = LayerNorm(Sum; weight, bias, epsilon) * (1 + scale) "
+        "+ shift; statistics in float32.",
+    inputs=(
+        Input("X", "residual stream [B, ..., H], last dim normalized"),
+        Input("update", "the branch output added to X, the shape of X"),
+        Input("gate", "[B, H] (broadcast over middle dims) or the shape of X"),
+        Input("shift", "[B, H] (broadcast over middle dims) or the shape of X; the layout of gate"),
+        Input("scale", "[B, H] (broadcast over middle dims) or the shape of X; the layout of gate"),
+        Input("weight", "LayerNorm weight [H]", optional=True),
+        Input("bias", "LayerNorm bias [H]", optional=True),
+    ),
+    attributes=(Attr("epsilon", 1e-6, "LayerNorm epsilon"),),
+    reference=reference,
+    body=_body,
+    outputs=(("Y", "the modulated LayerNorm of Sum, the shape and type of X"),
+             ("Sum", "X + gate * update, the next residual")),
+)
