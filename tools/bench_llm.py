@@ -1,0 +1,205 @@
+"""Decode speed of an LLM exported with its KV cache, side by side (issue 23, item 5).
+
+One TinyLlama-1.1B-shaped float32 folder (random weights, a word-level tokenizer added because
+onnxruntime-genai's builder needs one), exported three ways, each in its own process (wall time
+and peak RSS from /usr/bin/time -v):
+
+  normexport   python -m normexport convert DIR --target ort --no-check
+  optimum      optimum-cli export onnx --model DIR --task text-generation-with-past  (optimum-onnx)
+  genai        python -m onnxruntime_genai.models.builder -i DIR -o OUT -p fp32 -e cpu
+
+then each file in onnxruntime CPU (its own process, default session options) by one loop: prefill
+of --prefill tokens (batch 1, empty past), then --decode greedy steps with the cache fed back;
+prefill latency is the median of 3 runs, decode tokens/s over the decode steps. optimum-onnx and
+onnxruntime-genai are installed with `pip install --target` into --work (never into the project's
+environment: optimum pins other transformers versions); an exporter that fails is a row with its
+error. Timings on a shared machine are noisy: the load average is printed before and after.
+
+    python tools/bench_llm.py --work /tmp/bench_llm [--preset tinyllama|tiny] [--only normexport,genai]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+PRESETS = {
+    # TinyLlama-1.1B: 22 layers, hidden 2048, 32 heads, 4 KV heads, MLP 5632, vocab 32000 (4.4 GB in float32)
+    "tinyllama": dict(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
+                      num_attention_heads=32, num_key_value_heads=4, max_position_embeddings=2048),
+    "tiny": dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, max_position_embeddings=256),
+}
+EXPORTERS = ("normexport", "optimum", "genai")
+
+
+def make_folder(preset: str, out: Path) -> Path:
+    if (out / "config.json").exists():
+        return out
+    import torch
+    import transformers
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    cfg = transformers.LlamaConfig(**PRESETS[preset], bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    model.save_pretrained(out)
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3}
+    vocab.update({f"w{i}": i for i in range(4, cfg.vocab_size)})
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
+                                                unk_token="<unk>", pad_token="<pad>")
+    fast.save_pretrained(out)
+    return out
+
+
+def timed(cmd: list[str], env: dict | None = None, log: Path | None = None) -> dict:
+    """Run `cmd` under /usr/bin/time -v: wall seconds, peak RSS GiB, exit code, last error line."""
+    t = time.monotonic()
+    p = subprocess.run(["/usr/bin/time", "-v", *cmd], capture_output=True, text=True, env=env)
+    wall = time.monotonic() - t
+    rss = re.search(r"Maximum resident set size \(kbytes\): (\d+)", p.stderr)
+    if log:
+        log.write_text(p.stdout + "\n----\n" + p.stderr)
+    err = [ln for ln in (p.stdout + p.stderr).splitlines() if ln.strip() and "\t" not in ln and "Command" not in ln]
+    return {"seconds": round(wall, 1), "peak_rss_gib": round(int(rss.group(1)) / 2**20, 2) if rss else None,
+            "rc": p.returncode, "error": None if p.returncode == 0 else (err[-1][:300] if err else "?")}
+
+
+def pip_target(package: str, target: Path) -> Path:
+    """`pip install --target` (its own folder: the project's environment is left as it is)."""
+    if not target.exists():
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--target", str(target), "--no-deps",
+                        *package.split()], check=True)
+    return target
+
+
+def export(name: str, folder: Path, work: Path) -> tuple[dict, Path | None]:
+    out = work / name
+    out.mkdir(exist_ok=True)
+    env = dict(os.environ)
+    if name == "normexport":
+        onnx_path = out / "model.onnx"
+        cmd = [sys.executable, "-m", "normexport", "convert", str(folder), "-o", str(onnx_path), "--target", "ort",
+               "--no-check"]
+    elif name == "optimum":
+        # optimum-onnx 0.1.0 needs transformers < 4.58 (the project runs 5.x): that one, in its own folder, first
+        env["PYTHONPATH"] = os.pathsep.join(str(p) for p in (
+            pip_target("transformers==4.57.3 huggingface_hub==0.36.0 tokenizers==0.22.1", work / "pkgs_transformers4"),
+            pip_target("optimum-onnx", work / "pkgs_optimum"), pip_target("optimum", work / "pkgs_optimum_core")))
+        onnx_path = out / "model.onnx"
+        cmd = [sys.executable, "-m", "optimum.commands.optimum_cli", "export", "onnx", "--model", str(folder),
+               "--task", "text-generation-with-past", str(out)]
+    else:
+        env["PYTHONPATH"] = str(pip_target("onnxruntime-genai", work / "pkgs_genai"))
+        onnx_path = out / "model.onnx"
+        cmd = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(folder), "-o", str(out),
+               "-p", "fp32", "-e", "cpu", "-c", str(work / "genai_cache")]
+    row = timed(cmd, env, log=work / f"{name}.export.log")
+    return row, (onnx_path if row["rc"] == 0 and onnx_path.exists() else None)
+
+
+SPEED = r'''
+import json, sys, time
+import numpy as np, onnxruntime as ort
+path, prefill, decode, kv_heads, head_dim = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+so = ort.SessionOptions()
+sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+ins = {i.name: i for i in sess.get_inputs()}
+outs = [o.name for o in sess.get_outputs()]
+def dt(t): return np.float16 if "float16" in t else np.float32
+def empty(batch):
+    past = {}
+    for n, i in ins.items():
+        if n.startswith("past_key_values"):
+            h = i.shape[1] if isinstance(i.shape[1], int) else kv_heads
+            d = i.shape[3] if isinstance(i.shape[3], int) else head_dim
+            past[n] = np.zeros((batch, h, 0, d), dt(i.type))
+    return past
+def step(ids, n, past):
+    s = ids.shape[1]
+    f = {"input_ids": ids, "attention_mask": np.ones((1, n + s), np.int64)}
+    if "position_ids" in ins:
+        f["position_ids"] = np.arange(n, n + s, dtype=np.int64)[None]
+    f.update(past)
+    f = {k: v for k, v in f.items() if k in ins}
+    r = sess.run(None, f)
+    new = {}
+    for name, v in zip(outs[1:], r[1:]):
+        new[name.replace("present", "past_key_values")] = v
+    return r[0], new
+rng = np.random.default_rng(0)
+ids = rng.integers(4, 500, (1, prefill)).astype(np.int64)
+times = []
+for _ in range(3):
+    t = time.perf_counter(); logits, past = step(ids, 0, empty(1)); times.append(time.perf_counter() - t)
+nxt = logits[:, -1].argmax(-1)[:, None].astype(np.int64)
+n = prefill
+t = time.perf_counter()
+for _ in range(decode):
+    logits, past = step(nxt, n, past)
+    nxt = logits[:, -1].argmax(-1)[:, None].astype(np.int64); n += 1
+d = time.perf_counter() - t
+print(json.dumps({"prefill_ms": round(1000 * sorted(times)[1], 1), "decode_tokens_per_s": round(decode / d, 2)}))
+'''
+
+
+def speed(onnx_path: Path, prefill: int, decode: int, work: Path, preset: str) -> dict:
+    script = work / "speed.py"
+    script.write_text(SPEED)
+    cfg = PRESETS[preset]
+    p = subprocess.run([sys.executable, str(script), str(onnx_path), str(prefill), str(decode),
+                        str(cfg["num_key_value_heads"]), str(cfg["hidden_size"] // cfg["num_attention_heads"])],
+                       capture_output=True, text=True)
+    if p.returncode != 0:
+        return {"speed_error": (p.stderr.strip().splitlines() or ["?"])[-1][:300]}
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--work", type=Path, required=True)
+    ap.add_argument("--preset", choices=PRESETS, default="tinyllama")
+    ap.add_argument("--only", default=",".join(EXPORTERS))
+    ap.add_argument("--prefill", type=int, default=16)
+    ap.add_argument("--decode", type=int, default=32)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args(argv)
+    args.work.mkdir(parents=True, exist_ok=True)
+    load = os.getloadavg()
+    print(f"machine: {os.cpu_count()} CPUs, load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} (shared: noisy)")
+    folder = make_folder(args.preset, args.work / f"{args.preset}_fp32")
+    weights = sum(f.stat().st_size for f in folder.glob("*.safetensors"))
+    print(f"folder {folder}: {weights / 2**30:.2f} GiB of float32 weights")
+    rows = []
+    for name in args.only.split(","):
+        row, path = export(name, folder, args.work)
+        row["exporter"] = name
+        if path is not None:
+            row.update(speed(path, args.prefill, args.decode, args.work, args.preset))
+        rows.append(row)
+        print(json.dumps(row))
+    load = os.getloadavg()
+    print(f"\n{'exporter':<11} {'export s':>9} {'peak RSS GiB':>13} {'x weights':>9} {'prefill ms':>11} "
+          f"{'decode tok/s':>13}  (prefill {args.prefill} tokens, batch 1; decode {args.decode} steps)")
+    for r in rows:
+        x = f"{r['peak_rss_gib'] * 2**30 / weights:.2f}" if r.get("peak_rss_gib") else "-"
+        print(f"{r['exporter']:<11} {r['seconds']:>9} {r.get('peak_rss_gib') or '-':>13} {x:>9} "
+              f"{r.get('prefill_ms', '-'):>11} {r.get('decode_tokens_per_s', '-'):>13}"
+              + (f"  FAILED: {r['error']}" if r.get("error") else "")
+              + (f"  SPEED FAILED: {r['speed_error']}" if r.get("speed_error") else ""))
+    print(f"load average after: {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}")
+    if args.json:
+        args.json.write_text(json.dumps({"preset": args.preset, "weights_bytes": weights, "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
