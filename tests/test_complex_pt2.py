@@ -103,6 +103,7 @@ def test_qwen_image_pt2_converts(cli, tmp_path):
     rep = json.loads(rep_path.read_text())
     lowering = [e for e in rep["prepare"] if e.get("lowering") == "complex"]
     assert [e["action"] for e in lowering] == ["swapped"] and "split_with_sizes x2" in lowering[0]["reason"], lowering
+    assert rep["exporter"]["name"] == "dynamo", rep["exporter"]
     m = onnx.load(str(out), load_external_data=False)
     _no_complex(m)
     ops = Counter(n.op_type for n in m.graph.node)
@@ -124,6 +125,7 @@ def test_llama4_pt2_converts(cli, tmp_path):
     rep = json.loads(rep_path.read_text())
     lowering = [e for e in rep["prepare"] if e.get("lowering") == "complex"]
     assert [e["action"] for e in lowering] == ["swapped"] and "polar x1" in lowering[0]["reason"], lowering
+    assert rep["exporter"]["name"] == "dynamo", rep["exporter"]  # lowered, not left to the TorchScript exporter
     m = onnx.load(str(out), load_external_data=False)
     _no_complex(m)
     calls = _norm_calls(model, lambda: model(ids))

@@ -29,6 +29,7 @@ computed with real ops, so the exporters trace only real ops.
 
 from __future__ import annotations
 
+import inspect
 import math
 import sys
 import types
@@ -144,6 +145,18 @@ def may_use_complex(module: nn.Module) -> bool:
     return False
 
 
+class ProgramCall(nn.Module):
+    """A `.pt2`'s GraphModule called through a module around it: torch.export traces a GraphModule by
+    its class's forward, so the lowered forward is this module's (with the program's signature)."""
+
+    def __init__(self, program: nn.Module):
+        super().__init__()
+        self.inner = program
+
+    def forward(self, *args, **kwargs):
+        return self.inner(*args, **kwargs)
+
+
 def _lower_forward(module: nn.Module) -> None:
     """module.forward (its class's or its own, e.g. a bound method set in __init__) run under
     RealComplexMode: an instance attribute, so only this module (and its deep copies, which rebind
@@ -161,6 +174,10 @@ def _lower_forward(module: nn.Module) -> None:
         return out
 
     forward.__wrapped__ = func  # inspect.signature: the original parameters
+    if isinstance(module, ProgramCall):  # the program's parameters (torch.export binds dynamic shapes by them)
+        params = list(inspect.signature(module.inner.forward).parameters.values())
+        forward.__signature__ = inspect.Signature(
+            [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)] + params)
     forward.__name__, forward.__qualname__, forward.__doc__ = "forward", getattr(func, "__qualname__", "forward"), func.__doc__
     forward._normexport_complex_lowered = True
     module.forward = types.MethodType(forward, module)
@@ -273,6 +290,8 @@ def lower_complex(module: nn.Module, args: tuple, report: list | None = None) ->
             m._buffers.pop(k, None)
             m._parameters.pop(k, None)
             object.__setattr__(m, k, _packed(v))
+    if isinstance(new, torch.fx.GraphModule):
+        new = ProgramCall(new)
     try:
         _lower_forward(new)
     except ComplexNotLowered as e:
