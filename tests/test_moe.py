@@ -3,7 +3,8 @@
 - A Qwen3-MoE folder (transformers' default experts implementation "grouped_mm": the custom op
   transformers::grouped_mm_fallback under torch.export, which no exporter translates; both
   exporters failed on it) converts: experts switched to "batched_mm" through transformers' own
-  setter, said on the terminal, every RMSNorm fused, onnxruntime parity against float64 passing.
+  setter, said on the terminal, every RMSNorm fused, onnxruntime parity against float64 passing;
+  `check` of the file against the folder switches its reference too (else no float64 reference).
 - Attention set to flex_attention (no exporter takes it on CPU: "FlexAttention does not support
   backward on CPU") is switched to sdpa and the model exports with the dynamo exporter.
 - The switch is checked against transformers' eager implementations (reference loops / attention
@@ -68,6 +69,11 @@ def test_qwen3_moe_folder_converts_with_batched_experts(cli, tmp_path):
     assert ops["RMSNorm"] == 5 and ops["ReduceMean"] == 0, ops
     rows = [row for per in rep["results"]["ort"].values() for row in per]
     assert len(rows) >= 2 and all(row["passed"] for row in rows), rows  # dynamic batch / sequence kept
+    # `check` switches the reference the same way: a float64 reference exists (grouped_mm has no float64 kernel)
+    code, stdout, err = cli("check", out, "--reference", folder)
+    assert code == 0, (stdout, err)
+    assert "experts: Qwen3MoeForCausalLM grouped_mm -> batched_mm" in stdout and "no float64 reference" not in stdout
+    assert "2x eager  PASS" in stdout, stdout
 
 
 def test_flex_attention_switched_to_sdpa_exports():

@@ -108,6 +108,13 @@ def run(args) -> int:
         dynamic = _onnx_dynamic(graph_inputs)
 
     dtype = getattr(args, "dtype", None)
+    if callable(getattr(reference, "modules", None)):  # DESIGN §9: the implementations convert exported (MoE experts:
+        from ..prepare.implementations import exportable_implementations, summary_lines  # grouped_mm has no fp64)
+
+        switched: list = []
+        exportable_implementations(reference, tuple(inputs), switched)
+        for line in summary_lines(switched):
+            print(line)
     report = check(source.path, reference, tuple(inputs), backends=(args.backend,), dynamic_axes=dynamic,
                    extra_shapes=args.extra_shapes, rtol=args.rtol, atol=args.atol, plugin=args.plugin, dtype=dtype,
                    command="check", plain_export=True)
