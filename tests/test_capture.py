@@ -78,6 +78,8 @@ def test_convert_with_the_recorded_inputs(cli, recorded, tmp_path):
     got = ops(out)
     assert got["RMSNorm"] == calls["rms"] and got["AdaLNZero"] + got["LayerNormalization"] == calls["ln"], (got, calls)
     assert max(errs) < 1e-5, errs
+    code, stdout, err = cli("check", out, "--reference", d / "chroma", "--inputs", d / "inputs.pt")
+    assert code == 0 and f"(--inputs {d / 'inputs.pt'})" in stdout and "hidden_states: 1x16x8" in stdout, (stdout, err)
 
 
 class _KwargsCall(torch.nn.Module):
@@ -116,3 +118,20 @@ def test_inputs_file_errors_are_one_line(cli, tmp_path, recorded):
     code, _, err = cli("convert", d / "chroma", "--inputs", tmp_path / "none.pt", "-o", tmp_path / "o.onnx")
     assert code == 2 and "--inputs file not found" in err and "normexport.capture" in err, err
     assert not (tmp_path / "o.onnx").exists()
+
+
+def test_capture_keeps_the_first_of_several_calls(tmp_path):
+    """Without stop, the pipeline runs all its steps; the file holds the first call (its timestep),
+    not a later one, and the module has no hook left."""
+    transformer = tiny_chroma()
+    pipe = _pipeline(transformer)
+    steps = []
+    handle = transformer.register_forward_pre_hook(lambda m, a, k: steps.append(k["timestep"].clone()),
+                                                   with_kwargs=True)
+    with normexport.capture(transformer, tmp_path / "i.pt", quiet=True):
+        _run(pipe, steps=2)
+    handle.remove()
+    assert len(steps) == 2 and not torch.equal(steps[0], steps[1])
+    _, kwargs = torch.load(tmp_path / "i.pt", weights_only=True)
+    assert torch.equal(kwargs["timestep"], steps[0])
+    assert not transformer._forward_pre_hooks
