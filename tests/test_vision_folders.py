@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import normexport
+import normexport.errors
 
 from _new_families import _perturb_norms, convert, norm_calls, ops
 
@@ -75,3 +76,20 @@ def test_vision_model_without_channels_names_the_shape_and_both_ways():
     given = {"pixel_values": torch.randn(2, 4, 32, 32)}
     out, missing = examples.derive(Vision(), "transformers", given)
     assert not missing and out["pixel_values"] is given["pixel_values"]
+
+
+def test_input_is_taken_when_nothing_can_be_derived(folders, monkeypatch):
+    """The issue's refusal: a folder whose images cannot be derived (here the config's channels
+    hidden from derive) said "pass --input pixel_values" and then refused exactly that, because the
+    folder failed to load before --input applied. Loading defers the message to the call."""
+    from normexport.load import examples
+
+    monkeypatch.setattr(examples, "_image_sizes", lambda config: (None, 32))
+    loaded = normexport.load(str(folders / "resnet"))
+    assert loaded.example_inputs is None and "pixel_values" in loaded.missing
+    with pytest.raises(normexport.errors.UsageError, match=r"pixel_values \[2xCHANNELSx32x32\].*--inputs"):
+        normexport.load.call_for(loaded, str(folders / "resnet"))
+    job = normexport.load.call_for(loaded, str(folders / "resnet"), ["pixel_values:2x3x32x32"])
+    assert job.names == ["pixel_values"] and job.inputs[0].shape == (2, 3, 32, 32)
+    with torch.no_grad():
+        assert job.module(*job.inputs)[0].shape == (2, 5)
