@@ -440,9 +440,11 @@ def cause_summary(e: BaseException, limit: int = 240) -> str:
             if rest:
                 return re.sub(r"^<class '([\w.]+\.)?(\w+)'>:", r"\2:", rest[0])[:limit]
     for exc in reversed(chain):
-        for line in str(exc).splitlines():
-            line = line.strip()
-            if line and "stack trace above" not in line.lower():
+        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+        for i, line in enumerate(lines):
+            if "stack trace above" not in line.lower():
+                if line.endswith(":") and i + 1 < len(lines):  # "Found the following conflicts ...:" + the first
+                    line = f"{line} {lines[i + 1]}"
                 return f"{type(exc).__name__}: {line}"[:limit]
     return type(chain[-1]).__name__
 
