@@ -307,3 +307,41 @@ def layer_norm(op, x, weight, bias, eps: float, axes: list[int], rank: int | Non
     back = [perm.index(i) for i in range(rank)]
     y = op.LayerNormalization(op.Transpose(x, perm=perm), *params, axis=-k, epsilon=eps, stash_type=1)
     return op.Transpose(y, perm=back)
+
+
+def finish_layer_norm_check(rule, r, context, x: ir.Value, weight, bias, rank: int | None):
+    """The tail every LayerNorm rule's check shares, once the normalized axes (`rule._axes`) are
+    known: the affine parameters fit those axes (reshapes kept in `rule._reshape`), a unit scale
+    can be made when there is no weight (`rule._unit`), and a non-trailing LayerNorm is fused only
+    where Transposes around LayerNormalization write fewer full-size tensors than the
+    decomposition. Returns `r` (a match) or its failure."""
+    rule._rank = rank
+    rule._reshape = {}
+    for name, p in (("weight", weight), ("bias", bias)):
+        if p is None:
+            continue
+        ok, why, rule._reshape[name] = param_fits_axes(p, x, rule._axes)
+        if not ok:
+            return r.fail(why, p)
+    rule._unit = None
+    if weight is None:
+        rule._unit = axes_dims(x, rule._axes) if rule._axes[0] >= 0 else trailing_dims(x, len(rule._axes))
+        if rule._unit is None:
+            return r.fail("normalized dims not static; cannot make a unit scale", x)
+    if not is_trailing(rule._axes, rank):
+        passes = full_size_nodes(context, x)
+        if passes <= TRANSPOSED_LN_PASSES:
+            return r.fail(f"over axes {rule._axes}: Transposes around LayerNormalization "
+                          f"({TRANSPOSED_LN_PASSES} passes) are not cheaper than the {passes} of the decomposition", x)
+    return r
+
+
+#: the fused residual rules (skip_rms_norm_trt, gated_adaln) run for target trt only with this set
+#: to 1 (docs/kernels.md): by default files keep one normexport::RMSNorm / AdaLNZero per norm module
+RESIDUAL_FUSION_ENV = "NORMEXPORT_RESIDUAL_FUSION"
+
+
+def residual_fusion_enabled() -> bool:
+    import os
+
+    return os.environ.get(RESIDUAL_FUSION_ENV) == "1"

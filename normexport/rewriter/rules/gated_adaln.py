@@ -16,7 +16,6 @@ sum not a graph output. Every applied fusion is verified locally (DESIGN §8).
 
 from __future__ import annotations
 
-import os
 
 import numpy as np
 import onnx_ir as ir
@@ -26,14 +25,12 @@ from . import _common as c
 from .skip_rms_norm_trt import same_dim, same_shape
 
 TARGETS = frozenset({"trt"})
-#: Opt-in for now (docs/kernels.md): with NORMEXPORT_RESIDUAL_FUSION=1 in the environment the rule
-#: runs for target trt; by default it does not, so files keep one normexport::RMSNorm / AdaLNZero
-#: per norm module (what the node counts of the model-family tests expect) until those are updated.
-ENV_FLAG = "NORMEXPORT_RESIDUAL_FUSION"
+#: Opt-in for now: with NORMEXPORT_RESIDUAL_FUSION=1 in the environment (_common.residual_fusion_enabled).
+ENV_FLAG = c.RESIDUAL_FUSION_ENV
 
 
 def rules_for(target: str) -> list:
-    return RULES if target in TARGETS and os.environ.get(ENV_FLAG) == "1" else []
+    return RULES if target in TARGETS and c.residual_fusion_enabled() else []
 
 
 def required_opset(target: str) -> int:

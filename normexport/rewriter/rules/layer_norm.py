@@ -71,25 +71,7 @@ class LayerNormFusion(pattern.RewriteRuleClassBase):
             return r.fail(f"mean over axes {axes}: {why}", mean)
         if c.norm_axes(axes2, rank)[0] != self._axes:
             return r.fail(f"mean axes {axes} and variance axes {axes2} differ", var)
-        self._rank = rank
-        self._reshape = {}
-        for name, p in (("weight", weight), ("bias", bias)):
-            if p is None:
-                continue
-            ok, why, self._reshape[name] = c.param_fits_axes(p, x, self._axes)
-            if not ok:
-                return r.fail(why, p)
-        self._unit = None
-        if weight is None:
-            self._unit = c.axes_dims(x, self._axes) if self._axes[0] >= 0 else c.trailing_dims(x, len(self._axes))
-            if self._unit is None:
-                return r.fail("normalized dims not static; cannot make a unit scale", x)
-        if not c.is_trailing(self._axes, rank):
-            passes = c.full_size_nodes(context, x)
-            if passes <= c.TRANSPOSED_LN_PASSES:
-                return r.fail(f"over axes {self._axes}: Transposes around LayerNormalization "
-                              f"({c.TRANSPOSED_LN_PASSES} passes) are not cheaper than the {passes} of the decomposition", x)
-        return r
+        return c.finish_layer_norm_check(self, r, context, x, weight, bias, rank)
 
     def rewrite(self, op, x, weight=None, bias=None, **_):
         out = self._out

@@ -113,25 +113,8 @@ class OnePassLayerNormFusion(pattern.RewriteRuleClassBase):
                                   f"for {int(count)} reduced elements", const)
         if found[0] != found[1]:
             return r.fail(f"mean axes {found[0]} and mean-square axes {found[1]} differ", x)
-        self._axes, self._rank = found[0], rank
-        self._reshape = {}
-        for name, p in (("weight", weight), ("bias", bias)):
-            if p is None:
-                continue
-            ok, why, self._reshape[name] = c.param_fits_axes(p, x, self._axes)
-            if not ok:
-                return r.fail(why, p)
-        self._unit = None
-        if weight is None:
-            self._unit = c.axes_dims(x, self._axes) if self._axes[0] >= 0 else c.trailing_dims(x, len(self._axes))
-            if self._unit is None:
-                return r.fail("normalized dims not static; cannot make a unit scale", x)
-        if not c.is_trailing(self._axes, rank):
-            passes = c.full_size_nodes(context, x)
-            if passes <= c.TRANSPOSED_LN_PASSES:
-                return r.fail(f"over axes {self._axes}: Transposes around LayerNormalization "
-                              f"({c.TRANSPOSED_LN_PASSES} passes) are not cheaper than the {passes} of the decomposition", x)
-        return r
+        self._axes = found[0]
+        return c.finish_layer_norm_check(self, r, context, x, weight, bias, rank)
 
     def rewrite(self, op, x, weight=None, bias=None, **_):
         out = self._out

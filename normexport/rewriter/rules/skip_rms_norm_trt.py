@@ -17,7 +17,6 @@ fusion is verified locally (DESIGN §8) as every other.
 
 from __future__ import annotations
 
-import os
 
 import onnx_ir as ir
 from onnxscript.rewriter import pattern
@@ -25,14 +24,12 @@ from onnxscript.rewriter import pattern
 from . import _common as c
 
 TARGETS = frozenset({"trt"})
-#: Opt-in for now (docs/kernels.md): with NORMEXPORT_RESIDUAL_FUSION=1 in the environment the rule
-#: runs for target trt; by default it does not, so files keep one normexport::RMSNorm / AdaLNZero
-#: per norm module (what the node counts of the model-family tests expect) until those are updated.
-ENV_FLAG = "NORMEXPORT_RESIDUAL_FUSION"
+#: Opt-in for now: with NORMEXPORT_RESIDUAL_FUSION=1 in the environment (_common.residual_fusion_enabled).
+ENV_FLAG = c.RESIDUAL_FUSION_ENV
 
 
 def rules_for(target: str) -> list:
-    return RULES if target in TARGETS and os.environ.get(ENV_FLAG) == "1" else []
+    return RULES if target in TARGETS and c.residual_fusion_enabled() else []
 
 
 def required_opset(target: str) -> int:
