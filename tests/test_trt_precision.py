@@ -83,7 +83,9 @@ def _statistics_layers(trt_mod, network) -> list[tuple[str, str, str]]:
     out = []
     for i in range(network.num_layers):
         layer = network.get_layer(i)
-        if layer.type in kinds:
+        # statistics are floating point; an integer REDUCE is shape arithmetic (RMSNorm's body
+        # multiplies the normalized dims into its reshape target), not a statistic
+        if layer.type in kinds and layer.get_input(0).dtype.name not in ("INT32", "INT64"):
             out.append((layer.type.name, layer.get_input(0).dtype.name, layer.get_output(0).dtype.name))
     return out
 

@@ -48,7 +48,10 @@ def RMSNorm(X, scale, epsilon: float = 1e-6, axis: int = -1):
     # rewriter's float64 reference, cannot run a unary op whose attribute refers to the
     # function's, and the local verification of fusions around an RMSNorm node needs it.)
     xf = op.Cast(X, to=1)
-    flat = op.Reshape(xf, op.Concat(op.Shape(X, end=axis), op.Constant(value_ints=[-1]), axis=0))
+    # (the normalized element count as ReduceProd of the trailing dims, not -1: a -1 cannot be
+    # resolved for an empty X, which onnxruntime then refuses)
+    n = op.ReduceProd(op.Shape(X, start=axis), keepdims=1)
+    flat = op.Reshape(xf, op.Concat(op.Shape(X, end=axis), n, axis=0))
     mean_sq = op.ReduceMean(flat * flat, op.Constant(value_ints=[-1]), keepdims=1)
     inv_rms = op.Reciprocal(op.Sqrt(mean_sq + op.CastLike(op.Constant(value_float=epsilon), mean_sq)))
     y = op.Reshape(flat * inv_rms, op.Shape(X))
