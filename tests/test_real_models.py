@@ -187,7 +187,9 @@ def test_pt2_of_a_dit(cli, files, tmp_path):
 ])
 def test_save_pretrained_folder(cli, files, tmp_path, name, fused, out_name):
     d, models = files
-    out = _convert(cli, d / name, "-o", tmp_path / "m.onnx")
+    # causal-LM folders default to the KV-cache graph (tests/test_llm_cache.py); here the plain one
+    task = ("--task", "text-generation") if name in ("llama", "qwen3") else ()
+    out = _convert(cli, d / name, *task, "-o", tmp_path / "m.onnx")
     assert "dynamo exporter" in out
     _, counts, ins, outs = _load(tmp_path / "m.onnx")
     assert counts == fused and outs == [out_name]
@@ -199,7 +201,8 @@ def test_save_pretrained_folder(cli, files, tmp_path, name, fused, out_name):
 
 def test_folder_inputs_overridden_by_name(cli, files, tmp_path):
     d, models = files
-    _convert(cli, d / "llama", "--input", "input_ids:1x5:int64", "--no-check", "-o", tmp_path / "m.onnx")
+    _convert(cli, d / "llama", "--task", "text-generation", "--input", "input_ids:1x5:int64", "--no-check",
+             "-o", tmp_path / "m.onnx")
     ids = torch.randint(0, 8, (1, 5), generator=torch.Generator().manual_seed(8))
     (got,) = _ort(tmp_path / "m.onnx", ids)
     assert _rel(got, models["llama"](ids).logits.detach()) < 1e-5
@@ -305,7 +308,8 @@ def test_folder_without_config(cli, tmp_path):
 
 def test_folder_unknown_input_name(cli, files, tmp_path):
     d, _ = files
-    code, out, err = cli("convert", d / "llama", "--input", "tokens:1x5:int64", "-o", tmp_path / "e.onnx")
+    code, out, err = cli("convert", d / "llama", "--task", "text-generation", "--input", "tokens:1x5:int64",
+                         "-o", tmp_path / "e.onnx")
     assert code == 2 and "--input tokens is not a parameter of LlamaForCausalLM.forward" in err
     assert not list(tmp_path.glob("*.onnx*"))
 
