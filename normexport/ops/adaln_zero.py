@@ -93,13 +93,11 @@ def translate(x, shift, scale, weight, bias, epsilon: float):
     return _OPSET.AdaLNZero(x, shift, scale, weight, bias, epsilon=epsilon)
 
 
-def _body(n_inputs: int) -> onnx.FunctionProto:
-    """The body for a node with 5 inputs, or with 3 (no affine: weight = 1, bias = 0 are made
-    inside the body). A model mixing both forms gets explicit weight/bias on every node."""
-    fn = AdaLNZero.to_function_proto()
-    if n_inputs == 5:
-        return fn
-    del fn.input[3:]
+def without_affine(fn: onnx.FunctionProto, n_inputs: int) -> onnx.FunctionProto:
+    """`fn` (a body whose last two inputs are the LayerNorm weight and bias) for a node that has
+    only its first `n_inputs`: weight = 1 and bias = 0 of X's last dim are made inside the body.
+    Shared by AdaLNZero and GatedAdaLNZero."""
+    del fn.input[n_inputs:]
     one, zero = (onnx.helper.make_tensor("v", onnx.TensorProto.FLOAT, [1], [v]) for v in (1.0, 0.0))
     prologue = [
         onnx.helper.make_node("Shape", ["X"], ["_hidden"], start=-1),
@@ -110,6 +108,13 @@ def _body(n_inputs: int) -> onnx.FunctionProto:
     del fn.node[:]
     fn.node.extend(nodes)
     return fn
+
+
+def _body(n_inputs: int) -> onnx.FunctionProto:
+    """The body for a node with 5 inputs, or with 3 (no affine: weight = 1, bias = 0 are made
+    inside the body). A model mixing both forms gets explicit weight/bias on every node."""
+    fn = AdaLNZero.to_function_proto()
+    return fn if n_inputs == 5 else without_affine(fn, 3)
 
 
 SPEC = OpSpec(

@@ -94,19 +94,7 @@ def _body(n_inputs: int) -> onnx.FunctionProto:
     """The body for a node with 7 inputs, or with 5 (no affine: weight = 1, bias = 0 are made
     inside the body, as AdaLNZero's)."""
     fn = GatedAdaLNZero.to_function_proto()
-    if n_inputs == 7:
-        return fn
-    del fn.input[5:]
-    one, zero = (onnx.helper.make_tensor("v", onnx.TensorProto.FLOAT, [1], [v]) for v in (1.0, 0.0))
-    prologue = [
-        onnx.helper.make_node("Shape", ["X"], ["_hidden"], start=-1),
-        onnx.helper.make_node("ConstantOfShape", ["_hidden"], ["weight"], value=one),
-        onnx.helper.make_node("ConstantOfShape", ["_hidden"], ["bias"], value=zero),
-    ]
-    nodes = prologue + list(fn.node)
-    del fn.node[:]
-    fn.node.extend(nodes)
-    return fn
+    return fn if n_inputs == 7 else _adaln.without_affine(fn, 5)
 
 
 SPEC = OpSpec(
