@@ -79,10 +79,12 @@ def run(args) -> int:
     if args.report:
         io.check_writable(args.report, "--report")
     loaded = load.load(args.model, trust_pickle=args.trust_pickle, weights=args.weights, imports=args.imports)
-    task, loaded, input_args = llm.resolve(loaded, getattr(args, "task", None), args.module, args.input)
-    if task is not None:  # DESIGN §10: the first line says which graph a causal LM exports
-        print(f"task {task}" + (" (default for causal-LM folders; --task text-generation for input_ids -> logits)"
-                                if getattr(args, "task", None) is None and task == llm.WITH_PAST else ""))
+    task, loaded, input_args, why = llm.resolve(loaded, getattr(args, "task", None), args.module, args.input)
+    if task is not None:  # DESIGN §10: the first line says which graph a causal LM exports (and why, if not the cache)
+        print(f"task {task}" + (f" (default here: {why})" if why else
+                                " (default for causal-LM folders, factories and pickles; --task text-generation for "
+                                "input_ids -> logits)" if getattr(args, "task", None) is None and task == llm.WITH_PAST
+                                else ""))
     job = load.call_for(loaded, args.model, input_args, args.dynamic, args.dtype, args.module,
                         inputs_file=getattr(args, "inputs", None))
     module, inputs, names, dynamic = job.module, job.inputs, job.names, job.dynamic

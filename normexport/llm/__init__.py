@@ -8,8 +8,8 @@ by generation lives in `normexport.parity.generate`; TensorRT profiles over past
 
 from __future__ import annotations
 
-from .cache import CacheLM, CacheLayout, name_dims, past_names, present_names, probe_layout
+from .cache import CacheLM, CacheLayout, NoKVCache, name_dims, past_names, present_names, probe_layout
 from .task import PLAIN, TASKS, WITH_PAST, causal_lm, resolve
 
-__all__ = ["CacheLM", "CacheLayout", "name_dims", "past_names", "present_names", "probe_layout", "PLAIN", "TASKS",
+__all__ = ["CacheLM", "CacheLayout", "NoKVCache", "name_dims", "past_names", "present_names", "probe_layout", "PLAIN", "TASKS",
            "WITH_PAST", "causal_lm", "resolve"]

@@ -65,14 +65,22 @@ class CacheLayout:
         return out
 
 
+class NoKVCache(UsageError):
+    """The model's cache is not what CacheLM carries (a KV cache of [batch, heads, past, head_dim]
+    tensors, one key and one value per layer): `reason` says what the layout probe saw."""
+
+    def __init__(self, reason: str):
+        super().__init__(f"{reason}: export it with --task text-generation")
+        self.reason = reason
+
+
 def cache_argument(model: nn.Module) -> str:
     """The forward keyword that takes the cache: `cache` (transformers >= 5.x) or `past_key_values`."""
     params = inspect.signature(model.forward).parameters
     for name in ("cache", "past_key_values"):
         if name in params:
             return name
-    raise UsageError(f"{type(model).__name__}.forward takes no KV cache (no `cache` / `past_key_values` parameter): "
-                     "export it with --task text-generation")
+    raise NoKVCache(f"{type(model).__name__}.forward takes no KV cache (no `cache` / `past_key_values` parameter)")
 
 
 def output_cache(out):
@@ -84,42 +92,97 @@ def output_cache(out):
     return None
 
 
-def cache_tensors(cache) -> list[torch.Tensor]:
-    """The flat [k0, v0, k1, v1, ...] of a transformers Cache (one entry per layer)."""
+def _holds_tensor(value) -> bool:
+    """A tensor of at least one dim, or a container of them (per-sequence state; a 0-dim tensor
+    is a setting, e.g. a sliding layer's window size)."""
+    if isinstance(value, torch.Tensor):
+        return value.dim() >= 1
+    if isinstance(value, dict):
+        value = list(value.values())
+    return isinstance(value, (list, tuple)) and any(_holds_tensor(v) for v in value)
+
+
+def layer_state(layer) -> tuple[bool, list[str]]:
+    """(holds keys and values, names of the other tensor state it holds: conv / recurrent (SSM)
+    states, indexer keys, ...): read from the layer object's attributes, whatever its class."""
+    kv = isinstance(getattr(layer, "keys", None), torch.Tensor) and isinstance(getattr(layer, "values", None),
+                                                                               torch.Tensor)
+    attrs = vars(layer) if hasattr(layer, "__dict__") else {}
+    other = [n for n, v in attrs.items() if n not in KV + ("keys", "values") and _holds_tensor(v)]
+    return kv, other
+
+
+def _layers_text(indices: list[int], total: int) -> str:
+    if len(indices) == total:
+        return f"its {total} layer{'s' if total > 1 else ''}" if total > 1 else "its layer"
+    runs, start = [], None
+    for i, j in zip(indices, indices[1:] + [None]):
+        start = i if start is None else start
+        if j != i + 1:
+            runs.append(str(start) if start == i else f"{start}-{i}")
+            start = None
+    return ("layer " if len(indices) == 1 else "layers ") + ", ".join(runs)
+
+
+def cache_tensors(cache, owner: str = "the model") -> list[torch.Tensor]:
+    """The flat [k0, v0, k1, v1, ...] of a transformers Cache whose every layer holds keys and
+    values and nothing else; else NoKVCache saying what the layers hold (SSM / recurrent state,
+    nothing: layers sharing another's cache or without attention)."""
     layers = getattr(cache, "layers", None)
     if layers is None:
-        raise UsageError(f"the model returns a {type(cache).__name__}, not a transformers Cache with layers: "
-                         "export it with --task text-generation")
-    flat = []
+        raise NoKVCache(f"{owner} returns a {type(cache).__name__}, not a transformers Cache of key / value layers")
+    groups: dict[str, list[int]] = {}
     for i, layer in enumerate(layers):
-        if getattr(layer, "keys", None) is None or getattr(layer, "values", None) is None:
-            raise UsageError(f"cache layer {i} holds no keys / values (layers sharing another layer's cache): "
-                             "export it with --task text-generation")
+        kv, other = layer_state(layer)
+        what = ", ".join((["keys / values"] if kv else []) + other) or "no state (shares another layer's or has none)"
+        groups.setdefault(what, []).append(i)
+    if list(groups) != ["keys / values"]:
+        n = len(layers)
+        held = "; ".join(f"{_layers_text(ix, n)} hold{'s' if len(ix) == 1 else ''} {what}"
+                         for what, ix in groups.items())
+        raise NoKVCache(f"{owner}'s cache is not a KV cache of [batch, heads, past, head_dim] tensors only ({held})")
+    flat = []
+    for layer in layers:
         flat += [layer.keys, layer.values]
     return flat
 
 
 def probe_layout(model: nn.Module) -> CacheLayout:
-    """The cache layout from one forward of one token (batch 1) with use_cache=True."""
+    """The cache layout from one forward of one token (batch 1) with use_cache=True; NoKVCache
+    (a UsageError with the reason) when the model's cache is not a KV cache CacheLM can carry."""
+    name = type(model).__name__
     dev = next((p.device for p in model.parameters()), torch.device("cpu"))
     ids = torch.zeros(1, 1, dtype=torch.long, device=dev)
     try:
         with torch.no_grad():
             out = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=True)
     except Exception as e:  # noqa: BLE001
-        raise UsageError(f"{type(model).__name__} does not run with use_cache=True ({str(e).strip()[:160]}): "
-                         "export it with --task text-generation") from None
+        raise NoKVCache(f"{name} does not run with use_cache=True ({str(e).strip()[:160]})") from None
+    if getattr(out, "logits", None) is None:
+        raise NoKVCache(f"{name} returns no logits")
     cache = output_cache(out)
-    if cache is None or getattr(out, "logits", None) is None:
-        raise UsageError(f"{type(model).__name__} returns no logits with a cache: export it with --task text-generation")
-    flat = cache_tensors(cache)
+    if cache is None:
+        fields = [k for k, v in (out.items() if hasattr(out, "items") else []) if v is not None and k != "logits"]
+        state = ", ".join(f"`{k}` ({_describe(out[k])})" for k in fields)
+        raise NoKVCache(f"{name} returns no transformers cache" + (f" (its state: {state})" if state else ""))
+    flat = cache_tensors(cache, name)
     for t in flat:
         if t.dim() != 4 or t.shape[0] != 1 or t.shape[2] != 1:
-            raise UsageError(f"{type(model).__name__}'s cache holds tensors of shape {list(t.shape)}, not "
-                             "[batch, heads, positions, head_dim]: export it with --task text-generation")
+            raise NoKVCache(f"{name}'s cache holds tensors of shape {list(t.shape)}, not "
+                            "[batch, heads, positions, head_dim]")
+    cache_argument(model)
     keys = tuple((int(k.shape[1]), int(k.shape[3])) for k in flat[0::2])
     values = tuple((int(v.shape[1]), int(v.shape[3])) for v in flat[1::2])
     return CacheLayout(keys, values, flat[0].dtype)
+
+
+def _describe(value) -> str:
+    if isinstance(value, torch.Tensor):
+        return "a tensor " + "x".join(map(str, value.shape))
+    if isinstance(value, (list, tuple)):
+        tensors = " tensors" if value and all(isinstance(v, torch.Tensor) for v in value) else ""
+        return f"a {type(value).__name__} of {len(value)}{tensors}"
+    return f"a {type(value).__name__}"
 
 
 class CacheLM(nn.Module):

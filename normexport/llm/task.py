@@ -1,17 +1,27 @@
-"""`--task` of `normexport convert` (DESIGN §10): which graph a causal-LM folder exports.
+"""`--task` of `normexport convert` (DESIGN §10): which graph a causal LM exports.
 
 - `text-generation-with-past` (default for a causal LM): `CacheLM`, the model with its KV cache as
   inputs / outputs, one graph for prefill and decode.
 - `text-generation`: the plain `input_ids -> logits` graph (as before this task existed).
 
+A causal LM is any loaded model that is a transformers model that generates (GenerationMixin,
+`can_generate()`), whatever the source: a save_pretrained folder, `package.module:callable`
+(+ `--weights`) or a trusted pickle. A causal LM whose cache is not a KV cache CacheLM can carry
+(Mamba's SSM state, hybrid models, xLSTM, RWKV: what `cache.probe_layout` sees) defaults to
+`text-generation`, said on the first line; asking for the cache is then an error naming why. A
+`.pt2` program's call is fixed at export: no task applies to it (an error naming why and the fix).
 Any other model has no task (`--task` is then an error naming why).
 """
 
 from __future__ import annotations
 
+import re
+import sys
+
 from ..errors import UsageError
+from ..load.call import unwrap
 from ..load.model import LoadedModel
-from .cache import CacheLM
+from .cache import CacheLM, NoKVCache, probe_layout
 
 WITH_PAST = "text-generation-with-past"
 PLAIN = "text-generation"
@@ -19,11 +29,11 @@ TASKS = (WITH_PAST, PLAIN)
 
 
 def causal_lm(loaded: LoadedModel):
-    """The transformers causal LM a loaded folder holds, else None."""
-    if loaded.kind != "pretrained":
-        return None
-    model = getattr(loaded.module, "inner", None)
-    if model is None or not type(model).__module__.startswith("transformers"):
+    """The transformers causal LM a loaded model is (or a normexport call adapter around it holds:
+    a folder's), else None. The model's own class decides, not its source."""
+    model = unwrap(loaded.module)  # a folder's call adapter holds the model
+    transformers = sys.modules.get("transformers")  # a transformers model has imported it
+    if transformers is None or not isinstance(model, transformers.PreTrainedModel):
         return None
     config = getattr(model, "config", None)
     if config is None or getattr(config, "is_encoder_decoder", False):
@@ -35,34 +45,71 @@ def causal_lm(loaded: LoadedModel):
     return model if generates else None
 
 
-def resolve(loaded: LoadedModel, task: str | None, module_name: str | None, input_args: list[str]):
-    """(task or None, loaded model to export, --input flags left for the generic path).
+#: user inputs of a .pt2 program that look like a cache (flattened past key / value tensors)
+_CACHE_INPUT = re.compile(r"(past|cache|present|key_value)", re.IGNORECASE)
 
+
+def _pt2_error(loaded: LoadedModel, task: str) -> UsageError:
+    names = list(loaded.input_names or [])
+    cached = [n for n in names if _CACHE_INPUT.search(n)]
+    shown = ", ".join(names[:4]) + (f", ... ({len(names)} inputs)" if len(names) > 4 else "")
+    if task == WITH_PAST and cached:
+        why = (f"the program's call is fixed at export and already takes a cache ({shown}): convert exports that "
+               "call as it is (leave --task out; checked on the call, not by generation)")
+    else:
+        why = f"the program's call is fixed at export (inputs: {shown or 'none'}), so --task {task} cannot change it"
+    return UsageError(f"--task {task} does not apply to a .pt2: {why}; for the KV-cache graph checked by generation "
+                      "convert the save_pretrained folder or the package.module:callable that builds the model")
+
+
+def resolve(loaded: LoadedModel, task: str | None, module_name: str | None, input_args: list[str]):
+    """(task or None, loaded model to export, --input flags left for the generic path, note or None).
+
+    The note (the first output line's tail) says why a causal LM got `text-generation` by default.
     With the cache, `--input input_ids:BxS` sets batch and sequence of the export example and
     `--input attention_mask:BxT` the past length (T - S); no other input may be given."""
+    requested = task
     if task is not None and task not in TASKS:
         raise UsageError(f"unknown --task '{task}': use one of {', '.join(TASKS)}")
+    if loaded.kind == "exported-program":
+        if task is not None:
+            raise _pt2_error(loaded, task)
+        cached = [n for n in loaded.input_names or [] if _CACHE_INPUT.search(n)]
+        if cached:  # said, never silent: the file is the program's call, not normexport's KV-cache graph
+            loaded.notes.append(f"the program's inputs carry a cache ({', '.join(cached[:2])}"
+                                f"{', ...' if len(cached) > 2 else ''}: {len(cached)} tensors): the file is the "
+                                "program's fixed call, names as torch.export gave them, checked on that call, not by "
+                                "generation; for the KV-cache graph checked by generation convert the folder or "
+                                "package.module:callable")
+        return None, loaded, input_args, None
     model = causal_lm(loaded)
     if model is None:
         if task is not None:
-            raise UsageError(f"--task {task} applies to a transformers causal-LM folder (a model that generates), "
-                             "not to this model: leave --task out")
-        return None, loaded, input_args
+            raise UsageError(f"--task {task} applies to a transformers causal-LM folder, factory or pickle (a model "
+                             "that generates), not to this model: leave --task out")
+        return None, loaded, input_args, None
     if task is None:
         task = PLAIN if module_name else WITH_PAST
     if task == PLAIN:
-        return task, loaded, input_args
+        return task, loaded, input_args, None
     if module_name:
         raise UsageError(f"--module exports one block, which has no cache of its own: use --task {PLAIN} with --module")
-    lm = CacheLM(model)
+    try:
+        layout = probe_layout(model)
+    except NoKVCache as e:
+        if requested == WITH_PAST:
+            raise UsageError(f"--task {WITH_PAST} does not apply: {e.reason}; CacheLM carries a KV cache of "
+                             f"[batch, heads, past, head_dim] tensors only: use --task {PLAIN}") from None
+        return PLAIN, loaded, input_args, f"{WITH_PAST} does not apply: {e.reason}"
+    lm = CacheLM(model, layout)
     sizes = _sizes(input_args)
     inputs = lm.example_inputs(**sizes)
     dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
     if dtype is not None:
         inputs = tuple(t.to(dtype) if t.is_floating_point() else t for t in inputs)
-    wrapped = LoadedModel(lm, "pretrained-with-past", inputs, list(lm.input_names), lm.dynamic_axes(),
+    wrapped = LoadedModel(lm, f"{loaded.kind}-with-past", inputs, list(lm.input_names), lm.dynamic_axes(),
                           output_names=list(lm.output_names), notes=list(loaded.notes))
-    return task, wrapped, []
+    return task, wrapped, [], None
 
 
 def _sizes(input_args: list[str]) -> dict:

@@ -14,6 +14,7 @@ from ..errors import UsageError
 from ._util import short
 from .examples import declared_inputs
 from .model import LoadedModel
+from .pretrained import library_model, library_of
 from .state_dict import load_weights
 
 
@@ -43,6 +44,9 @@ def load_factory(model: str, weights: str | None) -> LoadedModel:
         raise UsageError(f"'{model}' returned a {type(obj).__name__}, not an nn.Module")
     if weights:
         load_weights(obj, weights)
-    return LoadedModel(obj.eval(), "factory", *declared_inputs(obj), output_names=getattr(obj, "output_names", None))
+    declared = declared_inputs(obj)
+    if declared[0] is None and (lib := library_of(obj)) is not None:  # a transformers / diffusers model: as a folder's
+        return library_model(obj.eval(), lib, "factory")
+    return LoadedModel(obj.eval(), "factory", *declared, output_names=getattr(obj, "output_names", None))
 
 

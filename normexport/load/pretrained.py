@@ -49,11 +49,33 @@ def load_folder(path: Path):
     if cls is None:
         raise UsageError(f"'{path}' names {class_name}, which this {library} does not have: "
                          f"upgrade {library} or re-save the model with this version")
-    module = _from_pretrained(cls, path)
+    return library_model(_from_pretrained(cls, path), library, "pretrained")
+
+
+def library_of(module) -> str | None:
+    """"transformers" / "diffusers" when the module is a model class of that library (whatever
+    loaded it: a folder, a factory, a pickle), else None."""
+    import sys
+
+    for name, base in (("transformers", "PreTrainedModel"), ("diffusers", "ModelMixin")):
+        lib = sys.modules.get(name)  # a model of the library has imported it
+        if lib is not None and isinstance(module, getattr(lib, base, ())):
+            return name
+    return None
+
+
+def library_model(module, library: str, kind: str) -> LoadedModel:
+    """A transformers / diffusers model called as a folder's is (DESIGN §4): example inputs derived
+    from its forward and config (examples.derive), the batch dynamic, notes for the classes whose
+    forward fixes sizes; the inputs it cannot make are left to --input / --inputs."""
+    class_name = type(module).__name__
+    config = getattr(module, "config", None)
+    if library == "transformers" and getattr(config, "use_cache", None):
+        config.use_cache = False  # no KV cache objects among the outputs (the cache is --task's business)
     module._normexport_library = library  # for derive() once the user's inputs are known
     args, missing = derive(module, library)
     if missing:  # the user gives them (--input / --inputs); the error names them only if not
-        return LoadedModel(_Pending(module), "pretrained", None, None, None, missing=missing)
+        return LoadedModel(_Pending(module), kind, None, None, None, missing=missing)
     args = _in_stored_dtype(module, args)
     adapter = CallAdapter(module, (), args)
     dynamic = batched_axes(args)
@@ -67,7 +89,7 @@ def load_folder(path: Path):
         notes.append(f"{class_name}: {BATCH_LOOP[class_name]}, so the file has a static batch ({BATCH} unless --input gives another; no "
                      f"exporter keeps it dynamic); for batch size B export one file per size: "
                      + " ".join(f"--input {_spec(n, t)}" for n, t in args.items() if hasattr(t, "shape")))
-    return LoadedModel(adapter, "pretrained", adapter.example_inputs, adapter.input_names, dynamic or None, notes=notes)
+    return LoadedModel(adapter, kind, adapter.example_inputs, adapter.input_names, dynamic or None, notes=notes)
 
 
 class _Pending(CallAdapter):

@@ -76,7 +76,8 @@ def resolve_inputs(loaded: LoadedModel, model: str, input_args: list[str], dynam
     dynamic = dict(parse_dynamic(d) for d in dynamic_args)
     recorded = load_inputs_file(inputs_file) if inputs_file else None
     module = loaded.module
-    if loaded.kind == "pretrained" and (specs or recorded):  # by forward parameter name
+    library_call = isinstance(module, CallAdapter) and getattr(module.inner, "_normexport_library", None)
+    if library_call and (specs or recorded):  # a folder's (or a library model's) call: by forward parameter name
         module = pretrained.with_inputs(loaded, specs, *(recorded or ((), {})))
         inputs, names = module.example_inputs, module.input_names
         if recorded and not dynamic:  # a recorded call: its batch dynamic, as a folder's derived inputs

@@ -16,6 +16,7 @@ from ..errors import UsageError
 from ._util import short
 from .examples import declared_inputs
 from .model import LoadedModel
+from .pretrained import library_model, library_of
 from .state_dict import find_state_dict, is_state_dict
 
 
@@ -58,7 +59,10 @@ def load_torch_file(path: Path, trust_pickle: bool) -> LoadedModel:
         raise UsageError(f"cannot unpickle '{path}' ({short(e)}): make the model's classes importable (PYTHONPATH) or save it with torch.export.save") from None
     if not isinstance(obj, nn.Module):
         raise UsageError(f"'{path}' holds a {type(obj).__name__}, not an nn.Module: save the model itself")
-    return LoadedModel(obj.eval(), "pickle", *declared_inputs(obj), output_names=getattr(obj, "output_names", None))
+    declared = declared_inputs(obj)
+    if declared[0] is None and (lib := library_of(obj)) is not None:  # a transformers / diffusers model: as a folder's
+        return library_model(obj.eval(), lib, "pickle")
+    return LoadedModel(obj.eval(), "pickle", *declared, output_names=getattr(obj, "output_names", None))
 
 
 _UNSAFE = object()

@@ -156,7 +156,7 @@ def _run_generation(args, source) -> int:
         model = causal_lm(loaded)
         if model is None:
             raise UsageError(f"'{args.onnx_model}' takes a KV cache but '{args.reference}' is not a transformers "
-                             "causal-LM folder: pass the folder it was converted from")
+                             "causal-LM folder, factory or pickle: pass the model it was converted from")
         return CacheLM(model)
 
     try:
