@@ -264,6 +264,11 @@ def _rewrite_lines(rw: dict | None) -> list[str]:
     if bad:
         lines.append(f"  NOT APPLIED: {len(bad)} fusion(s) failed local verification (first: {bad[0][0]}: "
                      f"{bad[0][1].removeprefix('local verification: ')})")
+    off: dict[str, list[str]] = {}  # rule modules turned off (e.g. NORMEXPORT_RESIDUAL_FUSION=0), by reason
+    for name, status in rw.get("modules", {}).items():
+        if status.startswith("off ("):
+            off.setdefault(status.removeprefix("off "), []).append(name)
+    lines.extend(f"  note: rewriter rules {', '.join(names)} off {why}" for why, names in off.items())
     return lines
 
 
@@ -286,5 +291,9 @@ def onnx_dynamic_axes(model) -> dict[str, list[int]]:
 
 
 def _fused_summary(counts: dict[str, int]) -> str:
-    keys = ("normexport::RMSNorm", "normexport::AdaLNZero", "LayerNormalization", "RMSNormalization", "BatchNormalization")
-    return ", ".join(f"{counts.get(k, 0)} {k}" for k in keys if counts.get(k) or k.startswith("normexport")) + f", {sum(counts.values())} nodes"
+    """The first line's counts: the norm ops (RMSNorm and AdaLNZero always, the fused residual forms
+    SkipRMSNorm / GatedAdaLNZero and the standard ones where there are any) and all nodes."""
+    keys = ("normexport::RMSNorm", "normexport::SkipRMSNorm", "normexport::AdaLNZero", "normexport::GatedAdaLNZero",
+            "LayerNormalization", "RMSNormalization", "BatchNormalization")
+    always = ("normexport::RMSNorm", "normexport::AdaLNZero")
+    return ", ".join(f"{counts.get(k, 0)} {k}" for k in keys if counts.get(k) or k in always) + f", {sum(counts.values())} nodes"

@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import importlib
 import importlib.util
+import os
 
 import onnx
 import onnx_ir as ir
@@ -23,7 +24,7 @@ from normexport.errors import UsageError, first_line
 from .diagnostics import Tracer, record_diagnostics, record_unapplied, where
 from .local import LocalVerifier, concrete_shapes, probe_ir, probe_shapes
 from .opset import model_opset, upgrade_opset
-from .report import RewriteReport, input_records
+from .report import RewriteReport, input_records, norm_node_counts
 from .serialize import finish
 from .verifier import Verifier
 
@@ -168,6 +169,7 @@ def rewrite_ir(model: ir.Model, target: str = "trt", verify: bool = True, report
             explain = (mod_name, mod.explain_unapplied)
         rules = list(mod.rules_for(target)) if hasattr(mod, "rules_for") else list(mod.RULES)
         if not rules:
+            report.modules[mod_name] = _off(mod, target)
             continue
         records = {r.name: report.record(r.name, mod_name) for r in rules}
         tracer = Tracer()
@@ -206,9 +208,19 @@ def rewrite_ir(model: ir.Model, target: str = "trt", verify: bool = True, report
                             "so that TensorRT's ONNX parser runs the plugin rather than the function body")
     report.opset_after = model_opset(model)
     report.nodes_after = len(model.graph)
+    report.norm_nodes = norm_node_counts(model.graph)
     if whole is not None and report.applied:
         _whole_model(whole, model, report, inputs)
     return model
+
+
+def _off(mod, target: str) -> str:
+    """The status of a rule module for `target` that gave no rules: off, and why (never silent)."""
+    flag = getattr(mod, "ENV_FLAG", None)  # rules/__init__: the variable that turns the module off
+    if flag:
+        value = os.environ.get(flag)
+        return f"off ({flag}={value} in the environment)" if value is not None else f"off ({flag} not set)"
+    return f"off for target {target} (the module gave no rules)"
 
 
 def _verified(rule, rec, local: LocalVerifier | None):

@@ -9,6 +9,7 @@ from typing import Any
 import onnx
 
 import normexport
+from normexport import ops as _ops
 from normexport import sizes as _sizes
 
 from . import _verify
@@ -42,6 +43,7 @@ class RewriteReport:
     notes: list[str] = dataclasses.field(default_factory=list)
     local: Any = None  # the LocalVerifier (local.py) when verification ran: its checks
     whole_model: str = ""  # the whole-model extra: "passed", "differs: ...", "not run: ..."
+    norm_nodes: dict[str, int] = dataclasses.field(default_factory=dict)  # in the result (norm_node_counts)
 
     def record(self, rule_name: str, module: str) -> RuleRecord:
         if rule_name not in self.rules:
@@ -77,6 +79,7 @@ class RewriteReport:
             "sizes": self.sizes or "not run (nothing to verify)",
             "opset": {"before": self.opset_before, "after": self.opset_after},
             "nodes": {"before": self.nodes_before, "after": self.nodes_after},
+            "norm_nodes": dict(self.norm_nodes),
             "modules": dict(self.modules),
             "rules": [
                 {"name": r.name, "module": r.module, "matched": r.matched, "applied": r.applied,
@@ -104,6 +107,8 @@ class RewriteReport:
         lines = [f"normexport rewrite (target {self.target}, verify {'on' if self.verify else 'off'}): "
                  f"{self.applied} fusion(s), nodes {self.nodes_before} -> {self.nodes_after}, "
                  f"opset {self.opset_before} -> {self.opset_after}"]
+        if self.norm_nodes:
+            lines.append("  norm nodes: " + ", ".join(f"{v} {k}" for k, v in self.norm_nodes.items()))
         for r in self.rules.values():
             if not (r.matched or r.applied or r.rejected):
                 continue
@@ -131,6 +136,23 @@ class RewriteReport:
             lines.append(f"  verified at {_sizes.describe({i['name']: i['shape'] for i in self.inputs})} ({self.sizes})")
         lines.extend(f"  note: {n}" for n in self.notes)
         return "\n".join(lines)
+
+
+#: the standard and onnxruntime norm ops norm_node_counts counts (besides every normexport op)
+STANDARD_NORMS = ("LayerNormalization", "RMSNormalization", "com.microsoft::SkipSimplifiedLayerNormalization",
+                  "com.microsoft::SkipLayerNormalization")
+
+
+def norm_node_counts(nodes) -> dict[str, int]:
+    """Norm nodes among `nodes` (onnx or onnx_ir) by "domain::op_type" (default domain bare): every
+    normexport op (a SkipRMSNorm / GatedAdaLNZero is a norm with its residual Add fused in) and the
+    STANDARD_NORMS, normexport ones first."""
+    counts: dict[str, int] = {}
+    for n in nodes:
+        key = f"{n.domain}::{n.op_type}" if n.domain not in ("", "ai.onnx") else n.op_type
+        if n.domain == _ops.DOMAIN or key in STANDARD_NORMS:
+            counts[key] = counts.get(key, 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: (not kv[0].startswith(_ops.DOMAIN + "::"), kv[0])))
 
 
 def input_records(model: onnx.ModelProto, shapes: dict[str, list[int]]) -> list[dict[str, Any]]:

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import io
 import warnings
+from collections import Counter
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 import torch
 from onnx import TensorProto, helper, numpy_helper
+
+from _norm_counts import norm_ops  # tests/ (pytest puts it on sys.path)
 
 H = 8
 RNG = np.random.default_rng(1234)
@@ -64,6 +67,12 @@ def run(model: onnx.ModelProto, **feeds) -> list[np.ndarray]:
 
 def count(model: onnx.ModelProto, op_type: str, domain: str | None = None) -> int:
     return sum(1 for n in model.graph.node if n.op_type == op_type and (domain is None or n.domain == domain))
+
+
+def norms(model: onnx.ModelProto) -> Counter:
+    """normexport nodes by op type, a SkipRMSNorm / GatedAdaLNZero (residual Add fused in) counted as
+    its RMSNorm / AdaLNZero: the norms fused (tests/_norm_counts.py)."""
+    return norm_ops(model, "normexport")
 
 
 def op_types(model: onnx.ModelProto) -> list[str]:

@@ -23,9 +23,9 @@ H = G.H
 
 
 @pytest.fixture(autouse=True)
-def residual_fusion_on(monkeypatch):
-    """The rule is opt-in (NORMEXPORT_RESIDUAL_FUSION=1); these tests turn it on."""
-    monkeypatch.setenv(mod.ENV_FLAG, "1")
+def residual_fusion_default(monkeypatch):
+    """The rule is on by default for target trt: these tests run without NORMEXPORT_RESIDUAL_FUSION."""
+    monkeypatch.delenv(mod.ENV_FLAG, raising=False)
 
 
 def _dit(gate_form="unsqueeze", residual=True, affine=True, elem=TensorProto.FLOAT, mul_left=False):
@@ -142,3 +142,15 @@ def test_wrong_fusion_is_rejected_by_local_verification(monkeypatch):
     out, rep = _fused(_dit())
     assert not _gated(out)
     assert rep.unverified(), "the wrong fusion was not rejected"
+
+
+def test_off_with_the_environment_flag_0(monkeypatch):
+    """NORMEXPORT_RESIDUAL_FUSION=0: the plain normexport::AdaLNZero and the gated Add stay, and the
+    report says the rule is off (never silent)."""
+    monkeypatch.setenv(mod.ENV_FLAG, "0")
+    out, rep = _fused(_dit())
+    assert not _gated(out) and G.op_types(out).count("AdaLNZero") == 1
+    assert rep.modules["gated_adaln"] == "off (NORMEXPORT_RESIDUAL_FUSION=0 in the environment)"
+    assert rep.norm_nodes == {"normexport::AdaLNZero": 1}
+    f = _feeds()
+    G.assert_close(G.run(out, **f)[0], _ref(f), "unfused vs fp64 formula")

@@ -15,6 +15,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from normexport import ops
+from normexport.errors import UsageError
 from normexport.rewriter import RewriteReport, rewrite
 from normexport.rewriter.rules import skip_rms_norm_trt as mod
 
@@ -25,9 +26,9 @@ H = G.H
 
 
 @pytest.fixture(autouse=True)
-def residual_fusion_on(monkeypatch):
-    """The rule is opt-in (NORMEXPORT_RESIDUAL_FUSION=1); these tests turn it on."""
-    monkeypatch.setenv(mod.ENV_FLAG, "1")
+def residual_fusion_default(monkeypatch):
+    """The rule is on by default for target trt: these tests run without NORMEXPORT_RESIDUAL_FUSION."""
+    monkeypatch.delenv(mod.ENV_FLAG, raising=False)
 
 
 def _decomposed(residual=True, elem=TensorProto.FLOAT, r_shape=("B", "S", H), eps=1e-6, sum_output=False):
@@ -124,10 +125,31 @@ def test_not_for_other_targets():
     assert not _skip_nodes(out)
 
 
-def test_off_unless_enabled(monkeypatch):
-    monkeypatch.delenv(mod.ENV_FLAG)
-    out = rewrite(_decomposed(), target="trt")
-    assert not _skip_nodes(out) and G.op_types(out).count("RMSNorm") == 1
+def test_off_with_the_environment_flag_0(monkeypatch):
+    """NORMEXPORT_RESIDUAL_FUSION=0: the plain normexport::RMSNorm and the Add stay, and the report says
+    the rules are off (never silent)."""
+    monkeypatch.setenv(mod.ENV_FLAG, "0")
+    out, rep = _fused(_decomposed())
+    assert not _skip_nodes(out) and G.op_types(out) == ["Add", "RMSNorm", "Add"], G.op_types(out)
+    assert rep.modules["skip_rms_norm_trt"] == "off (NORMEXPORT_RESIDUAL_FUSION=0 in the environment)"
+    assert "module skip_rms_norm_trt: off (NORMEXPORT_RESIDUAL_FUSION=0 in the environment)" in rep.summary()
+    assert rep.norm_nodes == {"normexport::RMSNorm": 1}
+    x, r = _inputs()
+    (z,) = G.run(out, x=x, r=r)
+    G.assert_close(z, _ref(x, r), "unfused vs fp64 formula")
+
+
+def test_default_report_counts_the_fused_node():
+    out, rep = _fused(_decomposed())
+    assert rep.modules["skip_rms_norm_trt"] == "ok" and rep.norm_nodes == {"normexport::SkipRMSNorm": 1}
+    assert "  norm nodes: 1 normexport::SkipRMSNorm" in rep.summary().splitlines()
+
+
+@pytest.mark.parametrize("value", ["yes", "2", "off"])
+def test_other_environment_values_refused(monkeypatch, value):
+    monkeypatch.setenv(mod.ENV_FLAG, value)
+    with pytest.raises(UsageError, match=f"NORMEXPORT_RESIDUAL_FUSION='{value}': set it to 0 .* or 1"):
+        rewrite(_decomposed(), target="trt")
 
 
 def test_wrong_fusion_is_rejected_by_local_verification(monkeypatch):

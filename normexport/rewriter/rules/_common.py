@@ -336,12 +336,20 @@ def finish_layer_norm_check(rule, r, context, x: ir.Value, weight, bias, rank: i
     return r
 
 
-#: the fused residual rules (skip_rms_norm_trt, gated_adaln) run for target trt only with this set
-#: to 1 (docs/kernels.md): by default files keep one normexport::RMSNorm / AdaLNZero per norm module
+#: the fused residual rules (skip_rms_norm_trt, gated_adaln) run for target trt unless this is set
+#: to 0 (docs/kernels.md); off, files keep the residual Add beside one normexport::RMSNorm /
+#: AdaLNZero per norm module, and the rewrite report says so (the rule modules' ENV_FLAG)
 RESIDUAL_FUSION_ENV = "NORMEXPORT_RESIDUAL_FUSION"
 
 
 def residual_fusion_enabled() -> bool:
+    """On unless NORMEXPORT_RESIDUAL_FUSION=0 (unset, empty or 1: on); any other value is refused."""
     import os
 
-    return os.environ.get(RESIDUAL_FUSION_ENV) == "1"
+    from normexport.errors import UsageError
+
+    value = os.environ.get(RESIDUAL_FUSION_ENV, "").strip()
+    if value not in ("", "0", "1"):
+        raise UsageError(f"{RESIDUAL_FUSION_ENV}={value!r}: set it to 0 (residual Add and norm left apart) or 1 "
+                         "(fused into SkipRMSNorm / GatedAdaLNZero, the default for --target trt), or unset it")
+    return value != "0"
