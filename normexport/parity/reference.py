@@ -119,19 +119,57 @@ def _upcast_while_running(model: nn.Module):
         for store, name, t in saved.pop(id(module), []):
             store[name] = t
 
-    handles = []
+    handles, pieced = [], []
     for m in model.modules():
-        if any(t is not None for t in list(m._parameters.values()) + list(m._buffers.values())):
+        forward = _piecewise_forward(m)
+        if forward is not None:  # too large to upcast at once: its float64 forward in pieces
+            m.forward = forward
+            pieced.append(m)
+        elif any(t is not None for t in list(m._parameters.values()) + list(m._buffers.values())):
             handles.append(m.register_forward_pre_hook(pre))
             handles.append(m.register_forward_hook(post))
     try:
         yield
     finally:
+        for m in pieced:
+            del m.forward  # the class's forward again
         for h in handles:
             h.remove()
         for module_saved in saved.values():  # a forward that raised midway: originals back
             for store, name, t in module_saved:
                 store[name] = t
+
+
+#: a Linear / Embedding whose weight in float64 exceeds this is not upcast whole by the streamed
+#: reference (an 8 B LLaMA's 128256 x 4096 lm_head would be 4 GiB more): pieces of at most this size
+FP64_PIECE_BYTES = 256 << 20
+
+
+def _piecewise_forward(m: nn.Module):
+    """A float64 forward for a plain nn.Linear / nn.Embedding (the class's own forward) whose
+    float64 weight would exceed FP64_PIECE_BYTES, or None. Linear: the output columns in slices,
+    each from its rows of the weight upcast (the same dot products as the whole weight in float64);
+    Embedding: the rows looked up in the weight's dtype, then upcast (exact)."""
+    w = getattr(m, "weight", None)
+    if not isinstance(w, torch.Tensor) or not w.is_floating_point() or w.dtype == torch.float64 \
+            or w.numel() * 8 <= FP64_PIECE_BYTES or "forward" in m.__dict__:
+        return None
+    if type(m).forward is nn.Linear.forward:
+        def linear(x):
+            x = x.double()
+            rows = max(1, FP64_PIECE_BYTES // (8 * w.shape[1]))
+            y = x.new_empty(*x.shape[:-1], w.shape[0])
+            for i in range(0, w.shape[0], rows):
+                y[..., i:i + rows] = x @ w[i:i + rows].double().T
+            return y + m.bias.double() if m.bias is not None else y
+
+        return linear
+    if type(m).forward is nn.Embedding.forward and m.max_norm is None:
+        def embedding(ids):
+            return torch.nn.functional.embedding(ids, w, m.padding_idx).double()
+
+        return embedding
+    return None
 
 
 # ---- helpers -----------------------------------------------------------------------------------

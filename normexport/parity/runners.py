@@ -136,8 +136,10 @@ class _OrtBackend:
 
 #: a bfloat16 model whose weights widened to float32 exceed this runs in onnxruntime piece by piece
 WIDEN_WHOLE_LIMIT = 4 << 30
-#: float32 bytes of weights per piece
+#: float32 bytes of weights per piece: a tenth of the model's (the check's peak stays near the
+#: weights' size: DESIGN §8), at least CHUNK_MIN_BYTES (fewer sessions), at most CHUNK_BYTES
 CHUNK_BYTES = 1536 << 20
+CHUNK_MIN_BYTES = 128 << 20
 #: constants up to this size go into a piece as initializers; larger ones are fed as inputs
 _EMBED_BYTES = 1 << 20
 
@@ -169,13 +171,14 @@ class _Chunked:
         g = self.model.graph
         self.input_names = [v.name for v in g.inputs if v.name not in g.initializers]
         nodes = list(g)
+        limit = min(CHUNK_BYTES, max(CHUNK_MIN_BYTES, sum(_f32_bytes(v) for v in g.initializers.values()) // 10))
         chunks: list[list] = [[]]
         size, counted = 0, set()
         for n in nodes:
             new = [v for v in n.inputs if v is not None and v.const_value is not None and v.producer() is None
                    and id(v) not in counted]
             b = sum(_f32_bytes(v) for v in new)
-            if chunks[-1] and size + b > CHUNK_BYTES:
+            if chunks[-1] and size + b > limit:
                 chunks.append([])
                 size, counted = 0, set()
             chunks[-1].append(n)
@@ -207,7 +210,7 @@ class _Chunked:
         g = self.model.graph
         for i, chunk in enumerate(self.chunks):
             made = {id(o) for n in chunk for o in n.outputs}
-            ins, inits, fed = [], [], {}
+            ins, inits, fed, mapped, arr = [], [], {}, [], None
             seen = set()
             for n in chunk:
                 for v in n.inputs:
@@ -217,6 +220,7 @@ class _Chunked:
                     elem = int(v.dtype.value) if v.dtype is not None else onnx.TensorProto.FLOAT
                     elem = onnx.TensorProto.FLOAT if elem == onnx.TensorProto.BFLOAT16 else elem
                     if v.const_value is not None and v.producer() is None:
+                        mapped.append(v.const_value)
                         arr = _widened(v.const_value.numpy())
                         if arr.nbytes <= _EMBED_BYTES:
                             inits.append(onnx.numpy_helper.from_array(arr, v.name))
@@ -238,13 +242,26 @@ class _Chunked:
             ro = ort.RunOptions()
             ro.log_severity_level = 4
             got = sess.run([o.name for o in outs], fed, ro)
-            del sess, fed
+            del sess, fed, arr
+            _unmap(mapped)  # the piece's weights leave the process (its RSS stays one piece, not the file)
             env.update(zip([o.name for o in outs], got))
             for name in list(env):  # activations no later piece reads
                 v = self.values.get(name)
                 if v is not None and self.last_use.get(id(v), len(self.chunks)) <= i:
                     del env[name]
         return [env[v.name] for v in g.outputs]
+
+
+def _unmap(tensors) -> None:
+    """Close the memory maps of external tensors a piece read (onnx-ir maps the data file per
+    tensor and keeps the pages until released): a later read maps them again."""
+    for t in tensors:
+        release = getattr(t, "release", None)
+        if release is not None:
+            try:
+                release()
+            except BufferError:  # a view is still alive somewhere: leave this one mapped
+                pass
 
 
 def _f32_bytes(v) -> int:
