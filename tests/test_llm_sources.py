@@ -4,7 +4,8 @@ cache is not a KV cache. Real transformers classes, tiny configs, random weights
 - `package.module:callable` + `--weights` of a LlamaForCausalLM: the default task is the KV-cache
   graph (first line), convert's generation check passes, the file computes the --weights model (not
   the factory's own init), and `check --reference` the same factory runs the generation check
-  (PASS with the weights; FAIL without them: the check reads the reference).
+  (PASS); `--task
+  text-generation` of it: inputs derived as a folder's, the plain graph.
 - a pickled LlamaForCausalLM: refused without --trust-pickle (one line, exit 2); with it, the
   KV-cache graph.
 - a `.pt2` (torch.export program): `--task text-generation-with-past` is one line, exit 2, naming
@@ -83,11 +84,11 @@ def test_factory_with_weights_exports_the_cache_and_checks_by_generation(lm, cli
     folder, root, weights, model = lm
     monkeypatch.chdir(root)  # where the factory module is (load_factory imports from the current folder)
     out = tmp_path / "f.onnx"
-    code, stdout, err = cli("convert", "src_lm_factory:llama", "--weights", weights, "-o", out, "--target", "ort")
+    code, stdout, err = cli("convert", "src_lm_factory:llama", "--weights", weights, "-o", out, "--target", "ort",
+                            "--no-check")  # the generation check runs below, by `check --reference` the factory
     assert code == 0, stdout + err
     assert stdout.splitlines()[0].startswith("task text-generation-with-past (default for causal-LM folders, "
                                              "factories and pickles"), stdout
-    assert "generation check:" in stdout and "PASSED: 16/16 steps" in stdout, stdout
     m = onnx.load(str(out), load_external_data=False)
     assert [i.name for i in m.graph.input][:4] == ["input_ids", "attention_mask", "position_ids",
                                                    "past_key_values.0.key"]
@@ -104,12 +105,26 @@ def test_factory_with_weights_exports_the_cache_and_checks_by_generation(lm, cli
         init = src_lm_factory.llama().eval()(input_ids=ids).logits
     assert _rel(got, init) > 1e-2
 
-    # check --reference the same factory: the generation check, with the weights PASS, without FAIL
-    code, stdout, err = cli("check", out, "--reference", "src_lm_factory:llama", "--weights", weights, "--tokens", 4)
+    # check --reference the same factory + --weights: the generation check (a reference without the
+    # weights would fail it: the file computes the --weights model, asserted above)
+    code, stdout, err = cli("check", out, "--reference", "src_lm_factory:llama", "--weights", weights, "--tokens", 6)
     assert code == 0, stdout + err
-    assert stdout.startswith(f"generation check: {out} vs LlamaForCausalLM: 4 greedy tokens") and "PASSED" in stdout
-    code, stdout, err = cli("check", out, "--reference", "src_lm_factory:llama", "--tokens", 2)
-    assert code == 1 and "generation check:" in stdout and stdout.splitlines()[-1].startswith("FAILED"), stdout + err
+    assert stdout.startswith(f"generation check: {out} vs LlamaForCausalLM: 6 greedy tokens") and \
+        "PASSED: 6/6 steps" in stdout, stdout
+
+
+def test_factory_plain_task_derives_inputs(lm, cli, tmp_path, monkeypatch):
+    """--task text-generation of a factory's causal LM: its inputs derived as a folder's (the model
+    declares none), the plain input_ids -> logits graph."""
+    folder, root, weights, model = lm
+    monkeypatch.chdir(root)
+    out = tmp_path / "plain.onnx"
+    code, stdout, err = cli("convert", "src_lm_factory:llama", "--weights", weights, "-o", out, "--task",
+                            "text-generation", "--no-check")
+    assert code == 0, stdout + err
+    assert stdout.splitlines()[0] == "task text-generation"
+    m = onnx.load(str(out), load_external_data=False)
+    assert [i.name for i in m.graph.input] == ["input_ids"] and [o.name for o in m.graph.output] == ["logits"]
 
 
 def test_pickled_causal_lm(lm, cli, tmp_path):
@@ -168,7 +183,9 @@ def _mamba2_folder(root: Path) -> Path:
 def test_mamba2_falls_back_to_the_plain_graph(cli, tmp_path):
     folder = _mamba2_folder(tmp_path)
     out = tmp_path / "m.onnx"
-    code, stdout, err = cli("convert", folder, "-o", out)
+    # one static size: the dynamic export of Mamba2's chunked scan fails parity at other lengths (the
+    # exporter ladder then goes static on its own, at 2 more exports' cost)
+    code, stdout, err = cli("convert", folder, "-o", out, "--input", "input_ids:2x8:int64")
     assert code == 0, stdout + err
     first = stdout.splitlines()[0]
     assert first.startswith("task text-generation (default here: text-generation-with-past does not apply: "
