@@ -57,7 +57,7 @@ def _pt2_error(loaded: LoadedModel, task: str) -> UsageError:
         why = (f"the program's call is fixed at export and already takes a cache ({shown}): convert exports that "
                "call as it is (leave --task out; checked on the call, not by generation)")
     else:
-        why = f"the program's call is fixed at export (inputs: {shown or 'none'}), so --task {task} cannot change it"
+        why = f"the program's call is fixed at export (inputs: {shown or 'none'}) and --task cannot change it"
     return UsageError(f"--task {task} does not apply to a .pt2: {why}; for the KV-cache graph checked by generation "
                       "convert the save_pretrained folder or the package.module:callable that builds the model")
 
@@ -98,8 +98,7 @@ def resolve(loaded: LoadedModel, task: str | None, module_name: str | None, inpu
         layout = probe_layout(model)
     except NoKVCache as e:
         if requested == WITH_PAST:
-            raise UsageError(f"--task {WITH_PAST} does not apply: {e.reason}; CacheLM carries a KV cache of "
-                             f"[batch, heads, past, head_dim] tensors only: use --task {PLAIN}") from None
+            raise UsageError(f"--task {WITH_PAST} does not apply: {e.reason}: use --task {PLAIN}") from None
         return PLAIN, loaded, input_args, f"{WITH_PAST} does not apply: {e.reason}"
     lm = CacheLM(model, layout)
     sizes = _sizes(input_args)
