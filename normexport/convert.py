@@ -32,8 +32,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="import an installed module first (registers the pytree types a .pt2 names)")
     p.add_argument("--target", choices=TARGETS, default="trt")
     p.add_argument("--task", choices=("text-generation-with-past", "text-generation"), default=None,
-                   help="causal-LM folders: with the KV cache as inputs / outputs (default; checked by greedy "
-                        "generation) or the plain input_ids -> logits graph (DESIGN §10)")
+                   help="causal LMs (folder, factory, pickle): with the KV cache as inputs / outputs (default; "
+                        "checked by greedy generation) or the plain input_ids -> logits graph (DESIGN §10; the default "
+                        "for a model whose cache is not a KV cache)")
     p.add_argument("--opset", type=int, default=None)
     p.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default=None, help="cast the model and its float inputs")
     p.add_argument("--weights", metavar="FILE", help="state dict for a module:callable MODEL (loaded with weights_only=True)")
