@@ -18,10 +18,11 @@ def test_demo_writes_checked_models(cli, tmp_path):
     assert lines[0].split()[:2] == ["model", "ops"]
     assert lines[-1].startswith(f"{len(DEMO_MODELS)}/{len(DEMO_MODELS)} models passed")
     rows = {line.split()[0]: line for line in lines[1:-1]}
-    assert "2 RMSNorm" in rows["llama"] and "2 AdaLNZero" in rows["dit"]
+    # two norms each, the second reading the residual sum: fused with its Add (--target trt)
+    assert "1 RMSNorm, 1 SkipRMSNorm" in rows["llama"] and "1 AdaLNZero, 1 GatedAdaLNZero" in rows["dit"], rows
     assert "2 LayerNormalization" in rows["bert"] and "4 BN folded" in rows["conv_bn"]
     custom = {f.stem: [n.op_type for n in ops.custom_nodes(onnx.load(str(f)))] for f in files}
-    assert custom["llama"] == ["RMSNorm", "RMSNorm"] and custom["dit"] == ["AdaLNZero", "AdaLNZero"]
+    assert custom["llama"] == ["RMSNorm", "SkipRMSNorm"] and custom["dit"] == ["AdaLNZero", "GatedAdaLNZero"]
     assert not any(n.op_type == "BatchNormalization" for n in onnx.load(str(tmp_path / "demo" / "conv_bn.onnx")).graph.node)
 
 

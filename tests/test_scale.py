@@ -19,6 +19,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 from bench_scale import make_folder  # noqa: E402
+from _norm_counts import norm_ops  # noqa: E402
 
 
 def test_streamed_float64_reference_equals_the_float64_copy(monkeypatch):
@@ -72,8 +73,13 @@ def gib_of(folder: Path) -> float:
 
 
 def _rmsnorms(path: Path) -> int:
-    m = onnx.load(str(path), load_external_data=False)
-    return sum(1 for n in m.graph.node if n.domain == "normexport" and n.op_type == "RMSNorm")
+    """RMSNorm modules fused: normexport::RMSNorm nodes plus SkipRMSNorm (the residual Add fused in too)."""
+    return norm_ops(path, "normexport")["RMSNorm"]
+
+
+def _residual_fused(path: Path) -> int:
+    return sum(1 for n in onnx.load(str(path), load_external_data=False).graph.node
+               if n.domain == "normexport" and n.op_type == "SkipRMSNorm")
 
 
 @pytest.fixture(scope="module")
@@ -86,13 +92,13 @@ def big_folder(tmp_path_factory):
 
 def test_over_2gib_convert_rewrite_check_build(big_folder, tmp_path):
     """convert (streamed to external data, whole-model parity left to check with a line saying so),
-    rewrite of the plain torch.onnx export (5 of 5 RMSNorms fused, each verified locally), check of
+    rewrite of the plain torch.onnx export (5 of 5 RMSNorms fused, 4 with their residual Add, each verified locally), check of
     the converted file against the folder (bf16 widened in onnxruntime, float64 reference module by
     module), build in TensorRT (for RTX, CPU build) from the function bodies."""
     conv = tmp_path / "conv.onnx"
     code, out, err = _cli("convert", big_folder, "-o", conv)
     assert code == 0, err
-    assert "parity: not run here" in out and _rmsnorms(conv) == 5, out
+    assert "parity: not run here" in out and _rmsnorms(conv) == 5 and _residual_fused(conv) == 4, out
     data = conv.with_name("conv.onnx.data")
     assert data.stat().st_size > 2 << 30 and conv.stat().st_size < 1 << 20
     onnx.checker.check_model(str(conv), full_check=True)
@@ -110,7 +116,8 @@ def test_over_2gib_convert_rewrite_check_build(big_folder, tmp_path):
     assert code == 0, err
     if "rewrite" in PEAKS:  # DESIGN §8: the weights memory-mapped, never all in RAM twice
         assert PEAKS["rewrite"] <= 1.2 * gib_of(big_folder), PEAKS
-    assert _rmsnorms(rw) == 5 and "local verification: 5 of 5 fusion(s) verified" in out, out
+    # 5 RMSNorm fusions and 4 residual Adds fused into them (all but the first norm's, on the embedding)
+    assert _rmsnorms(rw) == 5 and _residual_fused(rw) == 4 and "local verification: 9 of 9 fusion(s) verified" in out, out
     assert "whole-model comparison: not run" in out, out
     assert (tmp_path / "rw.onnx.data").stat().st_size > 2 << 30
     assert (os.stat(rw).st_mode & 0o077) == (0o666 & ~_umask() & 0o077)

@@ -163,8 +163,8 @@ def test_flux_file_that_adds_error_fails(flux_files):
     bad_eps = onnx.ModelProto()
     bad_eps.CopyFrom(file)
     n = 0
-    for node in bad_eps.graph.node:
-        if node.op_type == "AdaLNZero":
+    for node in bad_eps.graph.node:  # a GatedAdaLNZero is an AdaLNZero with the gated residual Add fused in
+        if node.op_type in ("AdaLNZero", "GatedAdaLNZero"):
             for a in node.attribute:
                 if a.name == "epsilon":
                     a.f, n = 1e-3, n + 1

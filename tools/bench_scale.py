@@ -18,7 +18,9 @@ For each preset it
    build     with --build: `normexport build conv.onnx` (with the plugin library when one is found);
    rewrite   `normexport rewrite plain.onnx --target trt` (every fusion verified locally);
 3. prints a table (weights GiB, peak RSS GiB and x weights, wall s and x plain, RMSNorms fused of
-   2 x layers + 1) and writes it as JSON under --out with the date and the machine.
+   2 x layers + 1: normexport::RMSNorm + SkipRMSNorm nodes, the residual Add fused into all but the
+   first for --target trt, SkipRMSNorm also shown apart) and writes it as JSON under --out with the
+   date and the machine.
 """
 
 from __future__ import annotations
@@ -173,12 +175,15 @@ def timed(cmd: list[str], log: Path) -> dict:
 
 
 def fused(onnx_path: Path) -> dict[str, int]:
-    """Counts of the fused ops in a file, and of LayerNormalization / ReduceMean left."""
+    """Counts of the fused ops in a file, and of LayerNormalization / ReduceMean left. "RMSNorm" /
+    "AdaLNZero": the norms fused, each a normexport::RMSNorm / AdaLNZero node or one with the residual
+    Add fused in too (SkipRMSNorm / GatedAdaLNZero, --target trt), those also counted apart."""
     import onnx
 
     m = onnx.load(str(onnx_path), load_external_data=False)
     ops = [n.op_type for n in m.graph.node]
-    return {k: ops.count(k) for k in ("RMSNorm", "AdaLNZero", "LayerNormalization", "ReduceMean")}
+    n = {k: ops.count(k) for k in ("RMSNorm", "SkipRMSNorm", "AdaLNZero", "GatedAdaLNZero", "LayerNormalization", "ReduceMean")}
+    return {**n, "RMSNorm": n["RMSNorm"] + n["SkipRMSNorm"], "AdaLNZero": n["AdaLNZero"] + n["GatedAdaLNZero"]}
 
 
 def _plugin_lib() -> str | None:
@@ -242,8 +247,9 @@ def main(argv=None) -> int:
         x_w = r["peak_rss_gib"] / weights if r["peak_rss_gib"] else float("nan")
         x_p = r["wall_s"] / base["wall_s"] if base["wall_s"] else float("nan")
         f = r.get("fused")
-        shown = (f"RMSNorm {f['RMSNorm']}/{expected['RMSNorm']}, AdaLNZero {f['AdaLNZero']} "
-                 f"(LayerNormalization {f['LayerNormalization']}, ReduceMean {f['ReduceMean']})") if f else "-"
+        shown = (f"RMSNorm {f['RMSNorm']}/{expected['RMSNorm']} ({f['SkipRMSNorm']} SkipRMSNorm), AdaLNZero "
+                 f"{f['AdaLNZero']} ({f['GatedAdaLNZero']} GatedAdaLNZero) (LayerNormalization "
+                 f"{f['LayerNormalization']}, ReduceMean {f['ReduceMean']})") if f else "-"
         print(f"{k:<9} {r['rc']:>3} {r['peak_rss_gib'] or 0:>13.2f} {x_w:>10.2f} {r['wall_s']:>8.1f} {x_p:>8.2f}  {shown}")
         if r["rc"] != 0 or k in ("check", "build"):
             print("   " + "\n   ".join(r["tail"]))
