@@ -6,25 +6,18 @@ extern "C" NORMEXPORT_API cudaError_t normexport_adaln_zero(void const* x, void 
     int dtype, float eps, cudaStream_t stream)
 {
     using namespace normexport;
-    if (batch < 0 || seq < 0 || (mod_full != 0 && mod_full != 1))
-        return cudaErrorInvalidValue;
-    if (seq > 0 && batch > INT64_MAX / seq)
-        return cudaErrorInvalidValue;
-    int64_t const rows = batch * seq;
-    if (!valid_common(x, y, rows, hidden, dtype, eps))
-        return cudaErrorInvalidValue;
-    if (rows > 0 && (shift == nullptr || scale == nullptr))
-        return cudaErrorInvalidValue;
     NormParams p{};
+    if (!adaln_rows(batch, seq, mod_full, p) || !valid_common(x, y, p.rows, hidden, dtype, eps))
+        return cudaErrorInvalidValue;
+    if (p.rows > 0 && (shift == nullptr || scale == nullptr))
+        return cudaErrorInvalidValue;
     p.x = x;
     p.weight = weight;
     p.bias = bias;
     p.shift = shift;
     p.mod_scale = scale;
     p.y = y;
-    p.rows = rows;
     p.hidden = hidden;
-    p.mod_row_div = mod_full ? 1 : (seq > 0 ? seq : 1);
     p.eps = eps;
     return launch_norm_dtype<NormKind::kAdaLN>(p, dtype, stream);
 }

@@ -6,16 +6,11 @@ extern "C" NORMEXPORT_API cudaError_t normexport_gated_adaln_zero(void const* x,
     int64_t batch, int64_t seq, int64_t hidden, int mod_full, int dtype, float eps, cudaStream_t stream)
 {
     using namespace normexport;
-    if (batch < 0 || seq < 0 || (mod_full != 0 && mod_full != 1))
-        return cudaErrorInvalidValue;
-    if (seq > 0 && batch > INT64_MAX / seq)
-        return cudaErrorInvalidValue;
-    int64_t const rows = batch * seq;
-    if (!valid_common(x, y, rows, hidden, dtype, eps))
-        return cudaErrorInvalidValue;
-    if (rows > 0 && (update == nullptr || gate == nullptr || shift == nullptr || scale == nullptr || sum == nullptr))
-        return cudaErrorInvalidValue;
     NormParams p{};
+    if (!adaln_rows(batch, seq, mod_full, p) || !valid_common(x, y, p.rows, hidden, dtype, eps))
+        return cudaErrorInvalidValue;
+    if (p.rows > 0 && (update == nullptr || gate == nullptr || shift == nullptr || scale == nullptr || sum == nullptr))
+        return cudaErrorInvalidValue;
     p.x = x;
     p.residual = update;
     p.gate = gate;
@@ -25,9 +20,7 @@ extern "C" NORMEXPORT_API cudaError_t normexport_gated_adaln_zero(void const* x,
     p.mod_scale = scale;
     p.y = y;
     p.sum = sum;
-    p.rows = rows;
     p.hidden = hidden;
-    p.mod_row_div = mod_full ? 1 : (seq > 0 ? seq : 1);
     p.eps = eps;
     return launch_norm_dtype<NormKind::kGatedAdaLN>(p, dtype, stream);
 }

@@ -92,11 +92,11 @@ struct alignas(sizeof(T) * N) Pack
     T v[N];
 };
 
-// Load / store one pack as raw IO values (16-byte packs as one 128-bit access).
+// One pack from p (aligned to its size): a 16-byte pack as one 128-bit access, through the
+// non-coherent read-only path when READ_ONLY (parameters re-read by many rows).
 template <typename T, int N, bool READ_ONLY>
-__device__ __forceinline__ Pack<T, N> load_raw(T const* p)
+__device__ __forceinline__ void load_into(T const* p, Pack<T, N>& pk)
 {
-    Pack<T, N> pk;
     if constexpr (sizeof(Pack<T, N>) == 16)
     {
         uint4 raw;
@@ -110,6 +110,14 @@ __device__ __forceinline__ Pack<T, N> load_raw(T const* p)
     {
         pk = *reinterpret_cast<Pack<T, N> const*>(p);
     }
+}
+
+// Load / store one pack as raw IO values (16-byte packs as one 128-bit access).
+template <typename T, int N, bool READ_ONLY>
+__device__ __forceinline__ Pack<T, N> load_raw(T const* p)
+{
+    Pack<T, N> pk;
+    load_into<T, N, READ_ONLY>(p, pk);
     return pk;
 }
 
@@ -128,30 +136,18 @@ __device__ __forceinline__ void store_raw(T* p, Pack<T, N> const& pk)
     }
 }
 
-// Load N elements starting at p (p must be aligned to sizeof(T) * N). READ_ONLY selects the
-// non-coherent read-only path for parameters that are re-read by many rows.
+// Load N elements starting at p as float (p must be aligned to sizeof(T) * N).
 template <typename T, int N, bool READ_ONLY>
 __device__ __forceinline__ void load_pack(T const* p, float (&out)[N])
 {
     Pack<T, N> pk;
-    if constexpr (sizeof(Pack<T, N>) == 16)
-    {
-        uint4 raw;
-        if constexpr (READ_ONLY)
-            raw = __ldg(reinterpret_cast<uint4 const*>(p));
-        else
-            raw = *reinterpret_cast<uint4 const*>(p);
-        memcpy(&pk, &raw, sizeof(raw));
-    }
-    else
-    {
-        pk = *reinterpret_cast<Pack<T, N> const*>(p);
-    }
+    load_into<T, N, READ_ONLY>(p, pk);
 #pragma unroll
     for (int k = 0; k < N; ++k)
         out[k] = to_float(pk.v[k]);
 }
 
+// Store N floats at p, rounded to T (p aligned as for load_pack).
 template <typename T, int N>
 __device__ __forceinline__ void store_pack(T* p, float const (&in)[N])
 {
@@ -159,16 +155,7 @@ __device__ __forceinline__ void store_pack(T* p, float const (&in)[N])
 #pragma unroll
     for (int k = 0; k < N; ++k)
         pk.v[k] = from_float<T>(in[k]);
-    if constexpr (sizeof(Pack<T, N>) == 16)
-    {
-        uint4 raw;
-        memcpy(&raw, &pk, sizeof(raw));
-        *reinterpret_cast<uint4*>(p) = raw;
-    }
-    else
-    {
-        *reinterpret_cast<Pack<T, N>*>(p) = pk;
-    }
+    store_raw<T, N>(p, pk);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -639,6 +626,20 @@ inline bool valid_common(void const* x, void const* y, int64_t rows, int64_t hid
         return false;
     if (rows > 0 && (x == nullptr || y == nullptr))
         return false;
+    return true;
+}
+
+// The AdaLN kinds' rows: x is [batch, seq, hidden] (seq: the product of the middle dims) and the
+// modulation tensors are [batch, hidden] (mod_full 0: one row per batch, shared by its seq rows)
+// or of x's shape (mod_full 1). Sets p.rows and p.mod_row_div; false when the sizes are invalid.
+inline bool adaln_rows(int64_t batch, int64_t seq, int mod_full, NormParams& p)
+{
+    if (batch < 0 || seq < 0 || (mod_full != 0 && mod_full != 1))
+        return false;
+    if (seq > 0 && batch > INT64_MAX / seq)
+        return false;
+    p.rows = batch * seq;
+    p.mod_row_div = mod_full ? 1 : (seq > 0 ? seq : 1);
     return true;
 }
 
