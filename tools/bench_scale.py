@@ -12,6 +12,8 @@ For each preset it
 2. runs, each in its own process under /usr/bin/time -v:
    plain     torch.onnx.export(dynamo=True) of the folder's model on input_ids [1, 16], saved with
              external data (ONNXProgram.save(..., external_data=True));
+   plain-past (LLaMA) torch.onnx.export of the same model with its KV cache (normexport.llm.CacheLM,
+             dynamic batch / sequence / past): the anchor of convert's default KV-cache graph;
    convert   `normexport convert DIR --target trt` (whole-model parity is skipped above 2 GiB and says so);
    check     with --check: `normexport check conv.onnx --reference DIR` (LLaMA at batch 1, 16 tokens; DiT at the
              file's sizes);
@@ -73,6 +75,22 @@ prog = torch.onnx.export(m, (ids,), dynamo=True, opset_version=22, verbose=False
 prog.save(out, external_data=True)
 """
 
+#: the anchor of the KV-cache graph (convert's default task for a causal LM): the plain torch.onnx
+#: export of the same CacheLM module (cache as flat inputs / outputs, dynamic batch, sequence and
+#: past length), without normexport's swaps, rewrites or checks
+_PLAIN_PAST = r"""
+import sys, warnings, logging, torch, transformers
+from normexport.llm import CacheLM
+warnings.simplefilter("ignore"); logging.disable(logging.WARNING)
+folder, out = sys.argv[1], sys.argv[2]
+m = transformers.AutoModelForCausalLM.from_pretrained(folder, local_files_only=True).eval()
+lm = CacheLM(m)
+prog = torch.onnx.export(lm, lm.example_inputs(), dynamo=True, opset_version=22, verbose=False,
+                         input_names=list(lm.input_names), output_names=list(lm.output_names),
+                         dynamic_axes=lm.dynamic_axes())
+prog.save(out, external_data=True)
+"""
+
 
 _PLAIN_DIT = r"""
 import sys, warnings, logging, torch, diffusers
@@ -123,6 +141,18 @@ def _write_random(meta, folder: Path, dtype, index_name: str, weights_prefix: st
     return total / 2**30
 
 
+def _dit_meta(fields: dict):
+    """The meta-device SD3 model of a preset and its norm counts (every nn.LayerNorm of SD3 is
+    modulated -> AdaLNZero, every diffusers RMSNorm -> RMSNorm)."""
+    import diffusers
+    import torch
+
+    with torch.device("meta"):
+        meta = diffusers.SD3Transformer2DModel(**fields)
+    return meta, {"AdaLNZero": sum(isinstance(m, torch.nn.LayerNorm) for m in meta.modules()),
+                  "RMSNorm": sum(type(m).__name__ == "RMSNorm" for m in meta.modules())}
+
+
 def make_dit_folder(preset: str | dict, folder: Path, dtype: str = "bfloat16") -> tuple[float, dict[str, int]]:
     """A diffusers SD3Transformer2DModel folder of random weights (tensor by tensor); returns
     (GiB, expected fused counts from the module structure: every nn.LayerNorm of SD3 is modulated
@@ -132,10 +162,7 @@ def make_dit_folder(preset: str | dict, folder: Path, dtype: str = "bfloat16") -
 
     fields = DIT_PRESETS[preset] if isinstance(preset, str) else preset
     folder.mkdir(parents=True, exist_ok=True)
-    with torch.device("meta"):
-        meta = diffusers.SD3Transformer2DModel(**fields)
-    counts = {"AdaLNZero": sum(isinstance(m, torch.nn.LayerNorm) for m in meta.modules()),
-              "RMSNorm": sum(type(m).__name__ == "RMSNorm" for m in meta.modules())}
+    meta, counts = _dit_meta(fields)
     gib = _write_random(meta, folder, getattr(torch, dtype), "diffusion_pytorch_model.safetensors.index.json",
                         "diffusion_pytorch_model")
     meta.save_config(str(folder))
@@ -174,6 +201,11 @@ def timed(cmd: list[str], log: Path) -> dict:
                      if not ln.startswith(("\t", "Command exited", "Command being timed"))][-12:]}
 
 
+def _remove_onnx(path: Path) -> None:
+    for f in (path, path.with_name(path.name + ".data")):
+        f.unlink(missing_ok=True)
+
+
 def fused(onnx_path: Path) -> dict[str, int]:
     """Counts of the fused ops in a file, and of LayerNormalization / ReduceMean left. "RMSNorm" /
     "AdaLNZero": the norms fused, each a normexport::RMSNorm / AdaLNZero node or one with the residual
@@ -205,52 +237,86 @@ def main(argv=None) -> int:
     ap.add_argument("--build", action="store_true", help="also `normexport build` the converted file (TensorRT; "
                     "with the plugin library when one is found)")
     ap.add_argument("--keep", action="store_true", help="keep the folder and the ONNX files")
+    ap.add_argument("--steps", default=",".join(STEPS), help=f"the steps to run, of {','.join(STEPS)} (check and "
+                    "build also need --check / --build); a step left out is not in the table")
+    ap.add_argument("--reuse-folder", action="store_true", help="keep a folder an earlier --keep run left in --work "
+                    "(same preset) instead of writing a new one")
     args = ap.parse_args(argv)
+    steps = set(args.steps.split(","))
+    if steps - set(STEPS):
+        ap.error(f"--steps: unknown {', '.join(sorted(steps - set(STEPS)))}; use {','.join(STEPS)}")
     work = Path(args.work) / args.preset
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
     folder = work / "folder"
+    reuse = args.reuse_folder and (folder / "config.json").exists()
+    if reuse:
+        for f in work.iterdir():
+            if f != folder:
+                shutil.rmtree(f) if f.is_dir() else f.unlink()
+    else:
+        shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True, exist_ok=True)
+    if reuse:
+        weights = sum(f.stat().st_size for f in folder.glob("*.safetensors")) / 2**30
+        print(f"reusing {folder} ({weights:.2f} GiB)")
     if args.preset in DIT_PRESETS:
-        weights, expected = make_dit_folder(args.preset, folder)
+        if not reuse:
+            weights, expected = make_dit_folder(args.preset, folder)
+        else:
+            expected = _dit_meta(DIT_PRESETS[args.preset])[1]
         plain_script = _PLAIN_DIT
         check_input = []  # the sizes the file was exported at (its latent and text dims are static)
         what = f"{expected['RMSNorm']} RMSNorms, every LayerNorm modulated"
     else:
-        weights = make_folder(args.preset, folder)
+        if not reuse:
+            weights = make_folder(args.preset, folder)
         expected = {"RMSNorm": 2 * PRESETS[args.preset]["num_hidden_layers"] + 1}
         plain_script = _PLAIN
         check_input = ["--input", "input_ids:1x16:int64"]
         what = f"{expected['RMSNorm']} RMSNorms"
     exe = str(Path(sys.executable).with_name("normexport"))
     rows = {}
-    rows["plain"] = timed([sys.executable, "-c", plain_script, str(folder), str(work / "plain.onnx")], work / "plain.log")
-    rows["convert"] = timed([exe, "convert", str(folder), "--target", "trt", "-o", str(work / "conv.onnx")], work / "convert.log")
-    if rows["convert"]["rc"] == 0:
+    if "plain" in steps:
+        rows["plain"] = timed([sys.executable, "-c", plain_script, str(folder), str(work / "plain.onnx")], work / "plain.log")
+    if args.preset not in DIT_PRESETS and "plain-past" in steps:  # convert's default for a causal LM is the KV-cache graph: its plain export too
+        rows["plain-past"] = timed([sys.executable, "-c", _PLAIN_PAST, str(folder), str(work / "plain_past.onnx")],
+                                   work / "plain_past.log")
+        _remove_onnx(work / "plain_past.onnx")  # its size only mattered while it ran (disk: 3 copies of 8 B)
+    if "convert" in steps:
+        rows["convert"] = timed([exe, "convert", str(folder), "--target", "trt", "-o", str(work / "conv.onnx")],
+                                work / "convert.log")
+    if rows.get("convert", {}).get("rc") == 0:
         rows["convert"]["fused"] = fused(work / "conv.onnx")
-        if args.check:
+        if args.check and "check" in steps:
             rows["check"] = timed([exe, "check", str(work / "conv.onnx"), "--reference", str(folder), *check_input],
                                   work / "check.log")
-        if args.build:
+        if args.build and "build" in steps:
             lib = _plugin_lib()
             rows["build"] = timed([exe, "build", str(work / "conv.onnx"), "-o", str(work / "conv.engine"),
                                    *(["--plugin", lib] if lib else ["--no-plugin"])], work / "build.log")
-    if rows["plain"]["rc"] == 0:
+    if rows.get("plain", {}).get("rc") == 0 and "rewrite" in steps:
         rows["rewrite"] = timed([exe, "rewrite", str(work / "plain.onnx"), "--target", "trt", "-o", str(work / "rw.onnx")],
                                 work / "rewrite.log")
         if rows["rewrite"]["rc"] == 0:
             rows["rewrite"]["fused"] = fused(work / "rw.onnx")
-    base = rows["plain"]
+    # the anchor of each step: the plain export of the same graph (convert and check of the KV-cache
+    # graph against plain-past where it ran; the rest against the plain input -> output export)
+    anchor = {k: ("plain-past" if k in ("convert", "check", "build") and rows.get("plain-past", {}).get("rc") == 0
+                  else "plain") for k in rows}
+    anchor = {k: a if a in rows else k for k, a in anchor.items()}  # a step left out: no ratio
     print(f"{args.preset}: {weights:.2f} GiB of bfloat16 weights, {what}; machine {platform.node()} "
           f"({os.cpu_count()} cores)")
-    print(f"{'step':<9} {'rc':>3} {'peak RSS GiB':>13} {'x weights':>10} {'wall s':>8} {'x plain':>8}  fused (left)")
+    print(f"{'step':<10} {'rc':>3} {'peak RSS GiB':>13} {'x weights':>10} {'wall s':>8} {'x anchor':>9} {'anchor':<10}  fused (left)")
     for k, r in rows.items():
         x_w = r["peak_rss_gib"] / weights if r["peak_rss_gib"] else float("nan")
-        x_p = r["wall_s"] / base["wall_s"] if base["wall_s"] else float("nan")
+        base = rows[anchor[k]]
+        x_p = r["wall_s"] / base["wall_s"] if base["wall_s"] and (anchor[k] != k or k == "plain") else float("nan")
+        r["anchor"] = anchor[k]
         f = r.get("fused")
         shown = (f"RMSNorm {f['RMSNorm']}/{expected['RMSNorm']} ({f['SkipRMSNorm']} SkipRMSNorm), AdaLNZero "
                  f"{f['AdaLNZero']} ({f['GatedAdaLNZero']} GatedAdaLNZero) (LayerNormalization "
                  f"{f['LayerNormalization']}, ReduceMean {f['ReduceMean']})") if f else "-"
-        print(f"{k:<9} {r['rc']:>3} {r['peak_rss_gib'] or 0:>13.2f} {x_w:>10.2f} {r['wall_s']:>8.1f} {x_p:>8.2f}  {shown}")
+        print(f"{k:<10} {r['rc']:>3} {r['peak_rss_gib'] or 0:>13.2f} {x_w:>10.2f} {r['wall_s']:>8.1f} {x_p:>9.2f} "
+              f"{anchor[k]:<10}  {shown}")
         if r["rc"] != 0 or k in ("check", "build"):
             print("   " + "\n   ".join(r["tail"]))
     day = datetime.date.today().isoformat()
@@ -265,6 +331,9 @@ def main(argv=None) -> int:
     if not args.keep:
         shutil.rmtree(work, ignore_errors=True)
     return 0 if all(r["rc"] == 0 for r in rows.values()) else 1
+
+
+STEPS = ("plain", "plain-past", "convert", "check", "build", "rewrite")
 
 
 if __name__ == "__main__":
