@@ -1,6 +1,7 @@
-"""The TensorRT plugins' names, version, namespace and field names/defaults, generated from the
-op specs (DESIGN §2, §6), so that one spec per op drives the torch op, the ONNX schema and
-function, and the plugin.
+"""The TensorRT plugins' names, version, namespace, input / output counts, signature and field
+names/defaults, generated from the op specs (DESIGN §2, §6) as one struct per op, so that one spec
+per op drives the torch op, the ONNX schema and function, and the plugin (plugins/tensorrt/
+normPlugin.h takes the struct as its template argument).
 
     python -m normexport.ops.plugin_fields          # rewrite plugins/tensorrt/opSpecs.h
     python -m normexport.ops.plugin_fields --check  # exit 1 when the committed header is stale
@@ -30,6 +31,16 @@ def _literal(value: float | int) -> tuple[str, str]:
     return "int32_t", str(int(value))
 
 
+def _signature(spec: OpSpec) -> str:
+    """'(X, skip, scale[, bias]) -> (Y, Sum)': the inputs (optional ones in brackets) and outputs."""
+    required = [i.name for i in spec.inputs if not i.optional]
+    optional = [i.name for i in spec.inputs if i.optional]
+    outputs = [name for name, _ in spec.outputs]
+    ins = ", ".join(required) + (f"[, {', '.join(optional)}]" if optional else "")
+    outs = outputs[0] if len(outputs) == 1 else f"({', '.join(outputs)})"
+    return f"({ins}) -> {outs}"
+
+
 def render() -> str:
     lines = [
         "// Generated from the op specs in normexport/ops/ by `python -m normexport.ops.plugin_fields`.",
@@ -48,26 +59,34 @@ def render() -> str:
         f'constexpr char const* kNAMESPACE{{"{DOMAIN}"}};',
         f'constexpr char const* kVERSION{{"{VERSION}"}};',
     ]
-    for spec in sorted(SPECS.values(), key=lambda s: s.name):
+    specs = sorted(SPECS.values(), key=lambda s: s.name)
+    # kHAS_<FIELD> for every field any op has, so that shared plugin code can ask (if constexpr)
+    every_field = sorted({a.name for spec in specs for a in spec.attributes})
+    for spec in specs:
         n_required = sum(not i.optional for i in spec.inputs)
         lines += [
             "",
             f"//! {spec.doc}",
-            f"namespace {_cpp_name(spec)}",
+            f"struct {_cpp_name(spec)}",
             "{",
-            f'constexpr char const* kNAME{{"{spec.name}"}};',
-            f"constexpr int32_t kMIN_INPUTS{{{n_required}}};",
-            f"constexpr int32_t kMAX_INPUTS{{{len(spec.inputs)}}};",
+            f'    static constexpr char const* kNAME{{"{spec.name}"}};',
+            f'    static constexpr char const* kSIGNATURE{{"{_signature(spec)}"}};',
+            f"    static constexpr int32_t kMIN_INPUTS{{{n_required}}};",
+            f"    static constexpr int32_t kMAX_INPUTS{{{len(spec.inputs)}}};",
+            f"    static constexpr int32_t kNB_OUTPUTS{{{len(spec.outputs)}}};",
         ]
+        mine = {a.name for a in spec.attributes}
         for a in spec.attributes:
             ctype, lit = _literal(a.default)
             key = a.name.upper()
             lines += [
-                f"//! {a.doc}",
-                f'constexpr char const* k{key}{{"{a.name}"}};',
-                f"constexpr {ctype} k{key}_DEFAULT{{{lit}}};",
+                f"    //! {a.doc}",
+                f'    static constexpr char const* k{key}{{"{a.name}"}};',
+                f"    static constexpr {ctype} k{key}_DEFAULT{{{lit}}};",
             ]
-        lines.append(f"}} // namespace {_cpp_name(spec)}")
+        lines += [f"    static constexpr bool kHAS_{name.upper()}{{{'true' if name in mine else 'false'}}};"
+                  for name in every_field]
+        lines.append("};")
     lines += ["", "} // namespace spec", "} // namespace plugin", "} // namespace normexport", ""]
     return "\n".join(lines)
 

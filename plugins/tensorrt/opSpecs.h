@@ -15,51 +15,67 @@ constexpr char const* kNAMESPACE{"normexport"};
 constexpr char const* kVERSION{"1"};
 
 //! Y = LayerNorm(X; weight, bias, epsilon) * (1 + scale) + shift; statistics in float32.
-namespace adaln_zero
+struct adaln_zero
 {
-constexpr char const* kNAME{"AdaLNZero"};
-constexpr int32_t kMIN_INPUTS{3};
-constexpr int32_t kMAX_INPUTS{5};
-//! LayerNorm epsilon
-constexpr char const* kEPSILON{"epsilon"};
-constexpr float kEPSILON_DEFAULT{1e-06F};
-} // namespace adaln_zero
+    static constexpr char const* kNAME{"AdaLNZero"};
+    static constexpr char const* kSIGNATURE{"(X, shift, scale[, weight, bias]) -> Y"};
+    static constexpr int32_t kMIN_INPUTS{3};
+    static constexpr int32_t kMAX_INPUTS{5};
+    static constexpr int32_t kNB_OUTPUTS{1};
+    //! LayerNorm epsilon
+    static constexpr char const* kEPSILON{"epsilon"};
+    static constexpr float kEPSILON_DEFAULT{1e-06F};
+    static constexpr bool kHAS_AXIS{false};
+    static constexpr bool kHAS_EPSILON{true};
+};
 
 //! Sum = X + gate * update (rounded to X's dtype); Y = LayerNorm(Sum; weight, bias, epsilon) * (1 + scale) + shift; statistics in float32.
-namespace gated_adaln_zero
+struct gated_adaln_zero
 {
-constexpr char const* kNAME{"GatedAdaLNZero"};
-constexpr int32_t kMIN_INPUTS{5};
-constexpr int32_t kMAX_INPUTS{7};
-//! LayerNorm epsilon
-constexpr char const* kEPSILON{"epsilon"};
-constexpr float kEPSILON_DEFAULT{1e-06F};
-} // namespace gated_adaln_zero
+    static constexpr char const* kNAME{"GatedAdaLNZero"};
+    static constexpr char const* kSIGNATURE{"(X, update, gate, shift, scale[, weight, bias]) -> (Y, Sum)"};
+    static constexpr int32_t kMIN_INPUTS{5};
+    static constexpr int32_t kMAX_INPUTS{7};
+    static constexpr int32_t kNB_OUTPUTS{2};
+    //! LayerNorm epsilon
+    static constexpr char const* kEPSILON{"epsilon"};
+    static constexpr float kEPSILON_DEFAULT{1e-06F};
+    static constexpr bool kHAS_AXIS{false};
+    static constexpr bool kHAS_EPSILON{true};
+};
 
 //! Y = X / sqrt(mean(X^2 over dims axis..rank-1) + epsilon) * scale; statistics in float32.
-namespace rms_norm
+struct rms_norm
 {
-constexpr char const* kNAME{"RMSNorm"};
-constexpr int32_t kMIN_INPUTS{2};
-constexpr int32_t kMAX_INPUTS{2};
-//! added to the mean of squares
-constexpr char const* kEPSILON{"epsilon"};
-constexpr float kEPSILON_DEFAULT{1e-06F};
-//! first normalized dim; dims axis..rank-1 are normalized
-constexpr char const* kAXIS{"axis"};
-constexpr int32_t kAXIS_DEFAULT{-1};
-} // namespace rms_norm
+    static constexpr char const* kNAME{"RMSNorm"};
+    static constexpr char const* kSIGNATURE{"(X, scale) -> Y"};
+    static constexpr int32_t kMIN_INPUTS{2};
+    static constexpr int32_t kMAX_INPUTS{2};
+    static constexpr int32_t kNB_OUTPUTS{1};
+    //! added to the mean of squares
+    static constexpr char const* kEPSILON{"epsilon"};
+    static constexpr float kEPSILON_DEFAULT{1e-06F};
+    //! first normalized dim; dims axis..rank-1 are normalized
+    static constexpr char const* kAXIS{"axis"};
+    static constexpr int32_t kAXIS_DEFAULT{-1};
+    static constexpr bool kHAS_AXIS{true};
+    static constexpr bool kHAS_EPSILON{true};
+};
 
 //! Sum = X + skip [+ bias] (rounded to X's dtype); Y = Sum / sqrt(mean(Sum^2, last dim) + epsilon) * scale; statistics in float32.
-namespace skip_rms_norm
+struct skip_rms_norm
 {
-constexpr char const* kNAME{"SkipRMSNorm"};
-constexpr int32_t kMIN_INPUTS{3};
-constexpr int32_t kMAX_INPUTS{4};
-//! added to the mean of squares
-constexpr char const* kEPSILON{"epsilon"};
-constexpr float kEPSILON_DEFAULT{1e-06F};
-} // namespace skip_rms_norm
+    static constexpr char const* kNAME{"SkipRMSNorm"};
+    static constexpr char const* kSIGNATURE{"(X, skip, scale[, bias]) -> (Y, Sum)"};
+    static constexpr int32_t kMIN_INPUTS{3};
+    static constexpr int32_t kMAX_INPUTS{4};
+    static constexpr int32_t kNB_OUTPUTS{2};
+    //! added to the mean of squares
+    static constexpr char const* kEPSILON{"epsilon"};
+    static constexpr float kEPSILON_DEFAULT{1e-06F};
+    static constexpr bool kHAS_AXIS{false};
+    static constexpr bool kHAS_EPSILON{true};
+};
 
 } // namespace spec
 } // namespace plugin

@@ -6,10 +6,8 @@
  *   extern "C" nvinfer1::IPluginCreatorInterface* const* getCreators(int32_t& nbCreators);
  * No static registration: loading the library with dlopen alone registers nothing.
  */
-#include "adaLNZeroPlugin.h"
-#include "gatedAdaLNZeroPlugin.h"
-#include "rmsNormPlugin.h"
-#include "skipRmsNormPlugin.h"
+#include "creators.h"
+#include "pluginCommon.h"
 
 #include <mutex>
 
@@ -67,12 +65,9 @@ extern "C" NORMEXPORT_PLUGIN_API void setLoggerFinder(nvinfer1::ILoggerFinder* f
 
 extern "C" NORMEXPORT_PLUGIN_API nvinfer1::IPluginCreatorInterface* const* getCreators(int32_t& nbCreators)
 {
-    static normexport::plugin::RMSNormPluginCreator sRMSNormCreator;
-    static normexport::plugin::AdaLNZeroPluginCreator sAdaLNZeroCreator;
-    static normexport::plugin::SkipRMSNormPluginCreator sSkipRMSNormCreator;
-    static normexport::plugin::GatedAdaLNZeroPluginCreator sGatedAdaLNZeroCreator;
-    static nvinfer1::IPluginCreatorInterface* const kCreators[]
-        = {&sRMSNormCreator, &sAdaLNZeroCreator, &sSkipRMSNormCreator, &sGatedAdaLNZeroCreator};
+    using namespace normexport::plugin;
+    static nvinfer1::IPluginCreatorInterface* const kCreators[] = {
+        rmsNormPluginCreator(), adaLNZeroPluginCreator(), skipRmsNormPluginCreator(), gatedAdaLNZeroPluginCreator()};
     nbCreators = static_cast<int32_t>(sizeof(kCreators) / sizeof(kCreators[0]));
     return kCreators;
 }

@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -319,130 +320,295 @@ IPluginV3* deserialiseAndAttach(
     return attached;
 }
 
+//! The creator's version and field names, then createPlugin(kBUILD) from `fc` (fields as
+//! TensorRT's ONNX parser passes a node's attributes) with its interfaces, name and namespace;
+//! checks each step. The plugin and its capabilities, or nullptr (plugin deleted) when a step fails.
+IPluginV3* createBuildPlugin(IPluginCreatorV3One* creator, PluginFieldCollection const* fc, std::string const& who,
+    std::vector<std::string> const& fieldNames, Capabilities& caps)
+{
+    check(std::strcmp(creator->getPluginVersion(), "1") == 0, who + " creator version is \"1\"");
+    PluginFieldCollection const* names = creator->getFieldNames();
+    bool namesOk = names != nullptr && names->nbFields == static_cast<int32_t>(fieldNames.size());
+    std::string listed;
+    for (size_t i = 0; namesOk && i < fieldNames.size(); ++i)
+    {
+        namesOk = fieldNames[i] == names->fields[i].name;
+        listed += (i ? ", " : "") + fieldNames[i];
+    }
+    check(namesOk, who + " creator lists fields " + listed);
+    IPluginV3* plugin = creator->createPlugin("build0", fc, TensorRTPhase::kBUILD);
+    check(plugin != nullptr, who + " createPlugin(kBUILD) from ONNX-parser fields");
+    if (plugin == nullptr)
+    {
+        return nullptr;
+    }
+    checkInterface(plugin, "PLUGIN", who + " plugin");
+    caps = capabilities(plugin);
+    check(caps.core && caps.build && caps.runtime, who + " has core, build and runtime capabilities");
+    if (!(caps.core && caps.build && caps.runtime))
+    {
+        delete plugin;
+        return nullptr;
+    }
+    checkInterface(caps.core, "PLUGIN_V3ONE_CORE", who + " core");
+    checkInterface(caps.build, "PLUGIN_V3ONE_BUILD", who + " build");
+    checkInterface(caps.runtime, "PLUGIN_V3ONE_RUNTIME", who + " runtime");
+    check(std::strcmp(caps.core->getPluginName(), who.c_str()) == 0
+            && std::strcmp(caps.core->getPluginNamespace(), "normexport") == 0,
+        who + " core name/namespace");
+    return plugin;
+}
+
 // ---------------------------------------------------------------------------------------------
 // enqueue numerics: a runtime plugin made from fields (as at engine deserialisation), shapes
 // given through onShapeChange, enqueue on device buffers, compared with float64.
 // ---------------------------------------------------------------------------------------------
-void checkRMSNormEnqueue(IPluginCreatorV3One* creator, std::vector<int64_t> const& shape, int32_t axis)
-{
-    float const eps = 1e-5F;
-    PluginField fields[] = {{"epsilon", &eps, PluginFieldType::kFLOAT32, 1}, {"axis", &axis, PluginFieldType::kINT32, 1}};
-    PluginFieldCollection fc{2, fields};
-    IPluginV3* plugin = creator->createPlugin("rms", &fc, TensorRTPhase::kRUNTIME);
-    std::string const what = std::string("RMSNorm enqueue on ") + kWHERE + " " + shapeString(shape) + " axis "
-        + std::to_string(axis);
-    if (plugin == nullptr)
-    {
-        check(false, what + ": no plugin");
-        return;
-    }
-    size_t const first = static_cast<size_t>(axis < 0 ? axis + static_cast<int32_t>(shape.size()) : axis);
-    int64_t const rows = product(shape, 0, first);
-    int64_t const hidden = product(shape, first, shape.size());
-    std::vector<int64_t> const scaleShape(shape.begin() + static_cast<std::ptrdiff_t>(first), shape.end());
-    std::vector<float> const x = pattern(rows * hidden, 2.0F, 0.3F);
-    std::vector<float> const w = pattern(hidden, 0.5F, 1.7F);
-    PluginTensorDesc in[2] = {desc(shape), desc(scaleShape)};
-    PluginTensorDesc out[1] = {desc(shape)};
-    IPluginV3OneRuntime* rt = capabilities(plugin).runtime;
-    DeviceBuffer dx(x), dw(w), dy(std::vector<float>(x.size(), 0.F));
-    void const* ins[2] = {dx.ptr, dw.ptr};
-    void* outs[1] = {dy.ptr};
-    int32_t const shaped = rt->onShapeChange(in, 2, out, 1);
-    int32_t const rc = rt->enqueue(in, out, ins, outs, nullptr, nullptr);
-    bool const synced = synchronize();
-    std::vector<double> ref(x.size());
-    for (int64_t r = 0; r < rows; ++r)
-    {
-        double ss = 0.0;
-        for (int64_t j = 0; j < hidden; ++j)
-        {
-            ss += static_cast<double>(x[r * hidden + j]) * x[r * hidden + j];
-        }
-        double const rstd = 1.0 / std::sqrt(ss / static_cast<double>(hidden) + eps);
-        for (int64_t j = 0; j < hidden; ++j)
-        {
-            ref[r * hidden + j] = x[r * hidden + j] * rstd * w[j];
-        }
-    }
-    double const err = maxRelErr(dy.read(), ref);
-    check(shaped == 0 && rc == 0 && synced && err < 1e-5, what + " matches float64 (max rel err " + sci(err) + ")");
-    delete plugin;
-}
-
 enum class Mod
 {
-    kFull,   // shift/scale of X's shape
+    kFull,   // shift/scale (and gate) of X's shape
     kRowsOfB, // [B, H], broadcast over the middle dims
     kOneRow  // [1, H], one row for all of X
 };
 
-void checkAdaLNZeroEnqueue(IPluginCreatorV3One* creator, std::vector<int64_t> const& shape, Mod mod, bool affine)
+char const* modName(Mod mod)
 {
-    float const eps = 1e-6F;
-    int32_t const nbInputs = affine ? 5 : 3;
-    PluginField fields[] = {{"epsilon", &eps, PluginFieldType::kFLOAT32, 1}, {"nb_inputs", &nbInputs, PluginFieldType::kINT32, 1}};
-    PluginFieldCollection fc{2, fields};
-    IPluginV3* plugin = creator->createPlugin("ada", &fc, TensorRTPhase::kRUNTIME);
-    char const* modName = mod == Mod::kFull ? "full" : mod == Mod::kRowsOfB ? "[B,H]" : "[1,H]";
-    std::string const what = std::string("AdaLNZero enqueue on ") + kWHERE + " " + shapeString(shape) + " modulation "
-        + modName + (affine ? " affine" : "");
-    if (plugin == nullptr)
+    return mod == Mod::kFull ? "full" : mod == Mod::kRowsOfB ? "[B,H]" : "[1,H]";
+}
+
+//! The shape of the modulation tensors for an X of `shape`.
+std::vector<int64_t> modShape(std::vector<int64_t> const& shape, Mod mod)
+{
+    return mod == Mod::kFull ? shape
+        : mod == Mod::kRowsOfB ? std::vector<int64_t>{shape[0], shape.back()}
+                               : std::vector<int64_t>{1, shape.back()};
+}
+
+//! The modulation row of row `r` of X ([B, H]: the rows of one batch share one).
+int64_t modRow(Mod mod, int64_t r, int64_t rowsPerBatch)
+{
+    return mod == Mod::kFull ? r : mod == Mod::kRowsOfB ? r / rowsPerBatch : 0;
+}
+
+std::vector<double> toDouble(std::vector<float> const& v)
+{
+    return std::vector<double>(v.begin(), v.end());
+}
+
+//! float64 RMSNorm of each row of `hidden` values, from the formula: x / sqrt(mean(x^2) + eps) * scale.
+std::vector<double> refRmsNorm(std::vector<double> const& x, int64_t hidden, std::vector<float> const& scale, double eps)
+{
+    std::vector<double> y(x.size());
+    for (size_t base = 0; base < x.size(); base += static_cast<size_t>(hidden))
     {
-        check(false, what + ": no plugin");
-        return;
+        double ss = 0.0;
+        for (int64_t j = 0; j < hidden; ++j)
+        {
+            ss += x[base + j] * x[base + j];
+        }
+        double const rstd = 1.0 / std::sqrt(ss / static_cast<double>(hidden) + eps);
+        for (int64_t j = 0; j < hidden; ++j)
+        {
+            y[base + j] = x[base + j] * rstd * scale[j];
+        }
     }
-    int64_t const hidden = shape.back();
-    int64_t const rows = product(shape, 0, shape.size() - 1);
-    int64_t const perBatch = product(shape, 1, shape.size() - 1); // rows sharing one [B, H] row
-    std::vector<int64_t> const modShape = mod == Mod::kFull ? shape
-        : mod == Mod::kRowsOfB                           ? std::vector<int64_t>{shape[0], hidden}
-                                                         : std::vector<int64_t>{1, hidden};
-    int64_t const modRows = product(modShape, 0, modShape.size() - 1);
-    std::vector<float> const x = pattern(rows * hidden, 3.0F, 0.1F);
-    std::vector<float> const shift = pattern(modRows * hidden, 0.4F, 2.2F);
-    std::vector<float> const scale = pattern(modRows * hidden, 0.3F, 0.9F);
-    std::vector<float> const w = pattern(hidden, 0.7F, 1.3F);
-    std::vector<float> const b = pattern(hidden, 0.2F, 0.5F);
-    PluginTensorDesc in[5] = {desc(shape), desc(modShape), desc(modShape), desc({hidden}), desc({hidden})};
-    PluginTensorDesc out[1] = {desc(shape)};
-    IPluginV3OneRuntime* rt = capabilities(plugin).runtime;
-    DeviceBuffer dx(x), dsh(shift), dsc(scale), dw(w), db(b), dy(std::vector<float>(x.size(), 0.F));
-    void const* ins[5] = {dx.ptr, dsh.ptr, dsc.ptr, dw.ptr, db.ptr};
-    void* outs[1] = {dy.ptr};
-    int32_t const shaped = rt->onShapeChange(in, nbInputs, out, 1);
-    int32_t const rc = rt->enqueue(in, out, ins, outs, nullptr, nullptr);
-    bool const synced = synchronize();
-    std::vector<double> ref(x.size());
-    for (int64_t r = 0; r < rows; ++r)
+    return y;
+}
+
+//! float64 AdaLN-Zero of each row of `hidden` values, from the formula:
+//! LayerNorm(x; weight, bias, eps) * (1 + scale) + shift (weight and bias empty: no affine).
+std::vector<double> refAdaLNZero(std::vector<double> const& x, int64_t hidden, Mod mod, int64_t rowsPerBatch,
+    std::vector<float> const& shift, std::vector<float> const& scale, std::vector<float> const& weight,
+    std::vector<float> const& bias, double eps)
+{
+    std::vector<double> y(x.size());
+    for (int64_t r = 0; r * hidden < static_cast<int64_t>(x.size()); ++r)
     {
-        int64_t const m = mod == Mod::kFull ? r : mod == Mod::kRowsOfB ? r / perBatch : 0;
+        double const* row = x.data() + r * hidden;
         double mean = 0.0;
         for (int64_t j = 0; j < hidden; ++j)
         {
-            mean += x[r * hidden + j];
+            mean += row[j];
         }
         mean /= static_cast<double>(hidden);
         double var = 0.0;
         for (int64_t j = 0; j < hidden; ++j)
         {
-            var += (x[r * hidden + j] - mean) * (x[r * hidden + j] - mean);
+            var += (row[j] - mean) * (row[j] - mean);
         }
-        var /= static_cast<double>(hidden);
-        double const rstd = 1.0 / std::sqrt(var + eps);
+        double const rstd = 1.0 / std::sqrt(var / static_cast<double>(hidden) + eps);
+        int64_t const m = modRow(mod, r, rowsPerBatch) * hidden;
         for (int64_t j = 0; j < hidden; ++j)
         {
-            double ln = (x[r * hidden + j] - mean) * rstd;
-            if (affine)
+            double ln = (row[j] - mean) * rstd;
+            if (!weight.empty())
             {
-                ln = ln * w[j] + b[j];
+                ln = ln * weight[j] + bias[j];
             }
-            ref[r * hidden + j] = ln * (1.0 + scale[m * hidden + j]) + shift[m * hidden + j];
+            y[r * hidden + j] = ln * (1.0 + scale[m + j]) + shift[m + j];
         }
     }
-    double const err = maxRelErr(dy.read(), ref);
-    check(shaped == 0 && rc == 0 && synced && err < 1e-5, what + " matches float64 (max rel err " + sci(err) + ")");
+    return y;
+}
+
+//! enqueue of a runtime plugin made from `fields` (as at engine deserialisation) on device
+//! buffers holding `inputs` (of `shapes`), after onShapeChange; `nbOutputs` outputs of X's shape.
+//! `ok`: every step succeeded; `outputs` read back (empty, with a failed check, when no plugin).
+struct Enqueued
+{
+    bool ok{false};
+    std::vector<std::vector<float>> outputs;
+};
+
+Enqueued enqueueOnDevice(IPluginCreatorV3One* creator, std::vector<PluginField> fields,
+    std::vector<std::vector<int64_t>> const& shapes, std::vector<std::vector<float>> const& inputs, int32_t nbOutputs,
+    std::string const& what)
+{
+    Enqueued result;
+    PluginFieldCollection fc{static_cast<int32_t>(fields.size()), fields.data()};
+    IPluginV3* plugin = creator->createPlugin("enqueue", &fc, TensorRTPhase::kRUNTIME);
+    if (plugin == nullptr)
+    {
+        check(false, what + ": no plugin");
+        return result;
+    }
+    int32_t const nbInputs = static_cast<int32_t>(inputs.size());
+    std::vector<PluginTensorDesc> in;
+    for (auto const& s : shapes)
+    {
+        in.push_back(desc(s));
+    }
+    std::vector<PluginTensorDesc> out(nbOutputs, desc(shapes[0]));
+    std::vector<std::unique_ptr<DeviceBuffer>> buffers;
+    std::vector<void const*> ins;
+    std::vector<void*> outs;
+    for (auto const& v : inputs)
+    {
+        buffers.push_back(std::make_unique<DeviceBuffer>(v));
+        ins.push_back(buffers.back()->ptr);
+    }
+    for (int32_t o = 0; o < nbOutputs; ++o)
+    {
+        buffers.push_back(std::make_unique<DeviceBuffer>(std::vector<float>(inputs[0].size(), 0.F)));
+        outs.push_back(buffers.back()->ptr);
+    }
+    IPluginV3OneRuntime* rt = capabilities(plugin).runtime;
+    int32_t const shaped = rt->onShapeChange(in.data(), nbInputs, out.data(), nbOutputs);
+    int32_t const rc = rt->enqueue(in.data(), out.data(), ins.data(), outs.data(), nullptr, nullptr);
+    result.ok = shaped == 0 && rc == 0 && synchronize();
+    for (int32_t o = 0; o < nbOutputs; ++o)
+    {
+        result.outputs.push_back(buffers[nbInputs + o]->read());
+    }
     delete plugin;
+    return result;
+}
+
+void checkRMSNormEnqueue(IPluginCreatorV3One* creator, std::vector<int64_t> const& shape, int32_t axis)
+{
+    float const eps = 1e-5F;
+    std::string const what = std::string("RMSNorm enqueue on ") + kWHERE + " " + shapeString(shape) + " axis "
+        + std::to_string(axis);
+    size_t const first = static_cast<size_t>(axis < 0 ? axis + static_cast<int32_t>(shape.size()) : axis);
+    int64_t const hidden = product(shape, first, shape.size());
+    std::vector<int64_t> const scaleShape(shape.begin() + static_cast<std::ptrdiff_t>(first), shape.end());
+    std::vector<float> const x = pattern(product(shape, 0, shape.size()), 2.0F, 0.3F);
+    std::vector<float> const w = pattern(hidden, 0.5F, 1.7F);
+    Enqueued const run = enqueueOnDevice(creator,
+        {{"epsilon", &eps, PluginFieldType::kFLOAT32, 1}, {"axis", &axis, PluginFieldType::kINT32, 1}},
+        {shape, scaleShape}, {x, w}, 1, what);
+    if (run.outputs.empty())
+    {
+        return;
+    }
+    double const err = maxRelErr(run.outputs[0], refRmsNorm(toDouble(x), hidden, w, eps));
+    check(run.ok && err < 1e-5, what + " matches float64 (max rel err " + sci(err) + ")");
+}
+
+//! AdaLNZero, or with `gated` GatedAdaLNZero (the AdaLN-Zero of Sum = X + gate * update, Sum its
+//! second output), enqueued with modulation `mod` and with / without the affine inputs.
+void checkAdaLNEnqueue(IPluginCreatorV3One* creator, std::vector<int64_t> const& shape, Mod mod, bool affine, bool gated)
+{
+    float const eps = 1e-6F;
+    int32_t const nbInputs = (gated ? 5 : 3) + (affine ? 2 : 0);
+    std::string const what = std::string(gated ? "GatedAdaLNZero" : "AdaLNZero") + " enqueue on " + kWHERE + " "
+        + shapeString(shape) + " modulation " + modName(mod) + (affine ? " affine" : "");
+    int64_t const hidden = shape.back();
+    int64_t const rowsPerBatch = product(shape, 1, shape.size() - 1);
+    std::vector<int64_t> const mshape = modShape(shape, mod);
+    std::vector<float> const x = pattern(product(shape, 0, shape.size()), 3.0F, 0.1F);
+    std::vector<float> const upd = pattern(x.size(), 1.0F, 1.1F);
+    std::vector<float> const gate = pattern(product(mshape, 0, mshape.size()), 0.8F, 0.4F);
+    std::vector<float> const shift = pattern(gate.size(), 0.4F, 2.2F);
+    std::vector<float> const scale = pattern(gate.size(), 0.3F, 0.9F);
+    std::vector<float> const w = affine ? pattern(hidden, 0.7F, 1.3F) : std::vector<float>{};
+    std::vector<float> const b = affine ? pattern(hidden, 0.2F, 0.5F) : std::vector<float>{};
+    std::vector<std::vector<float>> inputs = {x};
+    std::vector<std::vector<int64_t>> shapes = {shape};
+    if (gated)
+    {
+        inputs.insert(inputs.end(), {upd, gate});
+        shapes.insert(shapes.end(), {shape, mshape});
+    }
+    inputs.insert(inputs.end(), {shift, scale});
+    shapes.insert(shapes.end(), {mshape, mshape});
+    if (affine)
+    {
+        inputs.insert(inputs.end(), {w, b});
+        shapes.insert(shapes.end(), {{hidden}, {hidden}});
+    }
+    Enqueued const run = enqueueOnDevice(creator,
+        {{"epsilon", &eps, PluginFieldType::kFLOAT32, 1}, {"nb_inputs", &nbInputs, PluginFieldType::kINT32, 1}},
+        shapes, inputs, gated ? 2 : 1, what);
+    if (run.outputs.empty())
+    {
+        return;
+    }
+    std::vector<double> sum = toDouble(x);
+    for (size_t i = 0; gated && i < x.size(); ++i)
+    {
+        int64_t const r = static_cast<int64_t>(i) / hidden;
+        int64_t const j = static_cast<int64_t>(i) % hidden;
+        sum[i] += static_cast<double>(gate[modRow(mod, r, rowsPerBatch) * hidden + j]) * upd[i];
+    }
+    std::vector<double> const ref = refAdaLNZero(sum, hidden, mod, rowsPerBatch, shift, scale, w, b, eps);
+    double const errY = maxRelErr(run.outputs[0], ref);
+    double const errS = gated ? maxRelErr(run.outputs[1], sum) : 0.0;
+    check(run.ok && errY < 1e-5 && errS < 1e-6,
+        what + " matches float64 (Y " + sci(errY) + (gated ? ", Sum " + sci(errS) : std::string()) + ")");
+}
+
+void checkSkipRMSNormEnqueue(IPluginCreatorV3One* creator, std::vector<int64_t> const& shape, bool bias)
+{
+    float const eps = 1e-5F;
+    int32_t const nbInputs = bias ? 4 : 3;
+    std::string const what = std::string("SkipRMSNorm enqueue on ") + kWHERE + " " + shapeString(shape) + (bias ? " bias" : "");
+    int64_t const hidden = shape.back();
+    std::vector<float> const x = pattern(product(shape, 0, shape.size()), 2.0F, 0.3F);
+    std::vector<float> const skip = pattern(x.size(), 1.5F, 2.1F);
+    std::vector<float> const w = pattern(hidden, 0.5F, 1.7F);
+    std::vector<float> const b = pattern(hidden, 0.4F, 0.6F);
+    std::vector<std::vector<float>> inputs = {x, skip, w};
+    std::vector<std::vector<int64_t>> shapes = {shape, shape, {hidden}};
+    if (bias)
+    {
+        inputs.push_back(b);
+        shapes.push_back({hidden});
+    }
+    Enqueued const run = enqueueOnDevice(creator,
+        {{"epsilon", &eps, PluginFieldType::kFLOAT32, 1}, {"nb_inputs", &nbInputs, PluginFieldType::kINT32, 1}},
+        shapes, inputs, 2, what);
+    if (run.outputs.empty())
+    {
+        return;
+    }
+    std::vector<double> sum(x.size());
+    for (size_t i = 0; i < x.size(); ++i)
+    {
+        sum[i] = static_cast<double>(x[i]) + skip[i] + (bias ? b[i % hidden] : 0.0);
+    }
+    double const errY = maxRelErr(run.outputs[0], refRmsNorm(sum, hidden, w, eps));
+    double const errS = maxRelErr(run.outputs[1], sum);
+    check(run.ok && errY < 1e-5 && errS < 1e-6, what + " matches float64 (Y " + sci(errY) + ", Sum " + sci(errS) + ")");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -451,12 +617,6 @@ void checkAdaLNZeroEnqueue(IPluginCreatorV3One* creator, std::vector<int64_t> co
 void testRMSNorm(IPluginCreatorV3One* creator, RecordingLogger& log, bool device)
 {
     std::string const who = "RMSNorm";
-    check(std::strcmp(creator->getPluginVersion(), "1") == 0, who + " creator version is \"1\"");
-    PluginFieldCollection const* names = creator->getFieldNames();
-    check(names != nullptr && names->nbFields == 2 && std::strcmp(names->fields[0].name, "epsilon") == 0
-            && std::strcmp(names->fields[1].name, "axis") == 0,
-        who + " creator lists fields epsilon, axis");
-
     // Fields as TensorRT's ONNX parser passes an ONNX node's attributes (float -> kFLOAT32,
     // int -> kINT32), plus the parser's own plugin_namespace string.
     float const eps = 1e-5F;
@@ -465,26 +625,12 @@ void testRMSNorm(IPluginCreatorV3One* creator, RecordingLogger& log, bool device
     PluginField fields[] = {{"epsilon", &eps, PluginFieldType::kFLOAT32, 1},
         {"axis", &axis, PluginFieldType::kINT32, 1}, {"plugin_namespace", ns, PluginFieldType::kCHAR, 10}};
     PluginFieldCollection fc{3, fields};
-    IPluginV3* plugin = creator->createPlugin("rms0", &fc, TensorRTPhase::kBUILD);
-    check(plugin != nullptr, who + " createPlugin(kBUILD) from ONNX-parser fields");
+    Capabilities caps{};
+    IPluginV3* plugin = createBuildPlugin(creator, &fc, who, {"epsilon", "axis"}, caps);
     if (plugin == nullptr)
     {
         return;
     }
-    checkInterface(plugin, "PLUGIN", who + " plugin");
-    Capabilities caps = capabilities(plugin);
-    check(caps.core && caps.build && caps.runtime, who + " has core, build and runtime capabilities");
-    if (!(caps.core && caps.build && caps.runtime))
-    {
-        delete plugin;
-        return;
-    }
-    checkInterface(caps.core, "PLUGIN_V3ONE_CORE", who + " core");
-    checkInterface(caps.build, "PLUGIN_V3ONE_BUILD", who + " build");
-    checkInterface(caps.runtime, "PLUGIN_V3ONE_RUNTIME", who + " runtime");
-    check(std::strcmp(caps.core->getPluginName(), "RMSNorm") == 0
-            && std::strcmp(caps.core->getPluginNamespace(), "normexport") == 0,
-        who + " core name/namespace");
 
     // Build phase.
     check(caps.build->getNbOutputs() == 1, who + " has one output");
@@ -570,8 +716,12 @@ void testRMSNorm(IPluginCreatorV3One* creator, RecordingLogger& log, bool device
             who + " enqueue of an empty tensor is a no-op");
         PluginTensorDesc bad[2] = {desc({B, S, H}, DataType::kINT8), desc({H}, DataType::kINT8)};
         check(rt.runtime->enqueue(bad, out, ins, outs, nullptr, nullptr) != 0
-                && log.lastErrorHas("unsupported axis or data type"),
+                && log.lastErrorHas("unsupported data type"),
             who + " enqueue rejects int8 with a logged reason");
+        PluginTensorDesc mixed[2] = {desc({B, S, H}), desc({H}, DataType::kHALF)};
+        check(rt.runtime->enqueue(mixed, out, ins, outs, nullptr, nullptr) != 0
+                && log.lastErrorHas("unsupported data type"),
+            who + " enqueue rejects a float16 scale for a float32 X with a logged reason");
     }
     if (device)
     {
@@ -627,26 +777,15 @@ void testRMSNorm(IPluginCreatorV3One* creator, RecordingLogger& log, bool device
 void testAdaLNZero(IPluginCreatorV3One* creator, RecordingLogger& log, bool device)
 {
     std::string const who = "AdaLNZero";
-    check(std::strcmp(creator->getPluginVersion(), "1") == 0, who + " creator version is \"1\"");
     float const eps = 1e-6F;
     PluginField fields[] = {{"epsilon", &eps, PluginFieldType::kFLOAT32, 1}};
     PluginFieldCollection fc{1, fields};
-    IPluginV3* plugin = creator->createPlugin("ada0", &fc, TensorRTPhase::kBUILD);
-    check(plugin != nullptr, who + " createPlugin(kBUILD) from ONNX-parser fields");
+    Capabilities caps{};
+    IPluginV3* plugin = createBuildPlugin(creator, &fc, who, {"epsilon"}, caps);
     if (plugin == nullptr)
     {
         return;
     }
-    Capabilities caps = capabilities(plugin);
-    check(caps.core && caps.build && caps.runtime, who + " has core, build and runtime capabilities");
-    if (!(caps.core && caps.build && caps.runtime))
-    {
-        delete plugin;
-        return;
-    }
-    check(std::strcmp(caps.core->getPluginName(), "AdaLNZero") == 0
-            && std::strcmp(caps.core->getPluginNamespace(), "normexport") == 0,
-        who + " core name/namespace");
 
     int64_t const B = 2, S = 5, H = 48;
     for (int32_t nbInputs : {3, 5})
@@ -704,12 +843,12 @@ void testAdaLNZero(IPluginCreatorV3One* creator, RecordingLogger& log, bool devi
     std::vector<float> b = pattern(H, 0.2F, 0.5F);
     if (device)
     {
-        checkAdaLNZeroEnqueue(creator, {B, S, H}, Mod::kRowsOfB, true);
-        checkAdaLNZeroEnqueue(creator, {B, S, H}, Mod::kRowsOfB, false);
-        checkAdaLNZeroEnqueue(creator, {B, S, H}, Mod::kFull, false);
-        checkAdaLNZeroEnqueue(creator, {B, S, H}, Mod::kOneRow, true);
-        checkAdaLNZeroEnqueue(creator, {2, 3, 4, 40}, Mod::kRowsOfB, true); // rank 4: [B, H] over 12 rows
-        checkAdaLNZeroEnqueue(creator, {2, 3, 1152}, Mod::kRowsOfB, true);  // DiT-XL hidden size
+        checkAdaLNEnqueue(creator, {B, S, H}, Mod::kRowsOfB, true, false);
+        checkAdaLNEnqueue(creator, {B, S, H}, Mod::kRowsOfB, false, false);
+        checkAdaLNEnqueue(creator, {B, S, H}, Mod::kFull, false, false);
+        checkAdaLNEnqueue(creator, {B, S, H}, Mod::kOneRow, true, false);
+        checkAdaLNEnqueue(creator, {2, 3, 4, 40}, Mod::kRowsOfB, true, false); // rank 4: [B, H] over 12 rows
+        checkAdaLNEnqueue(creator, {2, 3, 1152}, Mod::kRowsOfB, true, false);  // DiT-XL hidden size
     }
     else
     {
@@ -746,31 +885,17 @@ void testAdaLNZero(IPluginCreatorV3One* creator, RecordingLogger& log, bool devi
 IPluginV3* checkFusedBuild(IPluginCreatorV3One* creator, RecordingLogger& log, std::string const& who,
     std::vector<std::vector<int64_t>> const& inShapes, int32_t badInput, char const* badMessage)
 {
-    check(std::strcmp(creator->getPluginVersion(), "1") == 0, who + " creator version is \"1\"");
-    PluginFieldCollection const* names = creator->getFieldNames();
-    check(names != nullptr && names->nbFields == 1 && std::strcmp(names->fields[0].name, "epsilon") == 0,
-        who + " creator lists field epsilon");
     float const eps = 1e-5F;
     char const ns[] = "normexport";
     PluginField fields[] = {{"epsilon", &eps, PluginFieldType::kFLOAT32, 1},
         {"plugin_namespace", ns, PluginFieldType::kCHAR, 10}};
     PluginFieldCollection fc{2, fields};
-    IPluginV3* plugin = creator->createPlugin("fused0", &fc, TensorRTPhase::kBUILD);
-    check(plugin != nullptr, who + " createPlugin(kBUILD) from ONNX-parser fields");
+    Capabilities caps{};
+    IPluginV3* plugin = createBuildPlugin(creator, &fc, who, {"epsilon"}, caps);
     if (plugin == nullptr)
     {
         return nullptr;
     }
-    Capabilities caps = capabilities(plugin);
-    check(caps.core && caps.build && caps.runtime, who + " has core, build and runtime capabilities");
-    if (!(caps.core && caps.build && caps.runtime))
-    {
-        delete plugin;
-        return nullptr;
-    }
-    check(std::strcmp(caps.core->getPluginName(), who.c_str()) == 0
-            && std::strcmp(caps.core->getPluginNamespace(), "normexport") == 0,
-        who + " core name/namespace");
     check(caps.build->getNbOutputs() == 2, who + " has two outputs (Y, Sum)");
     int32_t const n = static_cast<int32_t>(inShapes.size());
     std::vector<DataType> inTypes(n, DataType::kBF16);
@@ -827,151 +952,6 @@ IPluginV3* checkFusedBuild(IPluginCreatorV3One* creator, RecordingLogger& log, s
     return attached;
 }
 
-double refRowStats(std::vector<double> const& s, int64_t r, int64_t hidden, bool rms, double eps, double& mean)
-{
-    double m = 0.0;
-    double q = 0.0;
-    for (int64_t j = 0; j < hidden; ++j)
-    {
-        m += s[r * hidden + j];
-        q += s[r * hidden + j] * s[r * hidden + j];
-    }
-    m /= static_cast<double>(hidden);
-    if (rms)
-    {
-        mean = 0.0;
-        return 1.0 / std::sqrt(q / static_cast<double>(hidden) + eps);
-    }
-    double var = 0.0;
-    for (int64_t j = 0; j < hidden; ++j)
-    {
-        var += (s[r * hidden + j] - m) * (s[r * hidden + j] - m);
-    }
-    mean = m;
-    return 1.0 / std::sqrt(var / static_cast<double>(hidden) + eps);
-}
-
-void checkSkipRMSNormEnqueue(IPluginCreatorV3One* creator, std::vector<int64_t> const& shape, bool bias)
-{
-    float const eps = 1e-5F;
-    int32_t const nbInputs = bias ? 4 : 3;
-    PluginField fields[] = {{"epsilon", &eps, PluginFieldType::kFLOAT32, 1}, {"nb_inputs", &nbInputs, PluginFieldType::kINT32, 1}};
-    PluginFieldCollection fc{2, fields};
-    IPluginV3* plugin = creator->createPlugin("skip", &fc, TensorRTPhase::kRUNTIME);
-    std::string const what = std::string("SkipRMSNorm enqueue on ") + kWHERE + " " + shapeString(shape) + (bias ? " bias" : "");
-    if (plugin == nullptr)
-    {
-        check(false, what + ": no plugin");
-        return;
-    }
-    int64_t const hidden = shape.back();
-    int64_t const rows = product(shape, 0, shape.size() - 1);
-    std::vector<float> const x = pattern(rows * hidden, 2.0F, 0.3F);
-    std::vector<float> const skip = pattern(rows * hidden, 1.5F, 2.1F);
-    std::vector<float> const w = pattern(hidden, 0.5F, 1.7F);
-    std::vector<float> const b = pattern(hidden, 0.4F, 0.6F);
-    PluginTensorDesc in[4] = {desc(shape), desc(shape), desc({hidden}), desc({hidden})};
-    PluginTensorDesc out[2] = {desc(shape), desc(shape)};
-    IPluginV3OneRuntime* rt = capabilities(plugin).runtime;
-    DeviceBuffer dx(x), ds(skip), dw(w), db(b), dy(std::vector<float>(x.size(), 0.F)), dsum(std::vector<float>(x.size(), 0.F));
-    void const* ins[4] = {dx.ptr, ds.ptr, dw.ptr, db.ptr};
-    void* outs[2] = {dy.ptr, dsum.ptr};
-    int32_t const shaped = rt->onShapeChange(in, nbInputs, out, 2);
-    int32_t const rc = rt->enqueue(in, out, ins, outs, nullptr, nullptr);
-    bool const synced = synchronize();
-    std::vector<double> sum(x.size()), ref(x.size());
-    for (size_t i = 0; i < x.size(); ++i)
-    {
-        sum[i] = static_cast<double>(x[i]) + skip[i] + (bias ? b[i % hidden] : 0.0);
-    }
-    for (int64_t r = 0; r < rows; ++r)
-    {
-        double mean = 0.0;
-        double const rstd = refRowStats(sum, r, hidden, true, eps, mean);
-        for (int64_t j = 0; j < hidden; ++j)
-        {
-            ref[r * hidden + j] = sum[r * hidden + j] * rstd * w[j];
-        }
-    }
-    double const errY = maxRelErr(dy.read(), ref);
-    double const errS = maxRelErr(dsum.read(), sum);
-    check(shaped == 0 && rc == 0 && synced && errY < 1e-5 && errS < 1e-6,
-        what + " matches float64 (Y " + sci(errY) + ", Sum " + sci(errS) + ")");
-    delete plugin;
-}
-
-void checkGatedAdaLNZeroEnqueue(IPluginCreatorV3One* creator, std::vector<int64_t> const& shape, Mod mod, bool affine)
-{
-    float const eps = 1e-6F;
-    int32_t const nbInputs = affine ? 7 : 5;
-    PluginField fields[] = {{"epsilon", &eps, PluginFieldType::kFLOAT32, 1}, {"nb_inputs", &nbInputs, PluginFieldType::kINT32, 1}};
-    PluginFieldCollection fc{2, fields};
-    IPluginV3* plugin = creator->createPlugin("gated", &fc, TensorRTPhase::kRUNTIME);
-    char const* modName = mod == Mod::kFull ? "full" : mod == Mod::kRowsOfB ? "[B,H]" : "[1,H]";
-    std::string const what = std::string("GatedAdaLNZero enqueue on ") + kWHERE + " " + shapeString(shape)
-        + " modulation " + modName + (affine ? " affine" : "");
-    if (plugin == nullptr)
-    {
-        check(false, what + ": no plugin");
-        return;
-    }
-    int64_t const hidden = shape.back();
-    int64_t const rows = product(shape, 0, shape.size() - 1);
-    int64_t const perBatch = product(shape, 1, shape.size() - 1);
-    std::vector<int64_t> const modShape = mod == Mod::kFull ? shape
-        : mod == Mod::kRowsOfB                           ? std::vector<int64_t>{shape[0], hidden}
-                                                         : std::vector<int64_t>{1, hidden};
-    int64_t const modRows = product(modShape, 0, modShape.size() - 1);
-    std::vector<float> const x = pattern(rows * hidden, 3.0F, 0.1F);
-    std::vector<float> const upd = pattern(rows * hidden, 1.0F, 1.1F);
-    std::vector<float> const gate = pattern(modRows * hidden, 0.8F, 0.4F);
-    std::vector<float> const shift = pattern(modRows * hidden, 0.4F, 2.2F);
-    std::vector<float> const scale = pattern(modRows * hidden, 0.3F, 0.9F);
-    std::vector<float> const w = pattern(hidden, 0.7F, 1.3F);
-    std::vector<float> const b = pattern(hidden, 0.2F, 0.5F);
-    PluginTensorDesc in[7] = {desc(shape), desc(shape), desc(modShape), desc(modShape), desc(modShape), desc({hidden}),
-        desc({hidden})};
-    PluginTensorDesc out[2] = {desc(shape), desc(shape)};
-    IPluginV3OneRuntime* rt = capabilities(plugin).runtime;
-    DeviceBuffer dx(x), du(upd), dg(gate), dsh(shift), dsc(scale), dw(w), db(b), dy(std::vector<float>(x.size(), 0.F)),
-        dsum(std::vector<float>(x.size(), 0.F));
-    void const* ins[7] = {dx.ptr, du.ptr, dg.ptr, dsh.ptr, dsc.ptr, dw.ptr, db.ptr};
-    void* outs[2] = {dy.ptr, dsum.ptr};
-    int32_t const shaped = rt->onShapeChange(in, nbInputs, out, 2);
-    int32_t const rc = rt->enqueue(in, out, ins, outs, nullptr, nullptr);
-    bool const synced = synchronize();
-    std::vector<double> sum(x.size()), ref(x.size());
-    auto modRow = [&](int64_t r) { return mod == Mod::kFull ? r : mod == Mod::kRowsOfB ? r / perBatch : 0; };
-    for (int64_t r = 0; r < rows; ++r)
-    {
-        for (int64_t j = 0; j < hidden; ++j)
-        {
-            sum[r * hidden + j] = static_cast<double>(x[r * hidden + j])
-                + static_cast<double>(gate[modRow(r) * hidden + j]) * upd[r * hidden + j];
-        }
-    }
-    for (int64_t r = 0; r < rows; ++r)
-    {
-        double mean = 0.0;
-        double const rstd = refRowStats(sum, r, hidden, false, eps, mean);
-        int64_t const m = modRow(r);
-        for (int64_t j = 0; j < hidden; ++j)
-        {
-            double ln = (sum[r * hidden + j] - mean) * rstd;
-            if (affine)
-            {
-                ln = ln * w[j] + b[j];
-            }
-            ref[r * hidden + j] = ln * (1.0 + scale[m * hidden + j]) + shift[m * hidden + j];
-        }
-    }
-    double const errY = maxRelErr(dy.read(), ref);
-    double const errS = maxRelErr(dsum.read(), sum);
-    check(shaped == 0 && rc == 0 && synced && errY < 1e-5 && errS < 1e-6,
-        what + " matches float64 (Y " + sci(errY) + ", Sum " + sci(errS) + ")");
-    delete plugin;
-}
-
 void testSkipRMSNorm(IPluginCreatorV3One* creator, RecordingLogger& log, bool device)
 {
     int64_t const B = 2, S = 3, H = 64;
@@ -1012,10 +992,10 @@ void testGatedAdaLNZero(IPluginCreatorV3One* creator, RecordingLogger& log, bool
     delete attached;
     if (device)
     {
-        checkGatedAdaLNZeroEnqueue(creator, {B, S, H}, Mod::kRowsOfB, true);
-        checkGatedAdaLNZeroEnqueue(creator, {B, S, H}, Mod::kFull, false);
-        checkGatedAdaLNZeroEnqueue(creator, {B, S, H}, Mod::kOneRow, true);
-        checkGatedAdaLNZeroEnqueue(creator, {2, 3, 1152}, Mod::kRowsOfB, true); // DiT-XL hidden size
+        checkAdaLNEnqueue(creator, {B, S, H}, Mod::kRowsOfB, true, true);
+        checkAdaLNEnqueue(creator, {B, S, H}, Mod::kFull, false, true);
+        checkAdaLNEnqueue(creator, {B, S, H}, Mod::kOneRow, true, true);
+        checkAdaLNEnqueue(creator, {2, 3, 1152}, Mod::kRowsOfB, true, true); // DiT-XL hidden size
     }
 }
 
