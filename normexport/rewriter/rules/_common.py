@@ -138,6 +138,69 @@ def param_fits(p: ir.Value, x: ir.Value, k: int) -> tuple[bool, str, bool]:
     return True, "", len(p.shape) != k
 
 
+def same_dim(d1, d2) -> bool:
+    """Whether two dims are known to be equal (ints, or named symbolic dims of the same name)."""
+    if isinstance(d1, int) and isinstance(d2, int):
+        return d1 == d2
+    if isinstance(d1, ir.SymbolicDim) and isinstance(d2, ir.SymbolicDim):
+        return d1.value is not None and d1.value == d2.value
+    return False
+
+
+def same_shape(s1, s2) -> bool:
+    """Whether two shapes (None: unknown) are known to be equal, dim by dim (same_dim)."""
+    return s1 is not None and s2 is not None and len(s1) == len(s2) and all(same_dim(a, b) for a, b in zip(s1, s2))
+
+
+def norm_axis(node: ir.Node) -> int:
+    """The `axis` attribute of a norm node (-1 when absent: the last dim)."""
+    axis = node.attributes.get("axis")
+    return axis.as_int() if axis is not None else -1
+
+
+def check_residual_norm_tail(rule, r, x: ir.Value, others, scale: ir.Value, node: ir.Node, default_eps: float):
+    """The checks the residual Add + RMSNorm rules (skip_rms_norm for ort, skip_rms_norm_trt) share
+    once the norm's input `x` is known: `others` and `scale` have x's dtype; `scale` holds one value
+    per element of x's last dim ([H], or [1.., H], then reshaped to rule._hidden = [H]:
+    rule._reshape); the norm's epsilon (rule._eps). Returns `r` (a match) or its failure."""
+    dt = x.dtype
+    for v in (*others, scale):
+        if v.dtype != dt:
+            return r.fail(f"{v.name!r} dtype {v.dtype} differs from {x.name!r}'s {dt}", v)
+    ok, why, rule._reshape = param_fits(scale, x, 1)
+    if not ok:
+        return r.fail(why, scale)
+    rule._hidden = trailing_dims(x, 1)
+    if rule._reshape and rule._hidden is None:
+        return r.fail(f"hidden size not static; cannot reshape {scale.name!r} to [H]", scale)
+    eps = node.attributes.get("epsilon")
+    rule._eps = eps.as_float() if eps is not None else default_eps
+    return r
+
+
+def as_hidden_vector(rule, op, scale):
+    """`scale` reshaped to [H] when residual_norm_tail said so (rule._reshape)."""
+    return op.Reshape(scale, op.Constant(value_ints=rule._hidden)) if rule._reshape else scale
+
+
+class AddNormFusion(pattern.RewriteRuleClassBase):
+    """Base of the residual rules: s = Add(a, b), then a norm of s (the subclass's `norm`, one
+    output named "norm"), fused into one op that also writes s. residual=False: only the norm reads
+    s; residual=True: other nodes read s too, and then read the fused op's sum output instead."""
+
+    def __init__(self, name: str, residual: bool):
+        super().__init__(name)
+        self._residual = residual
+
+    def norm(self, op, s, scale):
+        raise NotImplementedError
+
+    def pattern(self, op, a, b, scale):
+        s = op.Add(a, b, _outputs=["sum"])
+        y = self.norm(op, s, scale)
+        return (y, s) if self._residual else y
+
+
 def opset(context) -> int:
     imports = context.model.opset_imports
     return imports.get("", imports.get("ai.onnx", 0))

@@ -79,34 +79,31 @@ class AdaLNFusion(pattern.RewriteRuleClassBase):
             return full, "squeeze"
         raise ValueError(f"{what}: shape {fdims} does not fit x {xdims}")
 
-    def check(self, context, x, w, ln, scale, shift, scale_2d=None, scale_axes=None, shift_2d=None,
-              shift_axes=None, **_):
-        r = pattern.MatchResult()
+    def _check_layer_norm(self, r, x: ir.Value, ln: ir.Value):
+        """The LayerNormalization: over the last dim only of an x of rank >= 2, mean / inv_std_dev
+        unused, float32 statistics (stash_type 1, as AdaLNZero keeps); its epsilon (self._eps).
+        Returns `r` (a match) or its failure."""
         node = ln.producer()
         rank = c.rank_of(x)
-        axis = node.attributes.get("axis")
-        axis = axis.as_int() if axis is not None else -1
-        if rank is None or axis % rank != rank - 1:
+        axis = c.norm_axis(node)
+        if rank is None or rank < 2:
+            return r.fail("rank of x unknown or < 2", x)
+        if axis % rank != rank - 1:
             return r.fail(f"LayerNormalization axis {axis} does not normalize the last dim only", ln)
         if any(o.uses() or o.is_graph_output() for o in node.outputs[1:]):
             return r.fail("LayerNormalization mean / inv_std_dev outputs are used", ln)
-        eps = node.attributes.get("epsilon")
-        self._eps = eps.as_float() if eps is not None else 1e-5
-        try:
-            self._scale = self._mod_input(x, scale, scale_2d, scale_axes, "scale")
-            self._shift = self._mod_input(x, shift, shift_2d, shift_axes, "shift")
-        except ValueError as e:
-            return r.fail(str(e), x)
-        if x.dtype is not None and x.dtype not in c.CUSTOM_OP_TYPES:
-            return r.fail(f"normexport::AdaLNZero takes float32/float16/bfloat16, not {x.dtype}", x)
-        if (self._scale[1] == "full") != (self._shift[1] == "full"):
-            return r.fail("shift and scale differ in form ([B, H] vs full shape)", x)
         stash = node.attributes.get("stash_type")
         if stash is not None and stash.as_int() != 1:
             return r.fail(f"LayerNormalization stash_type {stash.as_int()} (AdaLNZero keeps float32 statistics)", ln)
-        for v in (self._scale[0], self._shift[0]):
-            if v.dtype is not None and x.dtype is not None and v.dtype != x.dtype:
-                return r.fail(f"{v.name!r} dtype differs from x", v)
+        eps = node.attributes.get("epsilon")
+        self._eps = eps.as_float() if eps is not None else 1e-5
+        return r
+
+    def _check_affine(self, r, x: ir.Value, w: ir.Value, ln: ir.Value):
+        """The LayerNorm's weight / bias as AdaLNZero's (both or neither): an all-ones weight with no
+        or an all-zero bias is "neither" (self._affine False); a weight alone gets a zero bias of x's
+        static hidden size (self._h). Returns `r` (a match) or its failure."""
+        node = ln.producer()
         bias = node.inputs[2] if len(node.inputs) > 2 else None
         wv, bv = c.const(w), c.const(bias) if bias is not None else None
         self._affine = not (wv is not None and np.all(wv == 1) and (bias is None or (bv is not None and np.all(bv == 0))))
@@ -116,19 +113,43 @@ class AdaLNFusion(pattern.RewriteRuleClassBase):
             return r.fail("hidden size not static; cannot make a zero bias", x)
         return r
 
+    def _affine_inputs(self, op, w: ir.Value, dtype: ir.DataType) -> list:
+        """[weight, bias] of the AdaLNZero node in `dtype` (a zero bias made where there is none), or
+        [] without affine."""
+        if not self._affine:
+            return []
+        bias = self._bias
+        if bias is None:
+            name = f"{w.name}__zero_bias"
+            bias = op.initializer(c.unit_tensor(name, self._h, dtype, 0.0), name)
+        return [c.as_dtype(op, w, dtype), c.as_dtype(op, bias, dtype)]
+
+    def check(self, context, x, w, ln, scale, shift, scale_2d=None, scale_axes=None, shift_2d=None,
+              shift_axes=None, **_):
+        r = pattern.MatchResult()
+        if not self._check_layer_norm(r, x, ln):
+            return r
+        try:
+            self._scale = self._mod_input(x, scale, scale_2d, scale_axes, "scale")
+            self._shift = self._mod_input(x, shift, shift_2d, shift_axes, "shift")
+        except ValueError as e:
+            return r.fail(str(e), x)
+        if x.dtype is not None and x.dtype not in c.CUSTOM_OP_TYPES:
+            return r.fail(f"normexport::AdaLNZero takes float32/float16/bfloat16, not {x.dtype}", x)
+        if (self._scale[1] == "full") != (self._shift[1] == "full"):
+            return r.fail("shift and scale differ in form ([B, H] vs full shape)", x)
+        for v in (self._scale[0], self._shift[0]):
+            if v.dtype is not None and x.dtype is not None and v.dtype != x.dtype:
+                return r.fail(f"{v.name!r} dtype differs from x", v)
+        return self._check_affine(r, x, w, ln)
+
     def rewrite(self, op, x, w, **_):
         rank = len(x.shape)
 
         def feed(v, kind):
             return op.Squeeze(v, op.Constant(value_ints=list(range(1, rank - 1)))) if kind == "squeeze" else v
 
-        ins = [x, feed(*self._shift), feed(*self._scale)]
-        if self._affine:
-            bias = self._bias
-            if bias is None:
-                name = f"{w.name}__zero_bias"
-                bias = op.initializer(c.unit_tensor(name, self._h, x.dtype or ir.DataType.FLOAT, 0.0), name)
-            ins += [w, bias]
+        ins = [x, feed(*self._shift), feed(*self._scale)] + self._affine_inputs(op, w, x.dtype or ir.DataType.FLOAT)
         return op.AdaLNZero(*ins, _domain="normexport", _version=1, epsilon=self._eps)
 
 

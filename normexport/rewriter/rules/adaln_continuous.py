@@ -115,22 +115,11 @@ class AdaLNContinuousFusion(AdaLNFusion):
     def check(self, context, x, w, ln, scale=None, shift=None, scale_2d=None, scale_axes=None, scale_shape=None,
               shift_2d=None, shift_axes=None, shift_shape=None, **_):
         r = pattern.MatchResult()
-        node = ln.producer()
-        rank = c.rank_of(x)
-        axis = node.attributes.get("axis")
-        axis = axis.as_int() if axis is not None else -1
-        if rank is None or rank < 2 or axis % rank != rank - 1:
-            return r.fail(f"LayerNormalization axis {axis} does not normalize the last dim only", ln)
-        if any(o.uses() or o.is_graph_output() for o in node.outputs[1:]):
-            return r.fail("LayerNormalization mean / inv_std_dev outputs are used", ln)
-        stash = node.attributes.get("stash_type")
-        if stash is not None and stash.as_int() != 1:
-            return r.fail(f"LayerNormalization stash_type {stash.as_int()} (AdaLNZero keeps float32 statistics)", ln)
+        if not self._check_layer_norm(r, x, ln):
+            return r
         why = self._chain_alone(context, ln)
         if why:
             return r.fail(why, ln)
-        eps = node.attributes.get("epsilon")
-        self._eps = eps.as_float() if eps is not None else 1e-5
         try:
             self._scale = self._input(x, scale, scale_2d, scale_axes, scale_shape, "scale")
             self._shift = self._input(x, shift, shift_2d, shift_axes, shift_shape, "shift")
@@ -151,14 +140,7 @@ class AdaLNContinuousFusion(AdaLNFusion):
         for v in (self._scale[0], self._shift[0]):
             if v.dtype is not None and v.dtype != out.dtype:
                 return r.fail(f"{v.name!r} dtype differs from the modulated output", v)
-        bias = node.inputs[2] if len(node.inputs) > 2 else None
-        wv, bv = c.const(w), c.const(bias) if bias is not None else None
-        self._affine = not (wv is not None and np.all(wv == 1) and (bias is None or (bv is not None and np.all(bv == 0))))
-        self._bias = bias
-        self._h = c.trailing_dims(x, 1)
-        if self._affine and bias is None and self._h is None:
-            return r.fail("hidden size not static; cannot make a zero bias", x)
-        return r
+        return self._check_affine(r, x, w, ln)
 
     def rewrite(self, op, x, w, **_):
         rank, dt = len(x.shape), self._dtype
@@ -168,13 +150,7 @@ class AdaLNContinuousFusion(AdaLNFusion):
                 v = op.Squeeze(v, op.Constant(value_ints=list(range(1, rank - 1))))
             return c.as_dtype(op, v, dt)
 
-        ins = [c.as_dtype(op, self._src, dt), feed(*self._shift), feed(*self._scale)]
-        if self._affine:
-            bias = self._bias
-            if bias is None:
-                name = f"{w.name}__zero_bias"
-                bias = op.initializer(c.unit_tensor(name, self._h, dt, 0.0), name)
-            ins += [c.as_dtype(op, w, dt), c.as_dtype(op, bias, dt)]
+        ins = [c.as_dtype(op, self._src, dt), feed(*self._shift), feed(*self._scale)] + self._affine_inputs(op, w, dt)
         y = op.AdaLNZero(*ins, _domain="normexport", _version=1, epsilon=self._eps)
         return op.Cast(y, to=self._out_dtype.value) if self._out_dtype != dt else y
 

@@ -18,23 +18,16 @@ from __future__ import annotations
 
 
 import numpy as np
-import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
 from . import _common as c
-from .skip_rms_norm_trt import same_dim, same_shape
-
-TARGETS = frozenset({"trt"})
-#: Opt-in for now: with NORMEXPORT_RESIDUAL_FUSION=1 in the environment (_common.residual_fusion_enabled).
-ENV_FLAG = c.RESIDUAL_FUSION_ENV
+# the residual fusion rules' gate, as skip_rms_norm_trt's: target trt, opset 18, and
+# NORMEXPORT_RESIDUAL_FUSION=0 in the environment turns them off (_common.residual_fusion_enabled)
+from .skip_rms_norm_trt import ENV_FLAG, TARGETS, required_opset
 
 
 def rules_for(target: str) -> list:
     return RULES if target in TARGETS and c.residual_fusion_enabled() else []
-
-
-def required_opset(target: str) -> int:
-    return 18
 
 
 def _gate(op):
@@ -57,7 +50,8 @@ class GatedAdaLNFusion(pattern.RewriteRuleClassBase):
     def check(self, context, x, u, shift, scale, sum, norm, gate=None, gate_2d=None, gate_axes=None,  # noqa: A002
               **_):
         r = pattern.MatchResult()
-        if gate_2d is None and gate is not None and not same_shape(u, sum) and same_shape(gate, sum):
+        if gate_2d is None and gate is not None and not c.same_shape(u.shape, sum.shape) and \
+                c.same_shape(gate.shape, sum.shape):
             # Mul(update, Unsqueeze(gate)): the first Mul operand order bound them the other way round
             gate, u = u, gate
             p = gate.producer()
@@ -68,7 +62,7 @@ class GatedAdaLNFusion(pattern.RewriteRuleClassBase):
         rank = c.rank_of(sum)
         if rank is None or rank < 2:
             return r.fail("rank of the residual sum unknown or < 2", sum)
-        if not (same_shape(x, sum) and same_shape(u, sum)):
+        if not (c.same_shape(x.shape, sum.shape) and c.same_shape(u.shape, sum.shape)):
             return r.fail("x or the update is not known to have the sum's shape (GatedAdaLNZero adds no broadcast)",
                           sum)
         dt = x.dtype
@@ -88,13 +82,13 @@ class GatedAdaLNFusion(pattern.RewriteRuleClassBase):
             if mod_full or c.rank_of(gate_2d) != 2:
                 return r.fail("gate is [B, H] but the AdaLNZero modulation is not (or not 2-D)", sum)
         elif mod_full:
-            if not same_shape(gate, sum):
+            if not c.same_shape(gate.shape, sum.shape):
                 return r.fail("gate is not known to have the shape of x (the modulation's full-shape layout)", sum)
         else:
             gdims = list(gate.shape) if gate.shape is not None else None
             ok = gdims is not None and len(gdims) == rank and all(d == 1 for d in gdims[1:-1]) and \
-                shift.shape is not None and len(shift.shape) == 2 and same_dim(gdims[0], shift.shape[0]) and \
-                same_dim(gdims[-1], shift.shape[-1])
+                shift.shape is not None and len(shift.shape) == 2 and c.same_dim(gdims[0], shift.shape[0]) and \
+                c.same_dim(gdims[-1], shift.shape[-1])
             if not ok:
                 return r.fail(f"gate shape {gdims} is not [B, 1.., H] of the [B, H] modulation", sum)
             self._squeeze = True

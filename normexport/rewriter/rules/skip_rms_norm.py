@@ -57,45 +57,27 @@ MIN_ELEMENTS = 1 << 22
 _SKIP_TYPES = frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16})
 
 
-def _same_dim(d1, d2) -> bool:
-    """Whether two dims are known to be equal (ints, or named symbolic dims of the same name)."""
-    if isinstance(d1, int) and isinstance(d2, int):
-        return d1 == d2
-    if isinstance(d1, ir.SymbolicDim) and isinstance(d2, ir.SymbolicDim):
-        return d1.value is not None and d1.value == d2.value
-    return False
-
-
-def _same_shape(s1, s2) -> bool:
-    return len(s1) == len(s2) and all(_same_dim(a, b) for a, b in zip(s1, s2))
-
-
 def _skip_fits(input_shape, skip_shape) -> bool:
     """onnxruntime's rule: skip has the shape of input, or (3-D input) [1, S, H] or [S, H]."""
-    if _same_shape(input_shape, skip_shape):
+    if c.same_shape(input_shape, skip_shape):
         return True
     if len(input_shape) != 3:
         return False
     tail = list(input_shape)[1:]
     if len(skip_shape) == 3:
-        return skip_shape[0] == 1 and _same_shape(tail, list(skip_shape)[1:])
-    return len(skip_shape) == 2 and _same_shape(tail, list(skip_shape))
+        return skip_shape[0] == 1 and c.same_shape(tail, list(skip_shape)[1:])
+    return len(skip_shape) == 2 and c.same_shape(tail, list(skip_shape))
 
 
-class SkipRMSNormFusion(pattern.RewriteRuleClassBase):
+class SkipRMSNormFusion(c.AddNormFusion):
     """residual=False: the sum feeds only the norm (one output, the sum is not written);
-    residual=True: the sum also feeds other nodes, which then read input_skip_bias_sum."""
+    residual=True: the sum also feeds other nodes, which then read input_skip_bias_sum.
+    `scale`: the RMSNormalization's gamma."""
 
-    def __init__(self, name: str, residual: bool):
-        super().__init__(name)
-        self._residual = residual
+    def norm(self, op, s, scale):
+        return op.RMSNormalization(s, scale, _allow_other_attributes=True, _outputs=["norm"])
 
-    def pattern(self, op, a, b, gamma):
-        s = op.Add(a, b, _outputs=["sum"])
-        y = op.RMSNormalization(s, gamma, _allow_other_attributes=True, _outputs=["norm"])
-        return (y, s) if self._residual else y
-
-    def check(self, context, a, b, gamma, sum, norm, **_):  # noqa: A002 - the pattern's name
+    def check(self, context, a, b, scale, sum, norm, **_):  # noqa: A002 - the pattern's name
         r = pattern.MatchResult()
         node = norm.producer()
         if sum.is_graph_output():
@@ -109,14 +91,13 @@ class SkipRMSNormFusion(pattern.RewriteRuleClassBase):
         rank = len(sum.shape)
         if rank not in (2, 3):
             return r.fail(f"sum has rank {rank}; SkipSimplifiedLayerNormalization takes [B, S, H] or [T, H]", sum)
-        axis = node.attributes.get("axis")
-        axis = axis.as_int() if axis is not None else -1
+        axis = c.norm_axis(node)
         if axis % rank != rank - 1:
             return r.fail(f"RMSNormalization axis {axis} does not normalize the last dim only", norm)
         # the contrib op's input is the operand of the sum's full shape, skip the (maybe broadcast) other
-        if _same_shape(a.shape, sum.shape):
+        if c.same_shape(a.shape, sum.shape):
             inp, skip = a, b
-        elif _same_shape(b.shape, sum.shape):
+        elif c.same_shape(b.shape, sum.shape):
             inp, skip = b, a
         else:
             return r.fail(f"neither Add operand {list(a.shape)} / {list(b.shape)} has the sum's shape "
@@ -127,15 +108,8 @@ class SkipRMSNormFusion(pattern.RewriteRuleClassBase):
         dt = inp.dtype
         if dt not in _SKIP_TYPES:
             return r.fail(f"dtype {dt} is not float32/float16 (onnxruntime CPU kernels)", inp)
-        for v in (skip, gamma):
-            if v.dtype != dt:
-                return r.fail(f"{v.name!r} dtype {v.dtype} differs from the input's {dt}", v)
-        ok, why, self._reshape_gamma = c.param_fits(gamma, inp, 1)
-        if not ok:
-            return r.fail(why, gamma)
-        self._hidden = c.trailing_dims(inp, 1)
-        if self._reshape_gamma and self._hidden is None:
-            return r.fail("hidden size not static; cannot reshape gamma to [H]", gamma)
+        if not c.check_residual_norm_tail(self, r, inp, (skip,), scale, node, 1e-5):
+            return r
         if self._hidden is None or self._hidden[0] < MIN_HIDDEN:
             return r.fail(f"hidden size {self._hidden} < {MIN_HIDDEN}: the fused op measured slower than "
                           "Add + RMSNormalization on tensors that fit in cache", inp)
@@ -143,14 +117,11 @@ class SkipRMSNormFusion(pattern.RewriteRuleClassBase):
         if all(isinstance(d, int) for d in dims) and int(np.prod(dims)) < MIN_ELEMENTS:
             return r.fail(f"{int(np.prod(dims))} elements < {MIN_ELEMENTS}: the fused op measured slower than "
                           "Add + RMSNormalization on tensors that fit in cache", inp)
-        eps = node.attributes.get("epsilon")
-        self._eps = eps.as_float() if eps is not None else 1e-5
         self._inp, self._skip = inp, skip
         return r
 
-    def rewrite(self, op, gamma, **_):
-        if self._reshape_gamma:
-            gamma = op.Reshape(gamma, op.Constant(value_ints=self._hidden))
+    def rewrite(self, op, scale, **_):
+        gamma = c.as_hidden_vector(self, op, scale)
         if not self._residual:
             return op.SkipSimplifiedLayerNormalization(self._inp, self._skip, gamma, _domain="com.microsoft",
                                                        _version=1, epsilon=self._eps)
