@@ -248,3 +248,20 @@ def test_layout_probe_reads_a_kv_cache(lm):
 
     layout = probe_layout(lm[3])
     assert layout.keys == layout.values == ((2, 8), (2, 8)) and layout.dtype == torch.float32
+
+
+def test_pt2_cache_note_reads_the_input_names():
+    """A .pt2 whose inputs carry a cache gets the note (its file is the program's call, not checked by
+    generation); transformers' `cache_position` is no cache."""
+    from normexport.llm import resolve
+    from normexport.load.model import LoadedModel
+
+    def note(names):
+        loaded = LoadedModel(torch.nn.Identity(), "exported-program", None, names)
+        assert resolve(loaded, None, None, []) == (None, loaded, [], None)
+        return loaded.notes
+
+    assert note(["input_ids", "cache_position"]) == []
+    (text,) = note(["input_ids", "attention_mask", "past_key_values_0_key", "past_key_values_0_value"])
+    assert text.startswith("the program's inputs carry a cache (past_key_values_0_key, past_key_values_0_value: "
+                           "2 tensors)"), text

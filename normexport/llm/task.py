@@ -46,7 +46,7 @@ def causal_lm(loaded: LoadedModel):
 
 
 #: user inputs of a .pt2 program that look like a cache (flattened past key / value tensors)
-_CACHE_INPUT = re.compile(r"(past|cache|present|key_value)", re.IGNORECASE)
+_CACHE_INPUT = re.compile(r"past|present|key_value|cache(?!_position)", re.IGNORECASE)  # not cache_position
 
 
 def _pt2_error(loaded: LoadedModel, task: str) -> UsageError:
