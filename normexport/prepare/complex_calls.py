@@ -357,16 +357,26 @@ def _flatten(name, args, kwargs):
     return ComplexPair(z.re_im.flatten(s, e))
 
 
-@_handles("unflatten")
-def _unflatten(name, args, kwargs):
-    z = lift(args[0])
-    return ComplexPair(z.re_im.unflatten(_dim(_get(args, kwargs, 1, "dim"), _nd(z)), _get(args, kwargs, 2, "sizes")))
+def _along_dim(fn, *rest, new_dim: bool = False, default_dim=None):
+    """The handler of a call `(self, dim, *rest)` that works along one dim, e.g. select(self, dim,
+    index): `fn(re_im, dim, *rest)` with dim counted among the complex dims (new_dim: among those of
+    the result, which has one more) and the pair axis left last. `rest`: the names of the further
+    arguments, or (name, default)."""
+    def handler(name, args, kwargs):
+        z = lift(args[0])
+        dim = _dim(_get(args, kwargs, 1, "dim", default_dim), _nd(z) + new_dim)
+        more = [_get(args, kwargs, 2 + i, *(r if isinstance(r, tuple) else (r,))) for i, r in enumerate(rest)]
+        return ComplexPair(fn(z.re_im, dim, *more))
+    return handler
 
 
-@_handles("unsqueeze")
-def _unsqueeze(name, args, kwargs):
-    z = lift(args[0])
-    return ComplexPair(z.re_im.unsqueeze(_dim(_get(args, kwargs, 1, "dim"), _nd(z) + 1)))
+_H["unflatten"] = _along_dim(torch.Tensor.unflatten, "sizes")
+_H["unsqueeze"] = _along_dim(torch.Tensor.unsqueeze, new_dim=True)
+_H["select"] = _along_dim(torch.Tensor.select, "index")
+_H["narrow"] = _along_dim(torch.Tensor.narrow, "start", "length")
+_H["index_select"] = _along_dim(torch.Tensor.index_select, "index")
+# aten.slice.Tensor(self, dim=0, start=None, end=None, step=1)
+_H["slice"] = _along_dim(torch.ops.aten.slice.Tensor, "start", "end", ("step", 1), default_dim=0)
 
 
 @_handles("squeeze")
@@ -551,38 +561,11 @@ def _index(name, args, kwargs):  # aten.index.Tensor(self, indices): indices on 
     return ComplexPair(torch.ops.aten.index.Tensor(lift(args[0]).re_im, _get(args, kwargs, 1, "indices")))
 
 
-@_handles("slice")
-def _slice(name, args, kwargs):  # aten.slice.Tensor(self, dim=0, start=None, end=None, step=1)
-    z = lift(args[0])
-    return ComplexPair(torch.ops.aten.slice.Tensor(z.re_im, _dim(_get(args, kwargs, 1, "dim", 0), _nd(z)),
-                                                   _get(args, kwargs, 2, "start"), _get(args, kwargs, 3, "end"),
-                                                   _get(args, kwargs, 4, "step", 1)))
-
-
-@_handles("select")
-def _select(name, args, kwargs):
-    z = lift(args[0])
-    return ComplexPair(z.re_im.select(_dim(_get(args, kwargs, 1, "dim"), _nd(z)), _get(args, kwargs, 2, "index")))
-
-
-@_handles("narrow")
-def _narrow(name, args, kwargs):
-    z = lift(args[0])
-    return ComplexPair(z.re_im.narrow(_dim(_get(args, kwargs, 1, "dim"), _nd(z)), _get(args, kwargs, 2, "start"),
-                                      _get(args, kwargs, 3, "length")))
-
-
 @_handles("gather")
 def _gather(name, args, kwargs):
     z = lift(args[0])
     idx = _get(args, kwargs, 2, "index")
     return ComplexPair(z.re_im.gather(_dim(_get(args, kwargs, 1, "dim"), _nd(z)), idx.unsqueeze(-1).expand(*idx.shape, 2)))
-
-
-@_handles("index_select")
-def _index_select(name, args, kwargs):
-    z = lift(args[0])
-    return ComplexPair(z.re_im.index_select(_dim(_get(args, kwargs, 1, "dim"), _nd(z)), _get(args, kwargs, 2, "index")))
 
 
 @_handles("where")
