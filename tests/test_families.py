@@ -19,6 +19,7 @@ diffusers = pytest.importorskip("diffusers")
 
 import normexport  # noqa: E402
 from normexport.load import examples  # noqa: E402
+from _norm_counts import norm_ops  # noqa: E402
 
 
 def _tiny(name):
@@ -59,7 +60,8 @@ def _norm_calls(module, inputs) -> Counter:
 
 
 def _ops(path) -> Counter:
-    return Counter(n.op_type for n in onnx.load(str(path), load_external_data=False).graph.node)
+    """Op-type counts of the file, a fused residual norm (SkipRMSNorm, GatedAdaLNZero) counted as its norm."""
+    return norm_ops(path)
 
 
 def _assert_fused(path, calls: Counter):

@@ -78,9 +78,11 @@ def reference(name: str, dtype: torch.dtype) -> onnx.ModelProto:
 
 
 #: normexport nodes per reference model, from the models' structure (README's table): LLaMA's two
-#: RMSNorms, DiT's two modulated LayerNorms, norm_heavy's two RMSNorms (its LayerNorm stays standard)
-NORMEXPORT_NODES = {"bert": {}, "conv_bn": {}, "dit": {"AdaLNZero": 2}, "llama": {"RMSNorm": 2},
-                    "norm_heavy": {"RMSNorm": 2}}
+#: RMSNorms, DiT's two modulated LayerNorms, norm_heavy's two RMSNorms (its LayerNorm stays standard);
+#: a norm that reads a residual sum has the Add fused in (--target trt): LLaMA's post-attention norm
+#: (x + attn), DiT's norm2 (x + gate * attn), both of norm_heavy's (x + r, y1 + r)
+NORMEXPORT_NODES = {"bert": {}, "conv_bn": {}, "dit": {"AdaLNZero": 1, "GatedAdaLNZero": 1},
+                    "llama": {"RMSNorm": 1, "SkipRMSNorm": 1}, "norm_heavy": {"SkipRMSNorm": 2}}
 
 
 def _file_nodes(model: onnx.ModelProto) -> dict[str, list[str]]:
@@ -120,12 +122,14 @@ def test_reference_models_build_without_plugin(name, dtype, tmp_path, parse):
     assert result.plugin_layers == [] and result.normexport_nodes == n and result.bodies == n
     assert result.strongly_typed  # the file's dtypes decide: fp32 statistics of the bodies stay fp32
     # the network as TensorRT's parser makes it here: same layer count, no plugin layer, and one
-    # NORMALIZATION layer per AdaLNZero body (LayerNormalization inside) and per plain LayerNormalization
+    # NORMALIZATION layer per AdaLNZero / GatedAdaLNZero body (LayerNormalization inside) and per plain
+    # LayerNormalization
     trt_mod, layers, _keep = parse(model)
     assert len(layers) == result.layers
     assert not [ly.name for ly in layers if ly.type in trt.runtime.plugin_layer_types(trt_mod)]
     plain_ln = sum(nd.op_type == "LayerNormalization" and nd.domain in ("", "ai.onnx") for nd in model.graph.node)
-    assert sum(ly.type == trt_mod.LayerType.NORMALIZATION for ly in layers) == len(nodes.get("AdaLNZero", [])) + plain_ln
+    adaln = len(nodes.get("AdaLNZero", [])) + len(nodes.get("GatedAdaLNZero", []))
+    assert sum(ly.type == trt_mod.LayerType.NORMALIZATION for ly in layers) == adaln + plain_ln
 
 
 @pytest.mark.parametrize("name", ["dit", "llama"])
@@ -189,10 +193,12 @@ def test_library_blocks_build(hf_files, key, dtype, tmp_path):
 def test_library_blocks_with_plugin(plugin_lib, hf_files, key, dtype, tmp_path):
     model = hf_files[key, dtype]
     nodes = _file_nodes(model)
-    # LlamaDecoderLayer: input and post-attention RMSNorm; BasicTransformerBlock (ada_norm_zero): norm1
-    # is AdaLayerNormZero, norm3 a plain LayerNorm modulated by the block (both fused to AdaLNZero)
-    assert {k: len(v) for k, v in nodes.items()} == {"transformers-llama-layer": {"RMSNorm": 2},
-                                                     "diffusers-basic-block": {"AdaLNZero": 2}}[key]
+    # LlamaDecoderLayer: input and post-attention RMSNorm (the latter with the residual Add fused in);
+    # BasicTransformerBlock (ada_norm_zero): norm1 is AdaLayerNormZero, norm3 a plain LayerNorm modulated
+    # by the block (both fused to AdaLNZero, norm3 with the gated residual Add: GatedAdaLNZero)
+    assert {k: len(v) for k, v in nodes.items()} == {
+        "transformers-llama-layer": {"RMSNorm": 1, "SkipRMSNorm": 1},
+        "diffusers-basic-block": {"AdaLNZero": 1, "GatedAdaLNZero": 1}}[key]
     result = _build(model, tmp_path, plugin=plugin_lib)
     assert sorted(result.plugin_layers) == sorted(sum(nodes.values(), []))
 
