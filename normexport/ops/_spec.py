@@ -28,6 +28,9 @@ class Input:
     name: str
     doc: str
     optional: bool = False
+    #: an optional input's value inside the function body when a node leaves it out: a vector of
+    #: X's last dim filled with it (LayerNorm weight 1, bias 0)
+    fill: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,8 +48,9 @@ class OpSpec:
     inputs: tuple[Input, ...]
     attributes: tuple[Attr, ...]
     reference: Callable[..., Any]  # numpy float64 reference, (*inputs, **attributes)
-    #: the FunctionProto (body in standard ops, opset 18) for a node with `n_inputs` inputs
-    body: Callable[[int], onnx.FunctionProto]
+    #: the FunctionProto (body in standard ops, opset 18) of a node with every input; a node without
+    #: its trailing optional inputs gets it with those made inside (Input.fill)
+    body: Callable[[], onnx.FunctionProto]
     #: (name, doc) of each output, in order
     outputs: tuple[tuple[str, str], ...] = (("Y", "same shape and type as X"),)
 
@@ -76,7 +80,12 @@ class OpSpec:
         """The FunctionProto of this op for a model importing default-domain `opset`."""
         if opset < MIN_OPSET:
             raise ValueError(f"normexport::{self.name} function bodies need opset >= {MIN_OPSET}, got {opset}")
-        fn = self.body(n_inputs)
+        required = sum(not i.optional for i in self.inputs)
+        if not required <= n_inputs <= len(self.inputs):
+            raise ValueError(f"normexport::{self.name} takes {required} to {len(self.inputs)} inputs, got {n_inputs}")
+        fn = self.body()
+        if n_inputs < len(self.inputs):
+            _fill_absent(fn, self.inputs[n_inputs:])
         for imp in fn.opset_import:
             if imp.domain == "":
                 imp.version = opset  # the body only uses ops whose semantics are unchanged since 18
@@ -89,3 +98,19 @@ class OpSpec:
     def register_schema(self) -> None:
         if not onnx.defs.has(self.name, DOMAIN):
             onnx.defs.register_schema(self.schema())
+
+
+def _fill_absent(fn: onnx.FunctionProto, absent: tuple[Input, ...]) -> None:
+    """`fn` (in place) for a node without its trailing inputs `absent`: each is made inside the body,
+    a float32 vector of X's last dim holding its `fill` value."""
+    unfilled = [i.name for i in absent if i.fill is None]
+    if unfilled:
+        raise ValueError(f"{fn.name} needs its input(s) {unfilled}: they have no value to fill in")
+    del fn.input[len(fn.input) - len(absent):]
+    prologue = [onnx.helper.make_node("Shape", ["X"], ["_hidden"], start=-1)]
+    prologue += [onnx.helper.make_node("ConstantOfShape", ["_hidden"], [i.name],
+                                       value=onnx.helper.make_tensor("v", onnx.TensorProto.FLOAT, [1], [i.fill]))
+                 for i in absent]
+    nodes = prologue + list(fn.node)
+    del fn.node[:]
+    fn.node.extend(nodes)

@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Optional
 
 import numpy as np
-import onnx
 import onnxscript
 import torch
 from onnxscript import opset18 as op
@@ -50,6 +49,16 @@ def _mod(t: torch.Tensor, ndim: int) -> torch.Tensor:
     return t.float().reshape(t.shape[:1] + (1,) * (ndim - 2) + t.shape[-1:])
 
 
+def modulated_layer_norm(xf: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, weight: Optional[torch.Tensor],
+                         bias: Optional[torch.Tensor], epsilon: float) -> torch.Tensor:
+    """LayerNorm(xf; weight, bias, epsilon) * (1 + scale) + shift in float32, xf float32 (also
+    GatedAdaLNZero's, on its sum)."""
+    w = weight.float() if weight is not None else None
+    b = bias.float() if bias is not None else None
+    y = torch.nn.functional.layer_norm(xf, xf.shape[-1:], w, b, epsilon)
+    return y * (1.0 + _mod(scale, xf.dim())) + _mod(shift, xf.dim())
+
+
 @torch.library.custom_op("normexport::adaln_zero", mutates_args=())
 def adaln_zero(
     x: torch.Tensor,
@@ -59,11 +68,7 @@ def adaln_zero(
     bias: Optional[torch.Tensor],
     epsilon: float,
 ) -> torch.Tensor:
-    xf = x.float()
-    w = weight.float() if weight is not None else None
-    b = bias.float() if bias is not None else None
-    y = torch.nn.functional.layer_norm(xf, xf.shape[-1:], w, b, epsilon)
-    return (y * (1.0 + _mod(scale, x.dim())) + _mod(shift, x.dim())).to(x.dtype)
+    return modulated_layer_norm(x.float(), shift, scale, weight, bias, epsilon).to(x.dtype)
 
 
 @adaln_zero.register_fake
@@ -93,29 +98,10 @@ def translate(x, shift, scale, weight, bias, epsilon: float):
     return _OPSET.AdaLNZero(x, shift, scale, weight, bias, epsilon=epsilon)
 
 
-def without_affine(fn: onnx.FunctionProto, n_inputs: int) -> onnx.FunctionProto:
-    """`fn` (a body whose last two inputs are the LayerNorm weight and bias) for a node that has
-    only its first `n_inputs`: weight = 1 and bias = 0 of X's last dim are made inside the body.
-    Shared by AdaLNZero and GatedAdaLNZero."""
-    del fn.input[n_inputs:]
-    one, zero = (onnx.helper.make_tensor("v", onnx.TensorProto.FLOAT, [1], [v]) for v in (1.0, 0.0))
-    prologue = [
-        onnx.helper.make_node("Shape", ["X"], ["_hidden"], start=-1),
-        onnx.helper.make_node("ConstantOfShape", ["_hidden"], ["weight"], value=one),
-        onnx.helper.make_node("ConstantOfShape", ["_hidden"], ["bias"], value=zero),
-    ]
-    nodes = prologue + list(fn.node)
-    del fn.node[:]
-    fn.node.extend(nodes)
-    return fn
-
-
-def _body(n_inputs: int) -> onnx.FunctionProto:
-    """The body for a node with 5 inputs, or with 3 (no affine: weight = 1, bias = 0 are made
-    inside the body). A model mixing both forms gets explicit weight/bias on every node."""
-    fn = AdaLNZero.to_function_proto()
-    return fn if n_inputs == 5 else without_affine(fn, 3)
-
+#: the LayerNorm's optional affine inputs and its epsilon (also GatedAdaLNZero's)
+LAYER_NORM_AFFINE = (Input("weight", "LayerNorm weight [H]", optional=True, fill=1.0),
+                     Input("bias", "LayerNorm bias [H]", optional=True, fill=0.0))
+LAYER_NORM_EPSILON = Attr("epsilon", 1e-6, "LayerNorm epsilon")
 
 SPEC = OpSpec(
     name="AdaLNZero",
@@ -125,10 +111,9 @@ SPEC = OpSpec(
         Input("X", "input [B, ..., H], last dim normalized"),
         Input("shift", "[B, H] (broadcast over middle dims) or the shape of X"),
         Input("scale", "[B, H] (broadcast over middle dims) or the shape of X"),
-        Input("weight", "LayerNorm weight [H]", optional=True),
-        Input("bias", "LayerNorm bias [H]", optional=True),
+        *LAYER_NORM_AFFINE,
     ),
-    attributes=(Attr("epsilon", 1e-6, "LayerNorm epsilon"),),
+    attributes=(LAYER_NORM_EPSILON,),
     reference=reference,
-    body=_body,
+    body=AdaLNZero.to_function_proto,
 )

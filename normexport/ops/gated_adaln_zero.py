@@ -16,13 +16,12 @@ from __future__ import annotations
 from typing import Optional
 
 import numpy as np
-import onnx
 import onnxscript
 import torch
 from onnxscript import opset18 as op
 
 from . import adaln_zero as _adaln
-from ._spec import DOMAIN, VERSION, Attr, Input, OpSpec
+from ._spec import DOMAIN, VERSION, Input, OpSpec
 
 _OPSET = onnxscript.values.Opset(DOMAIN, VERSION)
 
@@ -51,12 +50,7 @@ def gated_adaln_zero(
     epsilon: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     total = (x.float() + _adaln._mod(gate, x.dim()) * update.float()).to(x.dtype)
-    tf = total.float()
-    w = weight.float() if weight is not None else None
-    b = bias.float() if bias is not None else None
-    y = torch.nn.functional.layer_norm(tf, tf.shape[-1:], w, b, epsilon)
-    y = y * (1.0 + _adaln._mod(scale, x.dim())) + _adaln._mod(shift, x.dim())
-    return y.to(x.dtype), total
+    return _adaln.modulated_layer_norm(total.float(), shift, scale, weight, bias, epsilon).to(x.dtype), total
 
 
 @gated_adaln_zero.register_fake
@@ -90,13 +84,6 @@ def translate(x, update, gate, shift, scale, weight, bias, epsilon: float):
     return _OPSET.GatedAdaLNZero(x, update, gate, shift, scale, weight, bias, epsilon=epsilon)
 
 
-def _body(n_inputs: int) -> onnx.FunctionProto:
-    """The body for a node with 7 inputs, or with 5 (no affine: weight = 1, bias = 0 are made
-    inside the body, as AdaLNZero's)."""
-    fn = GatedAdaLNZero.to_function_proto()
-    return fn if n_inputs == 7 else _adaln.without_affine(fn, 5)
-
-
 SPEC = OpSpec(
     name="GatedAdaLNZero",
     torch_op="normexport::gated_adaln_zero",
@@ -108,12 +95,11 @@ SPEC = OpSpec(
         Input("gate", "[B, H] (broadcast over middle dims) or the shape of X"),
         Input("shift", "[B, H] (broadcast over middle dims) or the shape of X; the layout of gate"),
         Input("scale", "[B, H] (broadcast over middle dims) or the shape of X; the layout of gate"),
-        Input("weight", "LayerNorm weight [H]", optional=True),
-        Input("bias", "LayerNorm bias [H]", optional=True),
+        *_adaln.LAYER_NORM_AFFINE,
     ),
-    attributes=(Attr("epsilon", 1e-6, "LayerNorm epsilon"),),
+    attributes=(_adaln.LAYER_NORM_EPSILON,),
     reference=reference,
-    body=_body,
+    body=GatedAdaLNZero.to_function_proto,
     outputs=(("Y", "the modulated LayerNorm of Sum, the shape and type of X"),
              ("Sum", "X + gate * update, the next residual")),
 )

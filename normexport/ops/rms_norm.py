@@ -26,12 +26,16 @@ def reference(x, scale, epsilon: float = 1e-6, axis: int = -1) -> np.ndarray:
 
 
 # ---- torch custom op -------------------------------------------------------------------------
+def rms_normalize(xf: torch.Tensor, scale: torch.Tensor, epsilon: float, axis: int) -> torch.Tensor:
+    """xf / sqrt(mean(xf^2 over dims axis..rank-1) + epsilon) * scale in float32, xf float32 (also
+    SkipRMSNorm's, on its sum)."""
+    dims = tuple(range(axis % xf.dim(), xf.dim()))
+    return xf * torch.rsqrt(xf.pow(2).mean(dims, keepdim=True) + epsilon) * scale.float()
+
+
 @torch.library.custom_op("normexport::rms_norm", mutates_args=())
 def rms_norm(x: torch.Tensor, scale: torch.Tensor, epsilon: float, axis: int) -> torch.Tensor:
-    dims = tuple(range(axis % x.dim(), x.dim()))
-    xf = x.float()
-    y = xf * torch.rsqrt(xf.pow(2).mean(dims, keepdim=True) + epsilon) * scale.float()
-    return y.to(x.dtype)
+    return rms_normalize(x.float(), scale, epsilon, axis).to(x.dtype)
 
 
 @rms_norm.register_fake
@@ -76,5 +80,5 @@ SPEC = OpSpec(
         Attr("axis", -1, "first normalized dim; dims axis..rank-1 are normalized"),
     ),
     reference=reference,
-    body=lambda n_inputs: RMSNorm.to_function_proto(),
+    body=RMSNorm.to_function_proto,
 )

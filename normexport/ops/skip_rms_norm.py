@@ -14,7 +14,6 @@ from __future__ import annotations
 from typing import Optional
 
 import numpy as np
-import onnx
 import onnxscript
 import torch
 from onnxscript import opset18 as op
@@ -43,9 +42,7 @@ def skip_rms_norm(x: torch.Tensor, skip: torch.Tensor, scale: torch.Tensor, bias
     if bias is not None:
         s = s + bias.float()
     total = s.to(x.dtype)
-    sf = total.float()
-    y = sf * torch.rsqrt(sf.pow(2).mean(-1, keepdim=True) + epsilon) * scale.float()
-    return y.to(x.dtype), total
+    return _rms.rms_normalize(total.float(), scale, epsilon, -1).to(x.dtype), total
 
 
 @skip_rms_norm.register_fake
@@ -53,7 +50,7 @@ def _(x, skip, scale, bias, epsilon):
     return torch.empty_like(x), torch.empty_like(x)
 
 
-# ---- ONNX function bodies (standard ops only) ------------------------------------------------
+# ---- ONNX function body (standard ops only) ------------------------------------------------
 # The reduction axis is a Constant ([-1]): TensorRT's parser needs it at build time (DESIGN §2).
 @onnxscript.script(_OPSET, default_opset=op)
 def SkipRMSNorm(X, skip, scale, bias, epsilon: float = 1e-6):
@@ -64,26 +61,6 @@ def SkipRMSNorm(X, skip, scale, bias, epsilon: float = 1e-6):
     Y = op.CastLike(sf * inv_rms * op.Cast(scale, to=1), X)
     Sum = op.Identity(total)
     return Y, Sum
-
-
-@onnxscript.script(_OPSET, default_opset=op)
-def SkipRMSNormNoBias(X, skip, scale, epsilon: float = 1e-6):
-    total = op.CastLike(op.Cast(X, to=1) + op.Cast(skip, to=1), X)
-    sf = op.Cast(total, to=1)
-    mean_sq = op.ReduceMean(sf * sf, op.Constant(value_ints=[-1]), keepdims=1)
-    inv_rms = op.Reciprocal(op.Sqrt(mean_sq + op.CastLike(op.Constant(value_float=epsilon), mean_sq)))
-    Y = op.CastLike(sf * inv_rms * op.Cast(scale, to=1), X)
-    Sum = op.Identity(total)
-    return Y, Sum
-
-
-def _body(n_inputs: int) -> onnx.FunctionProto:
-    """The body for a node with 4 inputs (bias) or 3 (none)."""
-    if n_inputs == 4:
-        return SkipRMSNorm.to_function_proto()
-    fn = SkipRMSNormNoBias.to_function_proto()
-    fn.name = "SkipRMSNorm"
-    return fn
 
 
 def translate(x, skip, scale, bias, epsilon: float):
@@ -102,10 +79,10 @@ SPEC = OpSpec(
         Input("X", "input [..., H]"),
         Input("skip", "residual, the shape of X"),
         Input("scale", "RMSNorm weight [H]"),
-        Input("bias", "added to the sum [H]", optional=True),
+        Input("bias", "added to the sum [H]", optional=True, fill=0.0),
     ),
     attributes=(Attr("epsilon", 1e-6, "added to the mean of squares"),),
     reference=reference,
-    body=_body,
+    body=SkipRMSNorm.to_function_proto,
     outputs=(("Y", "RMSNorm of Sum, the shape and type of X"), ("Sum", "X + skip [+ bias], the next residual")),
 )
