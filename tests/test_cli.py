@@ -47,12 +47,29 @@ def test_convert_pt2_uses_its_example_inputs(cli, tmp_path, block):
     assert code == 0, err
     model = onnx.load(tmp_path / "m.onnx")
     onnx.checker.check_model(model, full_check=True)
-    assert [n.op_type for n in model.graph.node].count("RMSNorm") == 1  # fused by the rewriter
+    # fused by the rewriter, with the residual Add before it (fc(x) + y): one SkipRMSNorm, no RMSNorm left
+    assert [(n.domain, n.op_type) for n in model.graph.node if n.op_type.endswith("RMSNorm")] == [("normexport", "SkipRMSNorm")]
     x, y = _inputs(3, 7, seed=1)  # another batch and sequence length
     (got,) = _ort_run(tmp_path / "m.onnx", (x, y))
     assert _rel_err(got, block(x, y).detach()) < 1e-5
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["command"] == "convert" and report["passed"] is True
+    assert out.splitlines()[0].endswith("(target trt, dynamo exporter): 0 normexport::RMSNorm, 1 normexport::SkipRMSNorm, "
+                                        f"0 normexport::AdaLNZero, {len(model.graph.node)} nodes"), out
+
+
+def test_convert_residual_fusion_off(cli, tmp_path, block, monkeypatch):
+    """NORMEXPORT_RESIDUAL_FUSION=0: the plain RMSNorm and the Add stay, and convert says why (a note)."""
+    monkeypatch.setenv("NORMEXPORT_RESIDUAL_FUSION", "0")
+    dims = {0: torch.export.Dim("batch"), 1: torch.export.Dim("seq")}
+    torch.export.save(torch.export.export(block, _inputs(), dynamic_shapes=(dims, dims)), tmp_path / "m.pt2")
+    code, out, err = cli("convert", tmp_path / "m.pt2")
+    assert code == 0, err
+    model = onnx.load(tmp_path / "m.onnx")
+    assert [(n.domain, n.op_type) for n in model.graph.node if n.op_type.endswith("RMSNorm")] == [("normexport", "RMSNorm")]
+    assert ("  note: rewriter rules skip_rms_norm_trt, gated_adaln off (NORMEXPORT_RESIDUAL_FUSION=0 in the environment)"
+            in out.splitlines()), out
+    assert "PASSED" in out
 
 
 def test_convert_torchscript_with_dynamic_axes(cli, tmp_path, block):
