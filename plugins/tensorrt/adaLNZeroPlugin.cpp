@@ -23,15 +23,8 @@ struct AdaLNZeroOp : spec::adaln_zero
 
     static std::string check(Dims const* in, int32_t nbInputs, NormAttrs const& /*attrs*/, Launch* launch)
     {
-        Dims const& x = in[0];
-        if (x.nbDims < 2)
-        {
-            return "X must have rank >= 2, got " + dimsString(x);
-        }
         char const* const mods[] = {"shift", "scale"};
-        char const* const affine[] = {"weight", "bias"};
-        std::string err = checkModulation(x, in + 1, mods, 2, launch);
-        return err.empty() ? checkVectors(in, 3, nbInputs, x.d[x.nbDims - 1], affine) : err;
+        return checkAdaLNInputs(in, nbInputs, 1, mods, 2, launch);
     }
 
     static cudaError_t run(Launch const& launch, void const* const* in, int32_t nbInputs, void* const* out,

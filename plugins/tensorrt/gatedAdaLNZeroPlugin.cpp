@@ -23,19 +23,13 @@ struct GatedAdaLNZeroOp : spec::gated_adaln_zero
 
     static std::string check(Dims const* in, int32_t nbInputs, NormAttrs const& /*attrs*/, Launch* launch)
     {
-        Dims const& x = in[0];
-        if (x.nbDims < 2)
-        {
-            return "X must have rank >= 2, got " + dimsString(x);
-        }
-        if (!sameShape(in[1], x))
-        {
-            return "update has shape " + dimsString(in[1]) + ", expected the shape of X " + dimsString(x);
-        }
         char const* const mods[] = {"gate", "shift", "scale"};
-        char const* const affine[] = {"weight", "bias"};
-        std::string err = checkModulation(x, in + 2, mods, 3, launch);
-        return err.empty() ? checkVectors(in, 5, nbInputs, x.d[x.nbDims - 1], affine) : err;
+        std::string const err = checkAdaLNInputs(in, nbInputs, 2, mods, 3, launch);
+        if (err.empty() && !sameShape(in[1], in[0]))
+        {
+            return "update has shape " + dimsString(in[1]) + ", expected the shape of X " + dimsString(in[0]);
+        }
+        return err;
     }
 
     static cudaError_t run(Launch const& launch, void const* const* in, int32_t nbInputs, void* const* out,

@@ -143,6 +143,21 @@ inline std::string checkModulation(nvinfer1::Dims const& x, nvinfer1::Dims const
     return {};
 }
 
+//! The AdaLN ops' inputs: X [B, ..., H] of rank >= 2; at in[first..first + n) the modulation
+//! tensors named `mods` (checkModulation); after them the optional LayerNorm weight and bias [H].
+inline std::string checkAdaLNInputs(nvinfer1::Dims const* in, int32_t nbInputs, int32_t first, char const* const* mods,
+    int32_t n, ModulationLayout* layout)
+{
+    nvinfer1::Dims const& x = in[0];
+    if (x.nbDims < 2)
+    {
+        return "X must have rank >= 2, got " + dimsString(x);
+    }
+    char const* const affine[] = {"weight", "bias"};
+    std::string const err = checkModulation(x, in + first, mods, n, layout);
+    return err.empty() ? checkVectors(in, first + n, nbInputs, x.d[x.nbDims - 1], affine) : err;
+}
+
 // ---------------------------------------------------------------------------------------------
 // The plugin
 // ---------------------------------------------------------------------------------------------

@@ -988,6 +988,10 @@ void testGatedAdaLNZero(IPluginCreatorV3One* creator, RecordingLogger& log, bool
         PluginTensorDesc out[2] = {desc({B, S, H}), desc({B, S, H})};
         check(rt.runtime->onShapeChange(in, 7, out, 2) != 0 && log.lastErrorHas("different layouts"),
             "GatedAdaLNZero rejects gate [B,S,H] with shift [B,H], with a logged reason");
+        in[1] = desc({B, S + 1, H});
+        in[2] = desc({B, H});
+        check(rt.runtime->onShapeChange(in, 7, out, 2) != 0 && log.lastErrorHas("update has shape"),
+            "GatedAdaLNZero rejects an update of another shape than X, with a logged reason");
     }
     delete attached;
     if (device)
