@@ -90,10 +90,13 @@ def export(name: str, folder: Path, work: Path) -> tuple[dict, Path | None]:
         cmd = [sys.executable, "-m", "normexport", "convert", str(folder), "-o", str(onnx_path), "--target", "ort",
                "--no-check"]
     elif name == "optimum":
-        # optimum-onnx 0.1.0 needs transformers < 4.58 (the project runs 5.x): that one, in its own folder, first
+        # optimum-onnx 0.1.0 needs transformers < 4.58 (the project runs 5.x) and optimum ~= 2.1.0 (2.3 imports
+        # huggingface_hub.resolve_revision, which the hub that transformers 4.57 takes lacks): those, in their own folders, first
         env["PYTHONPATH"] = os.pathsep.join(str(p) for p in (
             pip_target("transformers==4.57.3 huggingface_hub==0.36.0 tokenizers==0.22.1", work / "pkgs_transformers4"),
-            pip_target("optimum-onnx", work / "pkgs_optimum"), pip_target("optimum", work / "pkgs_optimum_core")))
+            # optimum imports diffusers where one is installed: the project's needs the newer hub
+            pip_target("diffusers==0.35.2", work / "pkgs_diffusers035"),
+            pip_target("optimum-onnx", work / "pkgs_optimum"), pip_target("optimum==2.1.0", work / "pkgs_optimum_core")))
         onnx_path = out / "model.onnx"
         cmd = [sys.executable, "-m", "optimum.commands.optimum_cli", "export", "onnx", "--model", str(folder),
                "--task", "text-generation-with-past", str(out)]
