@@ -21,6 +21,7 @@ from torch import nn
 import normexport
 from normexport import ops
 from normexport.export import op_counts
+from _norm_counts import fold
 
 diffusers_attention = pytest.importorskip("diffusers.models.attention")
 pytest.importorskip("transformers")
@@ -30,7 +31,9 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRot
 from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm  # noqa: E402
 
 ADALN = f"{ops.DOMAIN}::AdaLNZero"
+GATED = f"{ops.DOMAIN}::GatedAdaLNZero"
 RMS = f"{ops.DOMAIN}::RMSNorm"
+SKIP_RMS = f"{ops.DOMAIN}::SkipRMSNorm"
 REL_TOL = 1e-5
 
 
@@ -105,6 +108,21 @@ def _const(model: onnx.ModelProto, name: str) -> np.ndarray:
     raise KeyError(name)
 
 
+def _affine(model: onnx.ModelProto, node: onnx.NodeProto, hidden: int) -> tuple[list, list]:
+    """The LayerNorm weight / bias an AdaLNZero-kind node applies, found by its op spec's input
+    order (AdaLNZero: X, shift, scale, weight, bias; GatedAdaLNZero: X, update, gate, shift, scale,
+    weight, bias); an input the node leaves out is the spec's fill (weight 1, bias 0)."""
+    spec_inputs = ops.SPECS[node.op_type].inputs
+    out = []
+    for name in ("weight", "bias"):
+        i = next(k for k, s in enumerate(spec_inputs) if s.name == name)
+        if i < len(node.input) and node.input[i]:
+            out.append(_const(model, node.input[i]).tolist())
+        else:
+            out.append([spec_inputs[i].fill] * hidden)
+    return out[0], out[1]
+
+
 def swapped(report: dict) -> list[tuple[str, str]]:
     return [(e["name"], e["op"]) for e in report["prepare"] if e["action"] == "swapped"]
 
@@ -144,36 +162,43 @@ DIT_DYNAMIC = {"x": [0, 1], "timestep": [0], "class_labels": [0]}
 # - norm3 is an affine nn.LayerNorm followed by `* (1 + scale_mlp[:, None]) + shift_mlp[:, None]`:
 #   left alone in torch, exported as LayerNormalization -> Mul -> Add, which the ONNX adaln rule
 #   fuses into 1 AdaLNZero(x, shift, scale, weight, bias) with 5 inputs (the random affine).
+# - --target trt fuses a gated residual add before a modulated norm (rule gated_adaln): without
+#   norm2, norm3's input is `x + gate_msa * attn1(...)`, so norm3 is 1 GatedAdaLNZero; with norm2
+#   the add before norm3 is attn2's ungated residual, nothing to fuse.
+# Counts: fused residual nodes folded into the norm they carry (`fold`), then the exact split.
 DIT_CASES = {
-    "default": ({}, {ADALN: 2, "LayerNormalization": 0}),
-    "double_self_attention": ({"double_self_attention": True}, {ADALN: 2, "LayerNormalization": 1}),
+    "default": ({}, {ADALN: 2, "LayerNormalization": 0}, {ADALN: 1, GATED: 1}),
+    "double_self_attention": ({"double_self_attention": True}, {ADALN: 2, "LayerNormalization": 1},
+                              {ADALN: 2, GATED: 0}),
 }
 
 
 @pytest.fixture(scope="module", params=list(DIT_CASES))
 def dit(request):
-    kw, expected = DIT_CASES[request.param]
+    kw, expected, split = DIT_CASES[request.param]
     module = randomize_(DiTBlock(**kw), seed=1)
     args = _dit_inputs(2, 8, seed=2)
     model, report = convert(module, args, DIT_NAMES, DIT_DYNAMIC)
-    return module, args, model, report, kw, expected
+    return module, args, model, report, kw, expected, split
 
 
 def test_dit_block_structure_and_counts(dit):
-    module, _, model, report, kw, expected = dit
+    module, _, model, report, kw, expected, split = dit
     block = module.block
     assert type(block.norm1).__name__ == "AdaLayerNormZero"
     assert (block.norm2 is None) == (not kw)
     assert isinstance(block.norm3, nn.LayerNorm) and block.norm3.elementwise_affine
-    counts = op_counts(model)
+    raw = op_counts(model)
+    counts = fold(raw)
     for op, n in expected.items():
         assert counts.get(op, 0) == n, counts
+    for op, n in split.items():
+        assert raw.get(op, 0) == n, raw
     assert counts.get(RMS, 0) == 0
     assert swapped(report) == [("block.norm1", "AdaLNZero")]
-    # norm1 has no affine, norm3 has one; a model mixing both forms gets explicit weight / bias on
-    # every node (ops/adaln_zero.py): norm1's are ones / zeros, norm3's its random affine.
-    affine = sorted((_const(model, n.input[3]).tolist(), _const(model, n.input[4]).tolist())
-                    for n in model.graph.node if n.domain == ops.DOMAIN)
+    # norm1 has no affine (its node leaves weight / bias out or passes ones / zeros), norm3 has its
+    # random affine.
+    affine = sorted(_affine(model, n, 64) for n in model.graph.node if n.domain == ops.DOMAIN)
     want = [([1.0] * 64, [0.0] * 64), (block.norm3.weight.tolist(), block.norm3.bias.tolist())]
     assert len(affine) == 2
     for (w, b), (ew, eb) in zip(affine, sorted(want)):
@@ -181,6 +206,8 @@ def test_dit_block_structure_and_counts(dit):
         np.testing.assert_allclose(b, eb, rtol=0, atol=0)
     rules = {r["name"]: r["applied"] for r in report["rewrite"]["rules"]}
     assert rules["adaln_zero"] + rules["adaln_zero_l"] == 1  # norm3
+    # norm3 with the gated residual add fused in (rules gated_adaln_zero*)
+    assert sum(n for name, n in rules.items() if name.startswith("gated_adaln_zero")) == split[GATED]
 
 
 def test_dit_block_well_formed(dit):
@@ -223,8 +250,11 @@ def llama():
 
 def test_llama_decoder_layer(llama):
     module, args, model, report = llama
-    counts = op_counts(model)
+    raw = op_counts(model)
+    counts = fold(raw)
     assert counts.get(RMS, 0) == 2, counts  # input_layernorm, post_attention_layernorm
+    # post_attention_layernorm takes `x + attn(...)`: fused with that residual add (--target trt)
+    assert (raw.get(RMS, 0), raw.get(SKIP_RMS, 0)) == (1, 1), raw
     assert counts.get(ADALN, 0) == 0
     assert swapped(report) == [("layer.input_layernorm", "RMSNorm"), ("layer.post_attention_layernorm", "RMSNorm")]
     assert_well_formed(model)
