@@ -10,7 +10,9 @@ and peak RSS from /usr/bin/time -v):
 
 then each file in onnxruntime CPU (its own process, default session options) by one loop: prefill
 of --prefill tokens (batch 1, empty past), then --decode greedy steps with the cache fed back;
-prefill latency is the median of 3 runs, decode tokens/s over the decode steps. optimum-onnx and
+prefill latency is the median of 3 runs, decode tokens/s over the decode steps. With --repeat N
+the speed runs go N rounds, the files alternating within each round (so a change of machine load
+hits every file alike); the table gives each file's median and the JSON every round. optimum-onnx and
 onnxruntime-genai are installed with `pip install --target` into --work (never into the project's
 environment: optimum pins other transformers versions); an exporter that fails is a row with its
 error. Timings on a shared machine are noisy: the load average is printed before and after.
@@ -58,6 +60,15 @@ def make_folder(preset: str, out: Path) -> Path:
                                                 unk_token="<unk>", pad_token="<pad>")
     fast.save_pretrained(out)
     return out
+
+
+def cpu_model() -> str:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return "?"
+    m = re.search(r"^model name\s*:\s*(.+)$", text, re.MULTILINE)
+    return m.group(1).strip() if m else "?"
 
 
 def timed(cmd: list[str], env: dict | None = None, log: Path | None = None) -> dict:
@@ -173,25 +184,40 @@ def main(argv=None) -> int:
     ap.add_argument("--only", default=",".join(EXPORTERS))
     ap.add_argument("--prefill", type=int, default=16)
     ap.add_argument("--decode", type=int, default=32)
+    ap.add_argument("--repeat", type=int, default=1, help="speed rounds, files alternating (median reported)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     args.work.mkdir(parents=True, exist_ok=True)
-    load = os.getloadavg()
-    print(f"machine: {os.cpu_count()} CPUs, load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} (shared: noisy)")
+    load = load_before = os.getloadavg()
+    print(f"machine: {cpu_model()}, {os.cpu_count()} CPUs, load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} (shared: noisy)")
     folder = make_folder(args.preset, args.work / f"{args.preset}_fp32")
     weights = sum(f.stat().st_size for f in folder.glob("*.safetensors"))
     print(f"folder {folder}: {weights / 2**30:.2f} GiB of float32 weights")
-    rows = []
+    rows, paths = [], {}
     for name in args.only.split(","):
         row, path = export(name, folder, args.work)
         row["exporter"] = name
         if path is not None:
-            row.update(speed(path, args.prefill, args.decode, args.work, args.preset))
+            paths[name] = path
         rows.append(row)
         print(json.dumps(row))
+    for k in range(max(1, args.repeat)):  # speed rounds after every export, files alternating
+        for row in rows:
+            if row["exporter"] in paths:
+                got = speed(paths[row["exporter"]], args.prefill, args.decode, args.work, args.preset)
+                row.setdefault("rounds", []).append(got)
+                print(f"round {k + 1}: {row['exporter']} {json.dumps(got)}", flush=True)
+    for row in rows:
+        ok = [r for r in row.get("rounds", []) if "speed_error" not in r]
+        if ok:
+            for key in ("prefill_ms", "decode_tokens_per_s"):
+                row[key] = sorted(r[key] for r in ok)[len(ok) // 2]
+        elif row.get("rounds"):
+            row["speed_error"] = row["rounds"][0]["speed_error"]
     load = os.getloadavg()
     print(f"\n{'exporter':<11} {'export s':>9} {'peak RSS GiB':>13} {'x weights':>9} {'prefill ms':>11} "
-          f"{'decode tok/s':>13}  (prefill {args.prefill} tokens, batch 1; decode {args.decode} steps)")
+          f"{'decode tok/s':>13}  (prefill {args.prefill} tokens, batch 1; decode {args.decode} steps; "
+          f"median of {max(1, args.repeat)} round(s))")
     for r in rows:
         x = f"{r['peak_rss_gib'] * 2**30 / weights:.2f}" if r.get("peak_rss_gib") else "-"
         print(f"{r['exporter']:<11} {r['seconds']:>9} {r.get('peak_rss_gib') or '-':>13} {x:>9} "
@@ -200,7 +226,10 @@ def main(argv=None) -> int:
               + (f"  SPEED FAILED: {r['speed_error']}" if r.get("speed_error") else ""))
     print(f"load average after: {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}")
     if args.json:
-        args.json.write_text(json.dumps({"preset": args.preset, "weights_bytes": weights, "rows": rows}, indent=1))
+        args.json.write_text(json.dumps({"preset": args.preset, "cpu": cpu_model(), "weights_bytes": weights, "prefill": args.prefill,
+                                         "decode": args.decode, "repeat": args.repeat, "cpus": os.cpu_count(),
+                                         "load_before": list(load_before), "load_after": list(load),
+                                         "rows": rows}, indent=1))
     return 0
 
 
