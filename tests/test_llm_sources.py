@@ -8,7 +8,7 @@ cache is not a KV cache. Real transformers classes, tiny configs, random weights
   text-generation` of it: inputs derived as a folder's, the plain graph.
 - a pickled LlamaForCausalLM: refused without --trust-pickle (one line, exit 2); with it, the
   KV-cache graph.
-- a `.pt2` (torch.export program): `--task text-generation-with-past` is one line, exit 2, naming
+- a `.pt2` (torch.export program) taking no cache: `--task text-generation-with-past` is one line, exit 2, naming
   why (the call is fixed at export) and the fix (folder / factory).
 - Mamba2ForCausalLM (SSM state, no KV tensors): the default falls back to `text-generation` with
   the reason on the first line, plain graph, parity passes; an explicit `--task
@@ -156,12 +156,14 @@ def test_pt2_with_past_is_one_line(lm, cli, tmp_path):
     path = tmp_path / "lm.pt2"
     torch.export.save(torch.export.export(Logits(model), (ids,)), path)
     out = tmp_path / "x.onnx"
+    why = {"text-generation-with-past": "the program takes no KV cache (inputs: input_ids)",
+           "text-generation": "the program's call is fixed at export (inputs: input_ids) and --task cannot change it"}
     for task in ("text-generation-with-past", "text-generation"):
         code, stdout, err = cli("convert", path, "-o", out, "--task", task)
         line = _one_line(err)
         assert code == 2 and not out.exists(), line
-        assert f"--task {task} does not apply to a .pt2: the program's call is fixed at export (inputs: input_ids)" \
-            in line and "save_pretrained folder or the package.module:callable" in line, line
+        assert f"--task {task} does not apply to a .pt2: {why[task]}" in line \
+            and "save_pretrained folder or the package.module:callable" in line, line
         assert "Traceback" not in stdout + err
 
 
@@ -250,18 +252,20 @@ def test_layout_probe_reads_a_kv_cache(lm):
     assert layout.keys == layout.values == ((2, 8), (2, 8)) and layout.dtype == torch.float32
 
 
-def test_pt2_cache_note_reads_the_input_names():
-    """A .pt2 whose inputs carry a cache gets the note (its file is the program's call, not checked by
-    generation); transformers' `cache_position` is no cache."""
+def test_pt2_without_cache_tensors_has_no_task():
+    """A .pt2 is probed for a KV cache only where it takes input_ids and a floating tensor of rank >= 3
+    (llm.program.takes_cache); names alone (transformers' `cache_position`, an int `past_length`) decide nothing."""
     from normexport.llm import resolve
+    from normexport.llm.program import takes_cache
     from normexport.load.model import LoadedModel
 
-    def note(names):
-        loaded = LoadedModel(torch.nn.Identity(), "exported-program", None, names)
-        assert resolve(loaded, None, None, []) == (None, loaded, [], None)
-        return loaded.notes
+    ids = torch.zeros(2, 3, dtype=torch.long)
+    for names, example in ((["input_ids", "cache_position"], (ids, torch.arange(3))),
+                           (["input_ids", "past_length"], (ids, torch.tensor([5, 5]))),
+                           (["hidden_states", "past_key_values_0_key"], (torch.randn(2, 3, 8), torch.randn(2, 2, 5, 8)))):
+        loaded = LoadedModel(torch.nn.Identity(), "exported-program", example, names)
+        assert not takes_cache(loaded)
+        assert resolve(loaded, None, None, []) == (None, loaded, [], None) and loaded.notes == []
+    assert takes_cache(LoadedModel(torch.nn.Identity(), "exported-program", (ids, torch.randn(2, 2, 5, 8)),
+                                   ["input_ids", "past_key_values_0_key"]))
 
-    assert note(["input_ids", "cache_position"]) == []
-    (text,) = note(["input_ids", "attention_mask", "past_key_values_0_key", "past_key_values_0_value"])
-    assert text.startswith("the program's inputs carry a cache (past_key_values_0_key, past_key_values_0_value: "
-                           "2 tensors)"), text

@@ -185,16 +185,19 @@ def _describe(value) -> str:
     return f"a {type(value).__name__}"
 
 
-class CacheLM(nn.Module):
-    """forward(input_ids, attention_mask, position_ids, *past) -> (logits, *present) (module docstring)."""
+class FlatCacheLM(nn.Module):
+    """The file's interface (module docstring), shared by every model exported with its cache:
+    forward(input_ids, attention_mask, position_ids, *past) -> (logits, *present), one named
+    positional parameter per input. A subclass sets `layout` and `vocab_size`, calls
+    `_bind_names()` and implements `_forward`; `label` names the model in reports, `generates`
+    is the transformers model whose `generate` the check compares with (None: none)."""
 
-    def __init__(self, model: nn.Module, layout: CacheLayout | None = None):
-        super().__init__()
-        self.inner = model
-        self.layout = layout or probe_layout(model)
-        self._cache_arg = cache_argument(model)
-        # what resolve.cast reads: the modules the class keeps in float32
-        self._keep_in_fp32_modules = getattr(model, "_keep_in_fp32_modules", None)
+    layout: CacheLayout
+    vocab_size: int
+    label: str
+    generates: nn.Module | None = None
+
+    def _bind_names(self) -> None:
         self.input_names = list(INPUT_NAMES) + past_names(self.layout.layers)
         self.output_names = ["logits"] + present_names(self.layout.layers)
         # one named positional parameter per input (torch.export binds dynamic shapes, and
@@ -211,21 +214,13 @@ class CacheLM(nn.Module):
         self.forward = types.MethodType(forward, self)
 
     def _forward(self, input_ids, attention_mask, position_ids, *past):
-        from transformers import DynamicCache
-
-        if len(past) != 2 * self.layout.layers:
-            raise ValueError(f"expected {2 * self.layout.layers} past tensors, got {len(past)}")
-        cache = DynamicCache(ddp_cache_data=list(zip(past[0::2], past[1::2])))
-        out = self.inner(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                         use_cache=True, **{self._cache_arg: cache})
-        return (out.logits, *cache_tensors(output_cache(out)))
+        raise NotImplementedError
 
     def example_inputs(self, batch: int = 2, sequence: int = 3, past: int = 5, seed: int = 0) -> tuple:
         """Inputs for export: distinct sizes per dim (torch.export gives equal sizes one symbol),
         each >= 2 (sizes 0 / 1 are specialised); the file serves past length 0 too."""
         g = torch.Generator().manual_seed(seed)
-        vocab = getattr(getattr(self.inner, "config", None), "vocab_size", None) or 2
-        ids = torch.randint(0, vocab, (batch, sequence), generator=g)
+        ids = torch.randint(0, max(self.vocab_size, 2), (batch, sequence), generator=g)
         mask = torch.ones(batch, past + sequence, dtype=torch.long)
         pos = torch.arange(past, past + sequence).expand(batch, sequence).contiguous()
         return (ids, mask, pos, *self.layout.empty(batch, past, g))
@@ -234,6 +229,35 @@ class CacheLM(nn.Module):
         axes = {"input_ids": [0, 1], "attention_mask": [0, 1], "position_ids": [0, 1]}
         axes.update({n: [0, 2] for n in past_names(self.layout.layers)})
         return axes
+
+
+class CacheLM(FlatCacheLM):
+    """forward(input_ids, attention_mask, position_ids, *past) -> (logits, *present) (module docstring)."""
+
+    def __init__(self, model: nn.Module, layout: CacheLayout | None = None):
+        super().__init__()
+        self.inner = model
+        self.layout = layout or probe_layout(model)
+        self._cache_arg = cache_argument(model)
+        # what resolve.cast reads: the modules the class keeps in float32
+        self._keep_in_fp32_modules = getattr(model, "_keep_in_fp32_modules", None)
+        self.vocab_size = getattr(getattr(model, "config", None), "vocab_size", None) or 2
+        self.label = type(model).__name__
+        self._bind_names()
+
+    @property
+    def generates(self) -> nn.Module:
+        return self.inner
+
+    def _forward(self, input_ids, attention_mask, position_ids, *past):
+        from transformers import DynamicCache
+
+        if len(past) != 2 * self.layout.layers:
+            raise ValueError(f"expected {2 * self.layout.layers} past tensors, got {len(past)}")
+        cache = DynamicCache(ddp_cache_data=list(zip(past[0::2], past[1::2])))
+        out = self.inner(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                         use_cache=True, **{self._cache_arg: cache})
+        return (out.logits, *cache_tensors(output_cache(out)))
 
 
 def name_dims(model_ir, layers: int) -> None:

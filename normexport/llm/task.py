@@ -9,18 +9,21 @@ A causal LM is any loaded model that is a transformers model that generates (Gen
 (+ `--weights`) or a trusted pickle. A causal LM whose cache is not a KV cache CacheLM can carry
 (Mamba's SSM state, hybrid models, xLSTM, RWKV: what `cache.probe_layout` sees) defaults to
 `text-generation`, said on the first line; asking for the cache is then an error naming why. A
-`.pt2` program's call is fixed at export: no task applies to it (an error naming why and the fix).
-Any other model has no task (`--task` is then an error naming why).
+`.pt2` program's call is fixed at export: one that takes a KV cache and returns it grown
+(`program.ProgramLM` finds out by running it) exports the cache interface and is checked by
+generation (`text-generation-with-past`, its only task); any other program exports its call, and
+`--task` on it is an error naming why and the fix. Any other model has no task (`--task` is then
+an error naming why).
 """
 
 from __future__ import annotations
 
-import re
 import sys
 
 from ..errors import UsageError
 from ..load.call import unwrap
 from ..load.model import LoadedModel
+from . import program
 from .cache import CacheLM, NoKVCache, probe_layout
 
 WITH_PAST = "text-generation-with-past"
@@ -45,17 +48,15 @@ def causal_lm(loaded: LoadedModel):
     return model if generates else None
 
 
-#: user inputs of a .pt2 program that look like a cache (flattened past key / value tensors)
-_CACHE_INPUT = re.compile(r"past|present|key_value|cache(?!_position)", re.IGNORECASE)  # not cache_position
-
-
-def _pt2_error(loaded: LoadedModel, task: str) -> UsageError:
+def _pt2_error(loaded: LoadedModel, task: str, why: str | None = None) -> UsageError:
     names = list(loaded.input_names or [])
-    cached = [n for n in names if _CACHE_INPUT.search(n)]
     shown = ", ".join(names[:4]) + (f", ... ({len(names)} inputs)" if len(names) > 4 else "")
-    if task == WITH_PAST and cached:
-        why = (f"the program's call is fixed at export and already takes a cache ({shown}): convert exports that "
-               "call as it is (leave --task out; checked on the call, not by generation)")
+    if task == WITH_PAST and why:
+        return UsageError(f"--task {task} does not apply to this .pt2: {why}; export a program that takes the cache "
+                          "with its past length dynamic and returns it with the new positions appended, or convert the "
+                          "save_pretrained folder or package.module:callable")
+    if task == WITH_PAST:
+        why = f"the program takes no KV cache (inputs: {shown or 'none'})"
     else:
         why = f"the program's call is fixed at export (inputs: {shown or 'none'}) and --task cannot change it"
     return UsageError(f"--task {task} does not apply to a .pt2: {why}; for the KV-cache graph checked by generation "
@@ -65,23 +66,30 @@ def _pt2_error(loaded: LoadedModel, task: str) -> UsageError:
 def resolve(loaded: LoadedModel, task: str | None, module_name: str | None, input_args: list[str]):
     """(task or None, loaded model to export, --input flags left for the generic path, note or None).
 
-    The note (the first output line's tail) says why a causal LM got `text-generation` by default.
+    The note (the first output line's tail) says why a model got its task by default (a causal LM
+    `text-generation`, a .pt2 `text-generation-with-past`).
     With the cache, `--input input_ids:BxS` sets batch and sequence of the export example and
     `--input attention_mask:BxT` the past length (T - S); no other input may be given."""
     requested = task
     if task is not None and task not in TASKS:
         raise UsageError(f"unknown --task '{task}': use one of {', '.join(TASKS)}")
     if loaded.kind == "exported-program":
-        if task is not None:
-            raise _pt2_error(loaded, task)
-        cached = [n for n in loaded.input_names or [] if _CACHE_INPUT.search(n)]
-        if cached:  # said, never silent: the file is the program's call, not normexport's KV-cache graph
-            loaded.notes.append(f"the program's inputs carry a cache ({', '.join(cached[:2])}"
-                                f"{', ...' if len(cached) > 2 else ''}: {len(cached)} tensors): the file is the "
-                                "program's fixed call, names as torch.export gave them, checked on that call, not by "
-                                "generation; for the KV-cache graph checked by generation convert the folder or "
-                                "package.module:callable")
-        return None, loaded, input_args, None
+        if task == PLAIN or not program.takes_cache(loaded):
+            if task is not None:
+                raise _pt2_error(loaded, task)
+            return None, loaded, input_args, None
+        try:  # DESIGN §10: a program that takes a KV cache and returns it grown exports the cache interface
+            lm = program.ProgramLM(loaded)
+        except NoKVCache as e:
+            if task == WITH_PAST:
+                raise _pt2_error(loaded, task, e.reason) from None
+            # said, never silent: the file is the program's call, not normexport's KV-cache graph
+            loaded.notes.append(f"the program takes tensors beside input_ids but not as a KV cache the file can "
+                                f"carry ({e.reason}): the file is the program's fixed call, names as torch.export gave "
+                                "them, checked on that call, not by generation")
+            return None, loaded, input_args, None
+        why = None if task else "the program takes a KV cache and returns it grown, found by running it"
+        return WITH_PAST, _with_past(lm, loaded, input_args), [], why
     model = causal_lm(loaded)
     if model is None:
         if task is not None:
@@ -100,15 +108,17 @@ def resolve(loaded: LoadedModel, task: str | None, module_name: str | None, inpu
         if requested == WITH_PAST:
             raise UsageError(f"--task {WITH_PAST} does not apply: {e.reason}: use --task {PLAIN}") from None
         return PLAIN, loaded, input_args, f"{WITH_PAST} does not apply: {e.reason}"
-    lm = CacheLM(model, layout)
-    sizes = _sizes(input_args)
-    inputs = lm.example_inputs(**sizes)
-    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
-    if dtype is not None:
-        inputs = tuple(t.to(dtype) if t.is_floating_point() else t for t in inputs)
-    wrapped = LoadedModel(lm, f"{loaded.kind}-with-past", inputs, list(lm.input_names), lm.dynamic_axes(),
-                          output_names=list(lm.output_names), notes=list(loaded.notes))
-    return task, wrapped, [], None
+    return task, _with_past(CacheLM(model, layout), loaded, input_args), [], None
+
+
+def _with_past(lm, loaded: LoadedModel, input_args: list[str]) -> LoadedModel:
+    """The loaded model to export: `lm` (a FlatCacheLM) with example inputs of the sizes --input
+    asks for, in the dtype of its cache."""
+    inputs = lm.example_inputs(**_sizes(input_args))
+    dtype = next((p.dtype for p in lm.parameters() if p.is_floating_point()), lm.layout.dtype)
+    inputs = tuple(t.to(dtype) if t.is_floating_point() else t for t in inputs)
+    return LoadedModel(lm, f"{loaded.kind}-with-past", inputs, list(lm.input_names), lm.dynamic_axes(),
+                       output_names=list(lm.output_names), notes=list(loaded.notes))
 
 
 def _sizes(input_args: list[str]) -> dict:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+from pathlib import Path
 
 from ..errors import UsageError
 from ._util import _dims, _graph_inputs
@@ -131,7 +132,7 @@ def run(args) -> int:
 def _run_generation(args, source) -> int:
     """`check` of a file with a KV cache: greedy generation step by step (parity/generate.py). The
     reference is loaded inside the check and released before onnxruntime loads the file."""
-    from ..llm import CacheLM, causal_lm
+    from ..llm import CacheLM, NoKVCache, ProgramLM, causal_lm
     from ..load import load as load_reference
     from ..load.inputs import parse_input
     from .generate import DEFAULT_BATCH, DEFAULT_PROMPT, check_generation
@@ -154,10 +155,17 @@ def _run_generation(args, source) -> int:
         loaded = load_reference(args.reference, trust_pickle=args.trust_pickle, weights=args.weights,
                                 imports=getattr(args, "imports", ()))
         model = causal_lm(loaded)
-        if model is None:
-            raise UsageError(f"'{args.onnx_model}' takes a KV cache but '{args.reference}' is not a transformers "
-                             "causal-LM folder, factory or pickle: pass the model it was converted from")
-        return CacheLM(model)
+        if model is not None:
+            return CacheLM(model)
+        if loaded.kind == "exported-program":  # a .pt2 that takes a KV cache (llm.program)
+            try:
+                return ProgramLM(loaded, label=f"the program of {Path(args.reference).name}")
+            except NoKVCache as e:
+                raise UsageError(f"'{args.onnx_model}' takes a KV cache but the program '{args.reference}' cannot be "
+                                 f"fed one: {e.reason}") from None
+        raise UsageError(f"'{args.onnx_model}' takes a KV cache but '{args.reference}' is not a transformers "
+                         "causal-LM folder, factory or pickle, nor a .pt2 taking a KV cache: pass the model it was "
+                         "converted from")
 
     try:
         report = check_generation(source.proto if source.path is None else source.path, reference, tokens=args.tokens,

@@ -195,7 +195,7 @@ def check_generation(onnx_model, reference, *, tokens: int = DEFAULT_TOKENS, bat
                      atol: float | None = None, backend: str = "ort", command: str = "check",
                      plain_export: Callable | bool | None = None) -> GenerationReport:
     """Greedy generation of `tokens` tokens through `onnx_model` (path or ModelProto) vs `reference`
-    (a normexport.llm.CacheLM, or a function returning one: then it is released before the runtime
+    (a normexport.llm.FlatCacheLM: CacheLM or ProgramLM, or a function returning one: then it is released before the runtime
     loads the file). `plain_export`: () -> onnx.ModelProto of the plain torch.onnx export of the
     same CacheLM, or True (built here from the reference), built only when a step fails the
     2x-eager rule; a model over 2 GiB of weights is released instead (no plain-export rule)."""
@@ -210,14 +210,14 @@ def check_generation(onnx_model, reference, *, tokens: int = DEFAULT_TOKENS, bat
                              "the generic parity check")
         lm = reference() if callable(reference) and not isinstance(reference, torch.nn.Module) else reference
         dtype = _file_dtype(source.proto) or lm.layout.dtype
-        label = type(lm.inner).__name__
+        label = lm.label
         report = GenerationReport(command=command, onnx_model=source.label, reference=label, backend=backend,
                                   dtype=_dtype_name(dtype), batch=batch, prompt_length=prompt_length, tokens=tokens)
         if lm.layout.dtype != dtype:
             from .reference import _cast_reference
 
             lm = _cast_reference(lm, dtype)
-        vocab = getattr(lm.inner.config, "vocab_size", None) or 2
+        vocab = lm.vocab_size
         prompt = torch.randint(0, vocab, (batch, prompt_length), generator=torch.Generator().manual_seed(seed))
 
         # 1. eager: the token path, its logits and margins; transformers' own generate beside it
@@ -313,7 +313,9 @@ def _library_generate(lm, prompt, path, eager_logits, margins, dtype, rtol, atol
     eager's top-2 margin exceeds the tolerance (both are eager in one dtype)."""
     import copy
 
-    model = lm.inner
+    model = lm.generates
+    if model is None:
+        return {"reason": f"{lm.label} is no transformers model: it has no generate of its own"}
     n, tokens = prompt.shape[1], path.shape[1] - prompt.shape[1]
     try:
         config = copy.deepcopy(model.generation_config)
