@@ -18,8 +18,11 @@ install: $(BIN)/normexport
 demo: install
 	$(BIN)/normexport demo --out demo_out
 
+# two workers (the CI machine has 2 cores); a test file's tests stay on one worker, so its
+# module fixtures (exports, builds) run once; PYTEST_WORKERS=0 runs in one process
+PYTEST_WORKERS ?= 2
 test: install
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile tests
 
 plugins:
 	cmake -S plugins -B build/plugins -DCMAKE_BUILD_TYPE=Release

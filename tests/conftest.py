@@ -41,3 +41,14 @@ def plugin_lib():
     if build.plugin_lib is None:
         pytest.skip("CMake did not build the plugin library:\n" + build.configure_output[-500:])
     return str(build.plugin_lib)
+
+
+#: the files that take minutes (a >2 GiB model through every command; the kernels built and run under
+#: ASan / TSan): collected first, so `make test`'s two workers (pytest-xdist, --dist loadfile) start
+#: them at once instead of one worker ending alone on them
+SLOW_FIRST = ("test_scale.py", "test_kernels_emulated.py", "test_plugins_build.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(SLOW_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(SLOW_FIRST)))  # stable: the rest keep their order

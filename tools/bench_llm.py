@@ -12,7 +12,8 @@ then each file in onnxruntime CPU (its own process, default session options) by 
 of --prefill tokens (batch 1, empty past), then --decode greedy steps with the cache fed back;
 prefill latency is the median of 3 runs, decode tokens/s over the decode steps. With --repeat N
 the speed runs go N rounds, the files alternating within each round (so a change of machine load
-hits every file alike); the table gives each file's median and the JSON every round. optimum-onnx and
+hits every file alike); the table gives each file's median and the JSON every round. The anchor: this machine's read bandwidth (every core) over the bytes of
+weights a decode step reads (all but the input embedding table), the tokens/s the memory allows. optimum-onnx and
 onnxruntime-genai are installed with `pip install --target` into --work (never into the project's
 environment: optimum pins other transformers versions); an exporter that fails is a row with its
 error. Timings on a shared machine are noisy: the load average is printed before and after.
@@ -30,6 +31,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+import numpy as np
 
 PRESETS = {
     # TinyLlama-1.1B: 22 layers, hidden 2048, 32 heads, 4 KV heads, MLP 5632, vocab 32000 (4.4 GB in float32)
@@ -69,6 +72,43 @@ def cpu_model() -> str:
         return "?"
     m = re.search(r"^model name\s*:\s*(.+)$", text, re.MULTILINE)
     return m.group(1).strip() if m else "?"
+
+
+def read_bandwidth(nbytes: int = 1 << 30, repeat: int = 7) -> float:
+    """Memory read bandwidth in GB/s, every core reading (torch sum of a float32 tensor of `nbytes`,
+    median of `repeat`): the anchor of decode speed at batch 1, which reads every weight once per token."""
+    import torch
+
+    x = torch.ones(nbytes // 4)
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        x.sum()
+        times.append(time.perf_counter() - t)
+    return nbytes / sorted(times)[repeat // 2] / 1e9
+
+
+SAFETENSORS_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
+
+
+def decode_bytes(folder: Path) -> int:
+    """Bytes of weights one decode step reads: all but the input embedding table, of which it reads
+    one row (unless the table is tied to the output layer, which reads all of it)."""
+    from safetensors import safe_open
+
+    total = embed = 0
+    names = set()
+    for f in folder.glob("*.safetensors"):
+        with safe_open(str(f), "np") as st:
+            for k in st.keys():
+                sl = st.get_slice(k)
+                n = int(np.prod(sl.get_shape())) * SAFETENSORS_BYTES[sl.get_dtype()]
+                total += n
+                names.add(k)
+                if "embed_tokens" in k:
+                    embed += n
+    tied = not any(k.startswith("lm_head") for k in names)
+    return total if tied else total - embed
 
 
 def timed(cmd: list[str], env: dict | None = None, log: Path | None = None) -> dict:
@@ -214,21 +254,26 @@ def main(argv=None) -> int:
                 row[key] = sorted(r[key] for r in ok)[len(ok) // 2]
         elif row.get("rounds"):
             row["speed_error"] = row["rounds"][0]["speed_error"]
+    bw, per_token = read_bandwidth(), decode_bytes(folder)
+    limit = bw * 1e9 / per_token
+    print(f"read bandwidth {bw:.1f} GB/s (every core); a decode step reads {per_token / 1e9:.2f} GB of weights: "
+          f"at most {limit:.2f} tokens/s")
     load = os.getloadavg()
     print(f"\n{'exporter':<11} {'export s':>9} {'peak RSS GiB':>13} {'x weights':>9} {'prefill ms':>11} "
-          f"{'decode tok/s':>13}  (prefill {args.prefill} tokens, batch 1; decode {args.decode} steps; "
+          f"{'decode tok/s':>13} {'x limit':>8}  (prefill {args.prefill} tokens, batch 1; decode {args.decode} steps; "
           f"median of {max(1, args.repeat)} round(s))")
     for r in rows:
         x = f"{r['peak_rss_gib'] * 2**30 / weights:.2f}" if r.get("peak_rss_gib") else "-"
         print(f"{r['exporter']:<11} {r['seconds']:>9} {r.get('peak_rss_gib') or '-':>13} {x:>9} "
-              f"{r.get('prefill_ms', '-'):>11} {r.get('decode_tokens_per_s', '-'):>13}"
+              f"{r.get('prefill_ms', '-'):>11} {r.get('decode_tokens_per_s', '-'):>13} "
+              f"{(format(r['decode_tokens_per_s'] / limit, '.2f') if r.get('decode_tokens_per_s') else '-'):>8}"
               + (f"  FAILED: {r['error']}" if r.get("error") else "")
               + (f"  SPEED FAILED: {r['speed_error']}" if r.get("speed_error") else ""))
     print(f"load average after: {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}")
     if args.json:
         args.json.write_text(json.dumps({"preset": args.preset, "cpu": cpu_model(), "weights_bytes": weights, "prefill": args.prefill,
                                          "decode": args.decode, "repeat": args.repeat, "cpus": os.cpu_count(),
-                                         "load_before": list(load_before), "load_after": list(load),
+                                         "read_gbps": round(bw, 1), "decode_bytes": per_token, "decode_limit_tokens_per_s": round(limit, 2), "load_before": list(load_before), "load_after": list(load),
                                          "rows": rows}, indent=1))
     return 0
 
