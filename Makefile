@@ -19,10 +19,11 @@ demo: install
 	$(BIN)/normexport demo --out demo_out
 
 # two workers (the CI machine has 2 cores); a test file's tests stay on one worker, so its
-# module fixtures (exports, builds) run once; PYTEST_WORKERS=0 runs in one process
+# module fixtures (exports, builds) run once; files go out in collection order (the slow ones
+# first: tests/conftest.py), not xdist's most-tests-first; PYTEST_WORKERS=0 runs in one process
 PYTEST_WORKERS ?= 2
 test: install
-	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile tests
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder tests
 
 plugins:
 	cmake -S plugins -B build/plugins -DCMAKE_BUILD_TYPE=Release

@@ -1,6 +1,7 @@
 """Tiny causal-LM folders of real transformers classes (random weights, save_pretrained) for the
 KV-cache tests: grouped-query attention everywhere (fewer KV heads than query heads), Qwen 3's
-q/k norms, Gemma 3's sliding window + sandwich norms, Mistral's sliding window, a MoE."""
+q/k norms, Gemma 3's sliding window + sandwich norms, Mistral's sliding window, a MoE, Phi-3's packed
+projections, OLMo 2's norms after each sublayer."""
 
 from __future__ import annotations
 
@@ -24,6 +25,10 @@ def config(family: str):
                                                        layer_types=["sliding_attention", "full_attention"])
     if family == "mistral":
         return t.MistralForCausalLM, t.MistralConfig(**COMMON, sliding_window=4)
+    if family == "phi3":  # q/k/v in one qkv_proj, gate and up in one gate_up_proj, sliced in the forward
+        return t.Phi3ForCausalLM, t.Phi3Config(**COMMON, pad_token_id=0)
+    if family == "olmo2":  # norms after attention / MLP (before the residual Add), q/k norms over all heads
+        return t.Olmo2ForCausalLM, t.Olmo2Config(**COMMON, pad_token_id=0)
     if family == "qwen3_moe":
         return t.Qwen3MoeForCausalLM, t.Qwen3MoeConfig(**COMMON, head_dim=8, num_experts=4, num_experts_per_tok=2,
                                                        moe_intermediate_size=32, decoder_sparse_step=1)

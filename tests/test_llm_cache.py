@@ -27,7 +27,7 @@ sys.path.insert(0, str(HERE))
 import _llm_models  # noqa: E402
 from _norm_counts import norm_ops  # noqa: E402
 
-FAMILIES = ["llama", "qwen3", "gemma3", "mistral", "qwen3_moe"]
+FAMILIES = ["llama", "qwen3", "gemma3", "mistral", "qwen3_moe", "phi3", "olmo2"]
 TOKENS = 16
 
 
