@@ -1,7 +1,18 @@
 
 import os
+import sys
 
 import pytest
+
+if os.environ.get("PYTEST_XDIST_WORKER") and os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    # `make test` runs one worker per core: each worker's torch and the programs it starts (OpenMP)
+    # take their share of the cores instead of all of them (2 workers x 2 threads on 2 cores
+    # thrash); set before torch is imported by any test module
+    _share = max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
+    os.environ.setdefault("OMP_NUM_THREADS", str(_share))
+    os.environ.setdefault("MKL_NUM_THREADS", str(_share))
+    if "torch" in sys.modules:  # imported already (a plugin): its thread pool is sized at first use, set it too
+        sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
 

@@ -1,0 +1,101 @@
+"""Try `normexport convert` with the KV cache on causal-LM families beyond the test suite's.
+
+For each family, a tiny config of the real transformers class (random weights; RMSNorm / LayerNorm
+weights random too) is saved with save_pretrained, then `normexport convert DIR` runs in its own
+process with the defaults (task text-generation-with-past, target trt, the 16-token generation
+check). One line per family: exit code, seconds, the export line and the check's verdict.
+
+    python tools/try_llm_families.py --work /tmp/families [FAMILY ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+COMMON = dict(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, max_position_embeddings=128)
+
+
+def families() -> dict:
+    import transformers as t
+
+    return {
+        "qwen2": lambda: (t.Qwen2ForCausalLM, t.Qwen2Config(**COMMON)),
+        "phi3": lambda: (t.Phi3ForCausalLM, t.Phi3Config(**COMMON, pad_token_id=0)),
+        "granite": lambda: (t.GraniteForCausalLM, t.GraniteConfig(**COMMON)),
+        "olmo": lambda: (t.OlmoForCausalLM, t.OlmoConfig(**COMMON, pad_token_id=0)),
+        "olmo2": lambda: (t.Olmo2ForCausalLM, t.Olmo2Config(**COMMON, pad_token_id=0)),
+        "stablelm": lambda: (t.StableLmForCausalLM, t.StableLmConfig(**COMMON)),
+        "cohere": lambda: (t.CohereForCausalLM, t.CohereConfig(**COMMON, pad_token_id=0)),
+        "gemma2": lambda: (t.Gemma2ForCausalLM, t.Gemma2Config(**COMMON, head_dim=8, sliding_window=4)),
+        "glm": lambda: (t.GlmForCausalLM, t.GlmConfig(**COMMON, head_dim=8, pad_token_id=0)),
+        "smollm3": lambda: (t.SmolLM3ForCausalLM, t.SmolLM3Config(**COMMON, pad_token_id=0)),
+        "starcoder2": lambda: (t.Starcoder2ForCausalLM, t.Starcoder2Config(**COMMON)),
+        "phi": lambda: (t.PhiForCausalLM, t.PhiConfig(**COMMON)),
+        "gptneox": lambda: (t.GPTNeoXForCausalLM, t.GPTNeoXConfig(
+            vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+            max_position_embeddings=128)),
+        "gpt2": lambda: (t.GPT2LMHeadModel, t.GPT2Config(vocab_size=96, n_embd=32, n_layer=2, n_head=4,
+                                                         n_positions=128)),
+        "falcon": lambda: (t.FalconForCausalLM, t.FalconConfig(
+            vocab_size=96, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+            new_decoder_architecture=True, num_kv_heads=2)),
+        "opt": lambda: (t.OPTForCausalLM, t.OPTConfig(
+            vocab_size=96, hidden_size=32, ffn_dim=64, num_hidden_layers=2, num_attention_heads=4,
+            word_embed_proj_dim=32, max_position_embeddings=128)),
+    }
+
+
+def make_folder(make, out: Path) -> Path:
+    import torch
+
+    cls, cfg = make()
+    torch.manual_seed(0)
+    model = cls(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name and p.dim() == 1:
+                p.copy_(1 + 0.3 * torch.randn_like(p))
+    model.save_pretrained(out)
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--work", type=Path, required=True)
+    ap.add_argument("families", nargs="*")
+    args = ap.parse_args(argv)
+    known = families()
+    wanted = args.families or list(known)
+    unknown = [f for f in wanted if f not in known]
+    if unknown:
+        ap.error(f"unknown families {unknown}: choose from {', '.join(known)}")
+    args.work = args.work.resolve()
+    args.work.mkdir(parents=True, exist_ok=True)
+    failed = 0
+    for name in wanted:
+        try:
+            folder = make_folder(known[name], args.work / name)
+        except Exception as e:  # noqa: BLE001 - a config this transformers cannot build is a row, not a crash
+            print(f"{name}: SETUP FAILED {type(e).__name__}: {str(e)[:200]}", flush=True)
+            failed += 1
+            continue
+        t0 = time.monotonic()
+        p = subprocess.run([sys.executable, "-m", "normexport", "convert", str(folder), "-o",
+                            str(args.work / f"{name}.onnx")], capture_output=True, text=True, cwd=args.work)
+        lines = (p.stdout + p.stderr).splitlines()
+        export = next((ln for ln in lines if ln.startswith("exported ")), "")
+        verdict = next((ln for ln in reversed(lines) if ln.startswith(("PASSED", "FAILED", "normexport: "))), "")
+        failed += p.returncode != 0
+        print(f"{name}: exit {p.returncode}, {time.monotonic() - t0:.0f} s | {export[:150]} | {verdict[:200]}",
+              flush=True)
+    print(f"{len(wanted) - failed}/{len(wanted)} families converted and passed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
