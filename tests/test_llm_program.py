@@ -12,6 +12,8 @@ dynamic. What is checked:
   with the new positions appended (a planted scale), or whose past length is static, is no KV cache:
   convert says why on a note line and exports the call; --task text-generation-with-past is one
   line, exit 2, with the reason;
+- a program whose cache tensors are its own positional parameters (CacheLM under torch.export)
+  converts and generates alike;
 - planted: ProgramLM feeding back layer 0's value as its key (present slots swapped) -> the check
   FAILS.
 """
@@ -181,3 +183,23 @@ def test_what_is_no_kv_cache(lm, cli, tmp_path):
                 f"(the program {reason}): the file is the program's fixed call") in stdout, stdout
         names = [i.name for i in onnx.load(str(out), load_external_data=False).graph.input]
         assert names[3] == "past_key_values_0_0", names  # the program's own call, names as torch.export gave them
+
+
+def test_flat_cache_program(lm, cli, tmp_path):
+    """A program whose cache tensors are its own positional parameters (normexport's CacheLM under
+    torch.export: past_key_values_0_key, ...; no nested call to adapt) converts and generates alike."""
+    from normexport.llm import CacheLM
+
+    root, model, _ = lm
+    cache_lm = CacheLM(model)
+    ex = cache_lm.example_inputs()
+    dyn = [{0: DYN, 1: DYN}] * 3 + [{0: DYN, 2: DYN}] * (len(ex) - 3)
+    pt2 = tmp_path / "flat.pt2"
+    torch.export.save(torch.export.export(cache_lm, ex, dynamic_shapes=dyn, strict=False), pt2)
+    out = tmp_path / "flat.onnx"
+    code, stdout, err = cli("convert", pt2, "-o", out, "--target", "ort")
+    assert code == 0, stdout + err
+    assert stdout.startswith("task text-generation-with-past (default here:"), stdout
+    assert "PASSED: 16/16 steps' logits within limits" in stdout, stdout
+    names = [i.name for i in onnx.load(str(out), load_external_data=False).graph.input]
+    assert names[3:5] == ["past_key_values.0.key", "past_key_values.0.value"], names
