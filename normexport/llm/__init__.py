@@ -2,7 +2,8 @@
 
 `cache` (FlatCacheLM, the file's interface with flat cache tensors in and out, and CacheLM, a
 transformers model through it; names; the cache layout read from the model), `program`
-(ProgramLM: a .pt2 program that takes a KV cache through the same interface) and `task` (`--task` of `convert`: which graph a causal-LM folder exports). The check
+(ProgramLM: a .pt2 program that takes a KV cache through the same interface) and `task`
+(`--task` of `convert`: which graph a causal LM or .pt2 exports). The check
 by generation lives in `normexport.parity.generate`; TensorRT profiles over past length in
 `normexport.trt.profiles`.
 """

@@ -10,9 +10,9 @@ torch.export keeps); which inputs are the cache and which outputs its grown copi
 running the program once on its own example inputs:
 
 - logits: the first floating output of shape [batch, sequence, vocab] (batch, sequence: input_ids');
-- each floating input of rank >= 3 is a past tensor whose present is the one output of the same
-  shape but one dim longer by the sequence whose first positions along that dim equal the past
-  exactly (a KV cache appends: this pairs them and proves it), the dim the same for every tensor;
+- each floating input of rank >= 3 is a past tensor [batch, heads, past, head_dim] whose present is
+  the one output of the same shape but longer along dim 2 by the sequence, whose first positions
+  equal the past exactly (a KV cache appends: this pairs them and proves it), dim 2 dynamic;
 - the program then runs again with an empty cache (past length 0: the prefill).
 
 The program is run without its input guards: torch.export records past >= 2 for a dynamic dim

@@ -113,7 +113,7 @@ def resolve(loaded: LoadedModel, task: str | None, module_name: str | None, inpu
 
 def _with_past(lm, loaded: LoadedModel, input_args: list[str]) -> LoadedModel:
     """The loaded model to export: `lm` (a FlatCacheLM) with example inputs of the sizes --input
-    asks for, in the dtype of its cache."""
+    asks for, floating ones in the dtype of its weights (its cache's where it has no floating weights)."""
     inputs = lm.example_inputs(**_sizes(input_args))
     dtype = next((p.dtype for p in lm.parameters() if p.is_floating_point()), lm.layout.dtype)
     inputs = tuple(t.to(dtype) if t.is_floating_point() else t for t in inputs)

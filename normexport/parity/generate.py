@@ -195,9 +195,9 @@ def check_generation(onnx_model, reference, *, tokens: int = DEFAULT_TOKENS, bat
                      atol: float | None = None, backend: str = "ort", command: str = "check",
                      plain_export: Callable | bool | None = None) -> GenerationReport:
     """Greedy generation of `tokens` tokens through `onnx_model` (path or ModelProto) vs `reference`
-    (a normexport.llm.FlatCacheLM: CacheLM or ProgramLM, or a function returning one: then it is released before the runtime
-    loads the file). `plain_export`: () -> onnx.ModelProto of the plain torch.onnx export of the
-    same CacheLM, or True (built here from the reference), built only when a step fails the
+    (a normexport.llm.FlatCacheLM: CacheLM or ProgramLM, or a function returning one: then it is
+    released before the runtime loads the file). `plain_export`: () -> onnx.ModelProto of the plain
+    torch.onnx export of the same FlatCacheLM, or True (built here from the reference), built only when a step fails the
     2x-eager rule; a model over 2 GiB of weights is released instead (no plain-export rule)."""
     if tokens < 1:
         raise UsageError(f"--tokens must be >= 1, got {tokens}")
