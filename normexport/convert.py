@@ -9,6 +9,8 @@ import onnx_ir as ir
 import torch
 
 from . import io, llm, load
+from .rewriter import switches
+from .rewriter.cli import add_switches
 from .rewriter.driver import interface, weight_bytes
 from .errors import ExportError, UsageError, first_line
 from .export import TARGETS, convert_module, convert_module_ir, op_counts
@@ -41,6 +43,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trust-pickle", action="store_true", help="allow unpickling a pickled nn.Module (runs code from the file)")
     p.add_argument("--no-check", action="store_true", help="skip the onnxruntime parity check")
     p.add_argument("--report", metavar="FILE.json", help="write a JSON report")
+    add_switches(p)  # --no-residual-fusion, --no-fuse MODULE (the rewriter's rule switches)
 
 
 def default_output(model: str, module: str | None = None) -> Path:
@@ -77,6 +80,7 @@ def run(args) -> int:
     from .parity import check
 
     out = io.check_writable(args.output or default_output(args.model, args.module))
+    off = switches.from_flags(getattr(args, "no_residual_fusion", False), getattr(args, "no_fuse", ()))
     if args.report:
         io.check_writable(args.report, "--report")
     loaded = load.load(args.model, trust_pickle=args.trust_pickle, weights=args.weights, imports=args.imports)
@@ -121,7 +125,8 @@ def run(args) -> int:
     try:
         model_ir = convert_module_ir(module, inputs, target=args.target, opset=opset, input_names=names,
                                      output_names=output_names, dynamic_axes=dynamic, report=sections,
-                                     auto_dynamic=bool(args.module), accept=accept if ladder_check else None)
+                                     auto_dynamic=bool(args.module), accept=accept if ladder_check else None,
+                                     rewrite_off=off)
         hit = next((c for c in checked if c[0] is model_ir), None)
         checked.clear()
         if task == llm.WITH_PAST:
@@ -189,7 +194,9 @@ def run(args) -> int:
         print(result.table())
         report = result.to_dict()
         passed = result.passed
-    report.update({"model": args.model, "target": args.target, "output": str(out), "op_counts": counts, **sections})
+    report.update({"model": args.model, "target": args.target, "output": str(out), "op_counts": counts,
+                   "residual_fusion": switches.residual_fusion(switches.resolve(off)), "fusion_off": switches.resolve(off),
+                   **sections})
     if "inputs" not in report:
         report["inputs"] = [{"name": n, "shape": list(t.shape), "dtype": str(t.dtype).replace("torch.", "")}
                             for n, t in zip(names, inputs)]
@@ -265,7 +272,7 @@ def _rewrite_lines(rw: dict | None) -> list[str]:
     if bad:
         lines.append(f"  NOT APPLIED: {len(bad)} fusion(s) failed local verification (first: {bad[0][0]}: "
                      f"{bad[0][1].removeprefix('local verification: ')})")
-    off: dict[str, list[str]] = {}  # rule modules turned off (e.g. NORMEXPORT_RESIDUAL_FUSION=0), by reason
+    off: dict[str, list[str]] = {}  # rule modules turned off (--no-residual-fusion, --no-fuse), by reason
     for name, status in rw.get("modules", {}).items():
         if status.startswith("off ("):
             off.setdefault(status.removeprefix("off "), []).append(name)

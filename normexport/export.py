@@ -67,7 +67,8 @@ def convert_module_ir(module, args: tuple, *, target: str = "trt", opset: int | 
                       input_names: list[str] | None = None, output_names: list[str] | None = None,
                       dynamic_axes: dict[str, list[int]] | None = None,
                       report: dict | None = None, fold_bn: bool = True, swap_norms: bool = True,
-                      rewrite: bool = True, verify: bool = True, auto_dynamic: bool = False, accept=None):
+                      rewrite: bool = True, verify: bool = True, auto_dynamic: bool = False, accept=None,
+                      rewrite_off: dict[str, str] | None = None):
     """Export `module` called with `args` to ONNX for `target` (DESIGN §3), as an onnx_ir model
     whose initializers are the module's own tensors (no copy of the weights; DESIGN §8).
 
@@ -82,7 +83,8 @@ def convert_module_ir(module, args: tuple, *, target: str = "trt", opset: int | 
 
     `report`, when given, receives the sections "fold_batchnorm", "prepare", "exporter" ("name":
     "dynamo" | "torchscript", "rung", "static_axes" {input: [axes made static]}, "dynamo_error"
-    when the first rung was not kept, "attempts") and "rewrite"."""
+    when the first rung was not kept, "attempts") and "rewrite". `rewrite_off`: rule modules the
+    command line turned off (rewriter/switches.py)."""
     import onnx_ir as ir
 
     if target not in TARGETS:
@@ -150,7 +152,7 @@ def convert_module_ir(module, args: tuple, *, target: str = "trt", opset: int | 
         from . import rewriter
 
         rw_report = rewriter.RewriteReport()
-        model = rewriter.rewrite_ir(model, target=target, verify=verify, report=rw_report)
+        model = rewriter.rewrite_ir(model, target=target, verify=verify, report=rw_report, off=rewrite_off)
         return model, rw_report.to_dict()
 
     ts_opset = asked_opset or TORCHSCRIPT_OPSET

@@ -1,7 +1,7 @@
 """Counting the norm modules a converted file fused (a helper, not tests).
 
 For --target trt the rewriter fuses the residual Add before a norm into it (rules skip_rms_norm_trt,
-gated_adaln; on by default, NORMEXPORT_RESIDUAL_FUSION=0 turns them off): such a norm module is then
+gated_adaln; on by default, --no-residual-fusion turns them off): such a norm module is then
 one normexport::SkipRMSNorm / GatedAdaLNZero node instead of one RMSNorm / AdaLNZero. "Every norm
 fused" stays one exact number per norm type: a fused residual node counts as the norm it carries.
 Tests about the residual fusion itself count the op types apart (raw counts)."""

@@ -87,14 +87,23 @@ def _search_dirs() -> list[str]:
 _ROOT_PATTERNS = ("TensorRT-1[0-9].*", "TensorRT-1[0-9]", "TensorRT", "tensorrt", "third_party/TensorRT")
 
 
-def tensorrt_root_candidates(search_dirs: list[str] | None = None) -> list[str]:
+#: NVIDIA's open-source TensorRT headers (include/ + LICENSE of github.com/NVIDIA/TensorRT, Apache-2.0)
+#: that every developer machine and CI have beside the checkout; the last place looked (DESIGN §6),
+#: never copied into the project. plugins/CMakeLists.txt falls back to the same folder.
+SHARED_TENSORRT = REPO_ROOT.parent / "shared" / "third_party" / "tensorrt"
+
+
+def tensorrt_root_candidates(search_dirs: list[str] | None = None, shared: Path | None = SHARED_TENSORRT) -> list[str]:
     """Where find_tensorrt_root looks, in order: $TensorRT_ROOT, the system folders, then each of
-    `search_dirs` (default _search_dirs()) for _ROOT_PATTERNS, newest version first."""
+    `search_dirs` (default _search_dirs()) for _ROOT_PATTERNS, newest version first, then `shared`
+    (NVIDIA's headers at ../shared/third_party/tensorrt)."""
     found = [os.environ.get("TensorRT_ROOT"), "/usr", "/usr/local/tensorrt", "/opt/tensorrt"]
     for d in _search_dirs() if search_dirs is None else search_dirs:
         for pattern in _ROOT_PATTERNS:
             hits = glob.glob(os.path.join(d, pattern))
             found += sorted(hits, key=_version_key, reverse=True)
+    if shared is not None:
+        found.append(str(shared))
     return [c for i, c in enumerate(found) if c and c not in found[:i]]
 
 
@@ -102,11 +111,11 @@ def _version_key(path: str) -> tuple:
     return tuple(int(n) for n in re.findall(r"\d+", os.path.basename(path))[:4])
 
 
-def find_tensorrt_root(search_dirs: list[str] | None = None) -> str | None:
+def find_tensorrt_root(search_dirs: list[str] | None = None, shared: Path | None = SHARED_TENSORRT) -> str | None:
     """A folder whose include/ holds TensorRT's NvInferRuntime.h, as a user would have it: $TensorRT_ROOT,
-    a system install, a TensorRT-10.x / 11.x tarball folder or a clone of NVIDIA/TensorRT (headers
-    are all the plugin needs); None when there is none."""
-    return next((root for root in tensorrt_root_candidates(search_dirs) if tensorrt_include(root)), None)
+    a system install, a TensorRT-10.x / 11.x tarball folder or a clone of NVIDIA/TensorRT, else the
+    shared copy of NVIDIA's headers (headers are all the plugin needs); None when there is none."""
+    return next((root for root in tensorrt_root_candidates(search_dirs, shared) if tensorrt_include(root)), None)
 
 
 def tensorrt_include(root: str) -> str | None:

@@ -58,18 +58,40 @@ def test_convert_pt2_uses_its_example_inputs(cli, tmp_path, block):
                                         f"0 normexport::AdaLNZero, {len(model.graph.node)} nodes"), out
 
 
-def test_convert_residual_fusion_off(cli, tmp_path, block, monkeypatch):
-    """NORMEXPORT_RESIDUAL_FUSION=0: the plain RMSNorm and the Add stay, and convert says why (a note)."""
-    monkeypatch.setenv("NORMEXPORT_RESIDUAL_FUSION", "0")
+def test_convert_residual_fusion_off(cli, tmp_path, block):
+    """--no-residual-fusion: the plain RMSNorm and the Add stay, convert says why (a note) and the
+    report records the flag."""
     dims = {0: torch.export.Dim("batch"), 1: torch.export.Dim("seq")}
     torch.export.save(torch.export.export(block, _inputs(), dynamic_shapes=(dims, dims)), tmp_path / "m.pt2")
-    code, out, err = cli("convert", tmp_path / "m.pt2")
+    code, out, err = cli("convert", tmp_path / "m.pt2", "--no-residual-fusion", "--report", tmp_path / "r.json")
     assert code == 0, err
     model = onnx.load(tmp_path / "m.onnx")
     assert [(n.domain, n.op_type) for n in model.graph.node if n.op_type.endswith("RMSNorm")] == [("normexport", "RMSNorm")]
-    assert ("  note: rewriter rules skip_rms_norm_trt, gated_adaln off (NORMEXPORT_RESIDUAL_FUSION=0 in the environment)"
-            in out.splitlines()), out
+    assert "  note: rewriter rules skip_rms_norm_trt, gated_adaln off (--no-residual-fusion)" in out.splitlines(), out
     assert "PASSED" in out
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["residual_fusion"] is False
+    assert report["fusion_off"] == {"skip_rms_norm_trt": "--no-residual-fusion", "gated_adaln": "--no-residual-fusion"}
+    assert report["rewrite"]["residual_fusion"] is False
+
+
+def test_rewrite_residual_fusion_off(cli, tmp_path, block):
+    """rewrite takes the same flag: a plain-exported block keeps its Add beside one RMSNorm."""
+    path = tmp_path / "plain.onnx"
+    torch.onnx.export(block, _inputs(), str(path), dynamo=True, input_names=["x", "y"], optimize=True)
+    code, out, err = cli("rewrite", path, "-o", tmp_path / "fused.onnx")
+    assert code == 0, err
+    fused = [n.op_type for n in onnx.load(tmp_path / "fused.onnx").graph.node if n.domain == "normexport"]
+    assert fused == ["SkipRMSNorm"], (fused, out)
+    code, out, err = cli("rewrite", path, "-o", tmp_path / "plain_norm.onnx", "--no-residual-fusion",
+                         "--report", tmp_path / "r.json")
+    assert code == 0, err
+    kept = [n.op_type for n in onnx.load(tmp_path / "plain_norm.onnx").graph.node if n.domain == "normexport"]
+    assert kept == ["RMSNorm"], (kept, out)
+    assert "  module skip_rms_norm_trt: off (--no-residual-fusion)" in out.splitlines(), out
+    assert json.loads((tmp_path / "r.json").read_text())["residual_fusion"] is False
+    code, out, err = cli("rewrite", path, "-o", tmp_path / "x.onnx", "--no-fuse", "rmsnorm")
+    assert code == 2 and "--no-fuse rmsnorm: no such rule module" in err and not (tmp_path / "x.onnx").exists()
 
 
 def test_convert_torchscript_with_dynamic_axes(cli, tmp_path, block):

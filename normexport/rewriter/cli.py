@@ -1,5 +1,5 @@
 """`normexport rewrite IN.onnx [-o OUT.onnx] [--target trt|ort|onnx] [--input NAME:DIMS[:DTYPE]]...
-[--no-verify] [--report FILE.json]`
+[--no-verify] [--report FILE.json] [--no-residual-fusion] [--no-fuse MODULE]...`
 
 Registered by normexport/cli.py (`from normexport.rewriter import cli as rewrite_cli`). Bad input
 raises normexport.errors.UsageError (the main CLI prints it on one line and exits 2).
@@ -12,7 +12,7 @@ import os
 
 from normexport.errors import UsageError
 
-from . import TARGETS, rewrite_file
+from . import RULE_MODULES, TARGETS, rewrite_file, switches
 
 HELP = "fuse decomposed LayerNorm / RMSNorm / AdaLN in an ONNX file (every rewrite verified)"
 
@@ -29,6 +29,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-verify", action="store_true",
                         help="keep rewrites without checking them in onnxruntime on random inputs")
     parser.add_argument("--report", metavar="FILE.json", default=None, help="write the rewrite report as JSON")
+    add_switches(parser)
+
+
+def add_switches(parser: argparse.ArgumentParser) -> None:
+    """The rule switches convert and rewrite share (switches.py; recorded in the report)."""
+    parser.add_argument("--no-residual-fusion", action="store_true",
+                        help="keep the residual Add apart from the norm after it (no SkipRMSNorm / GatedAdaLNZero "
+                             "for --target trt; replaces NORMEXPORT_RESIDUAL_FUSION=0)")
+    parser.add_argument("--no-fuse", action="append", default=[], metavar="MODULE",
+                        help="turn a rewriter rule module off (repeatable, or a comma list): " + ", ".join(RULE_MODULES))
 
 
 def default_output(in_path: str, target: str) -> str:
@@ -44,8 +54,9 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"{out_path}: output would overwrite the input; pass a different -o")
     if os.path.isdir(out_path):
         raise UsageError(f"{out_path}: is a folder; pass a file path with -o")
+    off = switches.from_flags(getattr(args, "no_residual_fusion", False), getattr(args, "no_fuse", ()))
     report = rewrite_file(in_path, out_path, target=args.target, verify=not args.no_verify,
-                          report_path=args.report, inputs=getattr(args, "inputs", None) or None)
+                          report_path=args.report, inputs=getattr(args, "inputs", None) or None, off=off)
     print(report.summary())
     if report.nothing_verifiable:
         print(f"nothing applied: every fusion that matched failed local verification; {out_path} not written")

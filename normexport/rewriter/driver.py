@@ -9,7 +9,6 @@ from __future__ import annotations
 import copy
 import importlib
 import importlib.util
-import os
 
 import onnx
 import onnx_ir as ir
@@ -24,6 +23,7 @@ from normexport.errors import UsageError, first_line
 from .diagnostics import Tracer, record_diagnostics, record_unapplied, where
 from .local import LocalVerifier, concrete_shapes, probe_ir, probe_shapes
 from .opset import model_opset, upgrade_opset
+from . import switches
 from .report import RewriteReport, input_records, norm_node_counts
 from .serialize import finish
 from .verifier import Verifier
@@ -80,7 +80,7 @@ def interface(model: ir.Model) -> onnx.ModelProto:
 
 
 def rewrite(model, target: str = "trt", verify: bool = True, report: RewriteReport | None = None,
-            inputs: dict[str, list[int]] | None = None):
+            inputs: dict[str, list[int]] | None = None, off: dict[str, str] | None = None):
     """Fuse decomposed LayerNorm / RMSNorm / AdaLN (and whatever RULE_MODULES lists) for `target`.
 
     `model`: an onnx.ModelProto (not mutated; a new ModelProto is returned) or an onnx_ir.Model
@@ -88,11 +88,12 @@ def rewrite(model, target: str = "trt", verify: bool = True, report: RewriteRepo
     With `verify`, each fusion is verified locally before it is applied (DESIGN §8) and, for
     models of at most WHOLE_MODEL_LIMIT bytes of weights, the result is also compared with the
     original as a whole in onnxruntime at the sizes `inputs` gives ({input name: dims}; else
-    sizes the model runs at, found by normexport.sizes)."""
+    sizes the model runs at, found by normexport.sizes). `off`: {rule module: the flag that turned
+    it off} (switches.from_flags); those modules do not run and the report says why."""
     if isinstance(model, onnx.ModelProto):
         ir_model = ir.serde.deserialize_model(model)  # shares the proto's tensor bytes
         report = report if report is not None else RewriteReport()
-        out = rewrite_ir(ir_model, target, verify, report, inputs, original=model)
+        out = rewrite_ir(ir_model, target, verify, report, inputs, original=model, off=off)
         if report.applied:
             return ir.serde.serialize_model(out)
         same = onnx.ModelProto()  # nothing fused: the model as it came (plugin attributes added)
@@ -100,11 +101,12 @@ def rewrite(model, target: str = "trt", verify: bool = True, report: RewriteRepo
         _ops.mark_plugin_nodes(same)
         report.opset_after = report.opset_before
         return same
-    return rewrite_ir(model, target, verify, report, inputs)
+    return rewrite_ir(model, target, verify, report, inputs, off=off)
 
 
 def rewrite_ir(model: ir.Model, target: str = "trt", verify: bool = True, report: RewriteReport | None = None,
-               inputs: dict[str, list[int]] | None = None, original: onnx.ModelProto | None = None) -> ir.Model:
+               inputs: dict[str, list[int]] | None = None, original: onnx.ModelProto | None = None,
+               off: dict[str, str] | None = None) -> ir.Model:
     """rewrite() on an onnx_ir model; returns the rewritten model (the same object unless an opset
     conversion had to build a new one). `original`: the model as a proto, when the caller has it
     (for the whole-model extra)."""
@@ -117,6 +119,7 @@ def rewrite_ir(model: ir.Model, target: str = "trt", verify: bool = True, report
     if report is None:
         report = RewriteReport()
     report.target, report.verify = target, verify
+    report.off = off = switches.resolve(off)  # modules turned off by the flags (DESIGN §5: in the report)
     report.opset_before = report.opset_after = model_opset(model)
     report.nodes_before = report.nodes_after = len(model.graph)
     try:
@@ -163,6 +166,9 @@ def rewrite_ir(model: ir.Model, target: str = "trt", verify: bool = True, report
             continue
         if target not in mod.TARGETS:
             report.modules[mod_name] = f"not for target {target}"
+            continue
+        if mod_name in off:
+            report.modules[mod_name] = f"off ({off[mod_name]})"
             continue
         report.modules[mod_name] = "ok"
         if hasattr(mod, "explain_unapplied"):
@@ -216,10 +222,6 @@ def rewrite_ir(model: ir.Model, target: str = "trt", verify: bool = True, report
 
 def _off(mod, target: str) -> str:
     """The status of a rule module for `target` that gave no rules: off, and why (never silent)."""
-    flag = getattr(mod, "ENV_FLAG", None)  # rules/__init__: the variable that turns the module off
-    if flag:
-        value = os.environ.get(flag)
-        return f"off ({flag}={value} in the environment)" if value is not None else f"off ({flag} not set)"
     return f"off for target {target} (the module gave no rules)"
 
 

@@ -20,10 +20,12 @@ def _has_external_data(model: ir.Model) -> bool:
 
 def rewrite_file(in_path: str | os.PathLike, out_path: str | os.PathLike, target: str = "trt",
                  verify: bool = True, report_path: str | os.PathLike | None = None,
-                 inputs: list[str] | dict[str, list[int]] | None = None) -> RewriteReport:
+                 inputs: list[str] | dict[str, list[int]] | None = None,
+                 off: dict[str, str] | None = None) -> RewriteReport:
     """Load `in_path` (external data memory-mapped), rewrite, write `out_path` atomically (weights
     in `<out>.data` beside it when the input had external data or they exceed 1 GiB). `inputs`:
-    the sizes to verify at, as `--input NAME:DIMS[:DTYPE]` texts or {name: dims}.
+    the sizes to verify at, as `--input NAME:DIMS[:DTYPE]` texts or {name: dims}; `off`: rule
+    modules turned off by the command line (switches.from_flags).
 
     When fusions matched but none could be verified (`report.nothing_verifiable`), nothing is
     written: the caller says so and exits 1."""
@@ -36,7 +38,7 @@ def rewrite_file(in_path: str | os.PathLike, out_path: str | os.PathLike, target
     if inputs is not None and not isinstance(inputs, dict):
         inputs = _sizes.parse_inputs(interface(model), list(inputs))
     report = RewriteReport()
-    model = rewrite_ir(model, target=target, verify=verify, report=report, inputs=inputs)
+    model = rewrite_ir(model, target=target, verify=verify, report=report, inputs=inputs, off=off)
     if report_path is not None:
         _io.write_json(report.to_dict(), report_path, "--report")
     if report.nothing_verifiable:

@@ -12,7 +12,7 @@ import normexport
 from normexport import ops as _ops
 from normexport import sizes as _sizes
 
-from . import _verify
+from . import _verify, switches
 
 
 @dataclasses.dataclass
@@ -44,6 +44,7 @@ class RewriteReport:
     local: Any = None  # the LocalVerifier (local.py) when verification ran: its checks
     whole_model: str = ""  # the whole-model extra: "passed", "differs: ...", "not run: ..."
     norm_nodes: dict[str, int] = dataclasses.field(default_factory=dict)  # in the result (norm_node_counts)
+    off: dict[str, str] = dataclasses.field(default_factory=dict)  # rule modules turned off: {module: flag}
 
     def record(self, rule_name: str, module: str) -> RuleRecord:
         if rule_name not in self.rules:
@@ -81,6 +82,9 @@ class RewriteReport:
             "nodes": {"before": self.nodes_before, "after": self.nodes_after},
             "norm_nodes": dict(self.norm_nodes),
             "modules": dict(self.modules),
+            # the switches (rewriter/switches.py): what the command line turned off, and the residual fusion
+            "fusion_off": dict(self.off),
+            "residual_fusion": switches.residual_fusion(self.off),
             "rules": [
                 {"name": r.name, "module": r.module, "matched": r.matched, "applied": r.applied,
                  "rejected": list(r.rejected)}

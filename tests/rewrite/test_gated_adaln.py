@@ -14,6 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from normexport import ops
 from normexport.rewriter import RewriteReport, rewrite
+from normexport.rewriter import switches
 from normexport.rewriter.rules import gated_adaln as mod
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -25,7 +26,7 @@ H = G.H
 @pytest.fixture(autouse=True)
 def residual_fusion_default(monkeypatch):
     """The rule is on by default for target trt: these tests run without NORMEXPORT_RESIDUAL_FUSION."""
-    monkeypatch.delenv(mod.ENV_FLAG, raising=False)
+    monkeypatch.delenv(switches.ENV, raising=False)
 
 
 def _dit(gate_form="unsqueeze", residual=True, affine=True, elem=TensorProto.FLOAT, mul_left=False):
@@ -84,9 +85,9 @@ def _ref(f, residual=True, affine=True):
     return y + s if residual else y
 
 
-def _fused(model):
+def _fused(model, off=None):
     report = RewriteReport()
-    return rewrite(model, target="trt", report=report), report
+    return rewrite(model, target="trt", report=report, off=off), report
 
 
 def _gated(m):
@@ -144,13 +145,12 @@ def test_wrong_fusion_is_rejected_by_local_verification(monkeypatch):
     assert rep.unverified(), "the wrong fusion was not rejected"
 
 
-def test_off_with_the_environment_flag_0(monkeypatch):
-    """NORMEXPORT_RESIDUAL_FUSION=0: the plain normexport::AdaLNZero and the gated Add stay, and the
-    report says the rule is off (never silent)."""
-    monkeypatch.setenv(mod.ENV_FLAG, "0")
-    out, rep = _fused(_dit())
+def test_off_with_the_flag():
+    """--no-residual-fusion: the plain normexport::AdaLNZero and the gated Add stay, and the report
+    says the rule is off and which flag did it (never silent)."""
+    out, rep = _fused(_dit(), off=switches.from_flags(no_residual_fusion=True))
     assert not _gated(out) and G.op_types(out).count("AdaLNZero") == 1
-    assert rep.modules["gated_adaln"] == "off (NORMEXPORT_RESIDUAL_FUSION=0 in the environment)"
+    assert rep.modules["gated_adaln"] == "off (--no-residual-fusion)"
     assert rep.norm_nodes == {"normexport::AdaLNZero": 1}
     f = _feeds()
     G.assert_close(G.run(out, **f)[0], _ref(f), "unfused vs fp64 formula")

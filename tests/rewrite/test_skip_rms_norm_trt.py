@@ -17,6 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 from normexport import ops
 from normexport.errors import UsageError
 from normexport.rewriter import RewriteReport, rewrite
+from normexport.rewriter import switches
 from normexport.rewriter.rules import skip_rms_norm_trt as mod
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -28,7 +29,7 @@ H = G.H
 @pytest.fixture(autouse=True)
 def residual_fusion_default(monkeypatch):
     """The rule is on by default for target trt: these tests run without NORMEXPORT_RESIDUAL_FUSION."""
-    monkeypatch.delenv(mod.ENV_FLAG, raising=False)
+    monkeypatch.delenv(switches.ENV, raising=False)
 
 
 def _decomposed(residual=True, elem=TensorProto.FLOAT, r_shape=("B", "S", H), eps=1e-6, sum_output=False):
@@ -69,9 +70,9 @@ def _inputs(shape=(2, 3, H), dtype=np.float32):
     return G.xin(*shape, seed=1).astype(dtype), G.xin(*shape, seed=2).astype(dtype)
 
 
-def _fused(model):
+def _fused(model, off=None):
     report = RewriteReport()
-    return rewrite(model, target="trt", report=report), report
+    return rewrite(model, target="trt", report=report, off=off), report
 
 
 def _skip_nodes(m):
@@ -125,30 +126,53 @@ def test_not_for_other_targets():
     assert not _skip_nodes(out)
 
 
-def test_off_with_the_environment_flag_0(monkeypatch):
-    """NORMEXPORT_RESIDUAL_FUSION=0: the plain normexport::RMSNorm and the Add stay, and the report says
-    the rules are off (never silent)."""
-    monkeypatch.setenv(mod.ENV_FLAG, "0")
-    out, rep = _fused(_decomposed())
+def test_off_with_the_flag():
+    """--no-residual-fusion: the plain normexport::RMSNorm and the Add stay, and the report says the
+    rules are off and which flag did it (never silent)."""
+    out, rep = _fused(_decomposed(), off=switches.from_flags(no_residual_fusion=True))
     assert not _skip_nodes(out) and G.op_types(out) == ["Add", "RMSNorm", "Add"], G.op_types(out)
-    assert rep.modules["skip_rms_norm_trt"] == "off (NORMEXPORT_RESIDUAL_FUSION=0 in the environment)"
-    assert "module skip_rms_norm_trt: off (NORMEXPORT_RESIDUAL_FUSION=0 in the environment)" in rep.summary()
+    assert rep.modules["skip_rms_norm_trt"] == "off (--no-residual-fusion)"
+    assert "module skip_rms_norm_trt: off (--no-residual-fusion)" in rep.summary()
+    d = rep.to_dict()
+    assert d["residual_fusion"] is False and d["fusion_off"]["skip_rms_norm_trt"] == "--no-residual-fusion"
     assert rep.norm_nodes == {"normexport::RMSNorm": 1}
     x, r = _inputs()
     (z,) = G.run(out, x=x, r=r)
     G.assert_close(z, _ref(x, r), "unfused vs fp64 formula")
 
 
+def test_off_by_module_name():
+    """--no-fuse skip_rms_norm_trt turns that module alone off; a wrong name is refused naming the modules."""
+    out, rep = _fused(_decomposed(), off=switches.from_flags(no_fuse=["skip_rms_norm_trt"]))
+    assert not _skip_nodes(out)
+    assert rep.modules["skip_rms_norm_trt"] == "off (--no-fuse skip_rms_norm_trt)"
+    assert rep.modules["gated_adaln"] != "off (--no-fuse skip_rms_norm_trt)"
+    with pytest.raises(UsageError, match="--no-fuse skip_rms: no such rule module; use one of bn_fold, "):
+        switches.from_flags(no_fuse=["skip_rms"])
+
+
+def test_deprecated_environment_variable_still_works(monkeypatch):
+    """NORMEXPORT_RESIDUAL_FUSION=0 keeps working one release, with a reason that points to the flag."""
+    monkeypatch.setenv(switches.ENV, "0")
+    out, rep = _fused(_decomposed())
+    assert not _skip_nodes(out)
+    assert rep.modules["skip_rms_norm_trt"] == ("off (NORMEXPORT_RESIDUAL_FUSION=0 in the environment; deprecated, "
+                                                "use --no-residual-fusion)")
+    assert rep.to_dict()["residual_fusion"] is False
+
+
 def test_default_report_counts_the_fused_node():
     out, rep = _fused(_decomposed())
     assert rep.modules["skip_rms_norm_trt"] == "ok" and rep.norm_nodes == {"normexport::SkipRMSNorm": 1}
+    assert rep.to_dict()["residual_fusion"] is True and rep.to_dict()["fusion_off"] == {}
     assert "  norm nodes: 1 normexport::SkipRMSNorm" in rep.summary().splitlines()
 
 
 @pytest.mark.parametrize("value", ["yes", "2", "off"])
 def test_other_environment_values_refused(monkeypatch, value):
-    monkeypatch.setenv(mod.ENV_FLAG, value)
-    with pytest.raises(UsageError, match=f"NORMEXPORT_RESIDUAL_FUSION='{value}': set it to 0 .* or 1"):
+    monkeypatch.setenv(switches.ENV, value)
+    with pytest.raises(UsageError, match=f"NORMEXPORT_RESIDUAL_FUSION='{value}': the variable is deprecated; pass "
+                                         "--no-residual-fusion"):
         rewrite(_decomposed(), target="trt")
 
 

@@ -8,9 +8,8 @@ Optional hooks the driver honours when a module defines them:
     rules_for(target) -> list[RewriteRule]   the rules for that target (default: RULES)
     required_opset(target) -> int            default-domain opset the replacements need; the
                                              driver upgrades the model (verified) before applying
-    ENV_FLAG: str                            the environment variable that turns the module off
-                                             (its rules_for then gives none); the report's module
-                                             status says "off (FLAG=value in the environment)"
+The caller turns modules off by name (rewriter/switches.py: `--no-residual-fusion`, `--no-fuse
+MODULE`); the report's module status then says "off (the flag)".
 A module listed here but not present is reported as "not installed" and skipped.
 The driver (normexport.rewriter.rewrite) applies them in this order.
 """

@@ -397,22 +397,3 @@ def finish_layer_norm_check(rule, r, context, x: ir.Value, weight, bias, rank: i
             return r.fail(f"over axes {rule._axes}: Transposes around LayerNormalization "
                           f"({TRANSPOSED_LN_PASSES} passes) are not cheaper than the {passes} of the decomposition", x)
     return r
-
-
-#: the fused residual rules (skip_rms_norm_trt, gated_adaln) run for target trt unless this is set
-#: to 0 (docs/kernels.md); off, files keep the residual Add beside one normexport::RMSNorm /
-#: AdaLNZero per norm module, and the rewrite report says so (the rule modules' ENV_FLAG)
-RESIDUAL_FUSION_ENV = "NORMEXPORT_RESIDUAL_FUSION"
-
-
-def residual_fusion_enabled() -> bool:
-    """On unless NORMEXPORT_RESIDUAL_FUSION=0 (unset, empty or 1: on); any other value is refused."""
-    import os
-
-    from normexport.errors import UsageError
-
-    value = os.environ.get(RESIDUAL_FUSION_ENV, "").strip()
-    if value not in ("", "0", "1"):
-        raise UsageError(f"{RESIDUAL_FUSION_ENV}={value!r}: set it to 0 (residual Add and norm left apart) or 1 "
-                         "(fused into SkipRMSNorm / GatedAdaLNZero, the default for --target trt), or unset it")
-    return value != "0"

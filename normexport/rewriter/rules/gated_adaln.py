@@ -21,13 +21,9 @@ import numpy as np
 from onnxscript.rewriter import pattern
 
 from . import _common as c
-# the residual fusion rules' gate, as skip_rms_norm_trt's: target trt, opset 18, and
-# NORMEXPORT_RESIDUAL_FUSION=0 in the environment turns them off (_common.residual_fusion_enabled)
-from .skip_rms_norm_trt import ENV_FLAG, TARGETS, required_opset
-
-
-def rules_for(target: str) -> list:
-    return RULES if target in TARGETS and c.residual_fusion_enabled() else []
+# the residual fusion rules' gate, as skip_rms_norm_trt's: target trt, opset 18; on by default,
+# `--no-residual-fusion` turns them off (rewriter/switches.py)
+from .skip_rms_norm_trt import TARGETS, required_opset
 
 
 def _gate(op):
@@ -113,4 +109,4 @@ RULES = [GatedAdaLNFusion.rule(f"gated_adaln_zero{'_residual' if res else ''}{'_
                                residual=res, add_left=left)
          for res in (False, True) for left in (False, True)]
 
-__all__ = ["ENV_FLAG", "RULES", "TARGETS", "required_opset", "rules_for"]
+__all__ = ["RULES", "TARGETS", "required_opset"]

@@ -22,12 +22,7 @@ from onnxscript.rewriter import pattern
 from . import _common as c
 
 TARGETS = frozenset({"trt"})
-#: NORMEXPORT_RESIDUAL_FUSION=0 in the environment turns the rule off (_common.residual_fusion_enabled).
-ENV_FLAG = c.RESIDUAL_FUSION_ENV
-
-
-def rules_for(target: str) -> list:
-    return RULES if target in TARGETS and c.residual_fusion_enabled() else []
+# on by default; `--no-residual-fusion` turns it off (rewriter/switches.py)
 
 
 def required_opset(target: str) -> int:
@@ -70,4 +65,4 @@ class SkipRMSNormTrtFusion(c.AddNormFusion):
 RULES = [SkipRMSNormTrtFusion.rule("skip_rms_norm_trt", residual=False),
          SkipRMSNormTrtFusion.rule("skip_rms_norm_trt_residual", residual=True)]
 
-__all__ = ["ENV_FLAG", "RULES", "TARGETS", "required_opset", "rules_for"]
+__all__ = ["RULES", "TARGETS", "required_opset"]
