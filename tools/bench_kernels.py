@@ -32,6 +32,38 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 DTYPE_CODE = {"float32": 0, "float16": 1, "bfloat16": 2}
 OPS = ("RMSNorm", "LayerNorm", "AdaLNZero", "SkipRMSNorm", "GatedAdaLNZero")
+#: per-head q/k norms of current DiTs and LLMs ([tokens x heads, head_dim]): Flux / SD3.5 at 1024^2
+#: (4096 image + 512 text tokens... here 16384 tokens x 24 heads, rows of 128), Qwen3 / Gemma 3 prefill
+#: (8192 tokens x 32 heads x 128), rows of 64 (16384 x 48 heads); the shapes where published kernels
+#: differ by 7x (issue 30)
+QK_SHAPES = ("393216x128", "262144x128", "786432x64")
+QK_OPS = ("RMSNorm", "LayerNorm")
+#: goals (issue 30), for shapes with at least GOAL_MIN_BYTES of activations (x): normexport at least
+#: this share of the copy bandwidth measured in the same run, and no slower than torch.compile
+GOAL_MIN_BYTES = 16 << 20
+GOAL_PCT = 92.0
+GOAL_PCT_SHORT_ROWS = 85.0  # rows of 128 (and shorter)
+
+
+def goals(results: list[dict]) -> list[dict]:
+    """One verdict per normexport result with >= GOAL_MIN_BYTES of activations: its share of copy
+    bandwidth against GOAL_PCT (GOAL_PCT_SHORT_ROWS for rows of <= 128), and its time against
+    torch.compile of the same math (the unfused add + norm for the fused ops) on the same shape."""
+    out = []
+    for r in results:
+        if r["impl"] != "normexport" or r.get("x_bytes", 0) < GOAL_MIN_BYTES:
+            continue
+        key = (r["op"], r["dtype"], r["tokens"], r["hidden"])
+        comp = next((c for c in results if c["impl"] == "torch.compile"
+                     and (c["op"], c["dtype"], c["tokens"], c["hidden"]) == key), None)
+        need = GOAL_PCT_SHORT_ROWS if r["hidden"] <= 128 else GOAL_PCT
+        pct_ok = r["pct_of_copy"] is not None and r["pct_of_copy"] >= need
+        vs = (comp["ms"] / r["ms"]) if comp and comp["ms"] and r["ms"] else None  # > 1: faster than torch.compile
+        out.append({"op": r["op"], "dtype": r["dtype"], "tokens": r["tokens"], "hidden": r["hidden"],
+                    "pct_of_copy": r["pct_of_copy"], "pct_goal": need, "speedup_vs_compile": vs,
+                    "passed": pct_ok and (vs is None or vs >= 1.0),
+                    "compile_measured": vs is not None})
+    return out
 
 
 def parse_args():
@@ -45,6 +77,9 @@ def parse_args():
     p.add_argument("--iters", type=int, default=50)
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--ops", nargs="+", default=list(OPS), choices=list(OPS))
+    p.add_argument("--qk", nargs="*", default=list(QK_SHAPES), metavar="ROWSxHEAD_DIM",
+                   help="per-head q/k norm shapes, run for RMSNorm and LayerNorm: millions of short rows "
+                        "(default: %(default)s; none: --qk with no value)")
     p.add_argument("--no-compile", action="store_true", help="skip torch.compile")
     p.add_argument("--quick", action="store_true", help="fewer iterations, no torch.compile")
     p.add_argument("--out-dir", default=str(REPO / "benchmarks" / "results"))
@@ -147,96 +182,98 @@ def main() -> int:
         dtype = getattr(torch, dtype_name)
         code = DTYPE_CODE[dtype_name]
         esize = torch.empty((), dtype=dtype).element_size()
-        for tokens in args.tokens:
-            for hidden in args.hidden:
-                seq = min(args.seq, tokens)
-                if tokens % seq:
-                    print(f"skip tokens={tokens}: not a multiple of --seq {seq}", file=sys.stderr)
-                    continue
-                batch = tokens // seq
-                x = torch.randn(batch, seq, hidden, device=dev, dtype=dtype)
-                y = torch.empty_like(x)
-                total = torch.empty_like(x)
-                skip = torch.randn_like(x)
-                w = torch.rand(hidden, device=dev, dtype=dtype) + 0.5
-                b = torch.randn(hidden, device=dev, dtype=dtype) * 0.1
-                shift = torch.randn(batch, hidden, device=dev, dtype=dtype) * 0.1
-                scale = torch.randn(batch, hidden, device=dev, dtype=dtype) * 0.1
-                gate = torch.randn(batch, hidden, device=dev, dtype=dtype) * 0.5
-                stream = torch.cuda.current_stream().cuda_stream
-                n = x.numel()
-                rows = batch * seq
-                if not args.no_compile:
-                    # A fresh compile per shape: past dynamo's recompile limit (8) it would quietly
-                    # run eager code under the torch.compile label.
-                    torch._dynamo.reset()
-                    compiled = {k: torch.compile(f, dynamic=False) for k, f in (
-                        ("rms", rms_eager), ("ln", ln_eager), ("adaln", adaln_eager), ("skip", skip_rms_eager),
-                        ("gated", gated_adaln_eager))}
+        grid = [(t, h, args.ops) for t in args.tokens for h in args.hidden]
+        grid += [(int(r), int(h), [o for o in args.ops if o in QK_OPS]) for r, h in (q.split("x") for q in args.qk)]
+        for tokens, hidden, shape_ops in grid:
+            seq = min(args.seq, tokens)
+            if tokens % seq:
+                print(f"skip tokens={tokens}: not a multiple of --seq {seq}", file=sys.stderr)
+                continue
+            batch = tokens // seq
+            x = torch.randn(batch, seq, hidden, device=dev, dtype=dtype)
+            y = torch.empty_like(x)
+            total = torch.empty_like(x)
+            skip = torch.randn_like(x)
+            w = torch.rand(hidden, device=dev, dtype=dtype) + 0.5
+            b = torch.randn(hidden, device=dev, dtype=dtype) * 0.1
+            shift = torch.randn(batch, hidden, device=dev, dtype=dtype) * 0.1
+            scale = torch.randn(batch, hidden, device=dev, dtype=dtype) * 0.1
+            gate = torch.randn(batch, hidden, device=dev, dtype=dtype) * 0.5
+            stream = torch.cuda.current_stream().cuda_stream
+            n = x.numel()
+            rows = batch * seq
+            if not args.no_compile:
+                # A fresh compile per shape: past dynamo's recompile limit (8) it would quietly
+                # run eager code under the torch.compile label.
+                torch._dynamo.reset()
+                compiled = {k: torch.compile(f, dynamic=False) for k, f in (
+                    ("rms", rms_eager), ("ln", ln_eager), ("adaln", adaln_eager), ("skip", skip_rms_eager),
+                    ("gated", gated_adaln_eager))}
 
-                copy_ms = time_fn(torch, lambda: y.copy_(x), args.iters, args.warmup, flush)
-                copy_gbs = 2 * n * esize / copy_ms / 1e6
+            copy_ms = time_fn(torch, lambda: y.copy_(x), args.iters, args.warmup, flush)
+            copy_gbs = 2 * n * esize / copy_ms / 1e6
 
-                def check(rc, what):
-                    if rc != 0:
-                        raise RuntimeError(f"{what} returned cudaError {rc}")
+            def check(rc, what):
+                if rc != 0:
+                    raise RuntimeError(f"{what} returned cudaError {rc}")
 
-                def ours_rms():
-                    check(lib.normexport_rms_norm(x.data_ptr(), w.data_ptr(), y.data_ptr(), rows, hidden, code, eps,
-                                                  stream), "normexport_rms_norm")
+            def ours_rms():
+                check(lib.normexport_rms_norm(x.data_ptr(), w.data_ptr(), y.data_ptr(), rows, hidden, code, eps,
+                                              stream), "normexport_rms_norm")
 
-                def ours_ln():
-                    check(lib.normexport_layer_norm(x.data_ptr(), w.data_ptr(), b.data_ptr(), y.data_ptr(), rows, hidden,
-                                                    code, eps, stream), "normexport_layer_norm")
+            def ours_ln():
+                check(lib.normexport_layer_norm(x.data_ptr(), w.data_ptr(), b.data_ptr(), y.data_ptr(), rows, hidden,
+                                                code, eps, stream), "normexport_layer_norm")
 
-                def ours_adaln():
-                    check(lib.normexport_adaln_zero(x.data_ptr(), shift.data_ptr(), scale.data_ptr(), None, None,
-                                                    y.data_ptr(), batch, seq, hidden, 0, code, eps, stream),
-                          "normexport_adaln_zero")
+            def ours_adaln():
+                check(lib.normexport_adaln_zero(x.data_ptr(), shift.data_ptr(), scale.data_ptr(), None, None,
+                                                y.data_ptr(), batch, seq, hidden, 0, code, eps, stream),
+                      "normexport_adaln_zero")
 
-                def ours_skip():
-                    check(lib.normexport_skip_rms_norm(x.data_ptr(), skip.data_ptr(), None, w.data_ptr(), y.data_ptr(),
-                                                       total.data_ptr(), rows, hidden, code, eps, stream),
-                          "normexport_skip_rms_norm")
+            def ours_skip():
+                check(lib.normexport_skip_rms_norm(x.data_ptr(), skip.data_ptr(), None, w.data_ptr(), y.data_ptr(),
+                                                   total.data_ptr(), rows, hidden, code, eps, stream),
+                      "normexport_skip_rms_norm")
 
-                def ours_gated():
-                    check(lib.normexport_gated_adaln_zero(x.data_ptr(), skip.data_ptr(), gate.data_ptr(),
-                                                          shift.data_ptr(), scale.data_ptr(), None, None, y.data_ptr(),
-                                                          total.data_ptr(), batch, seq, hidden, 0, code, eps, stream),
-                          "normexport_gated_adaln_zero")
+            def ours_gated():
+                check(lib.normexport_gated_adaln_zero(x.data_ptr(), skip.data_ptr(), gate.data_ptr(),
+                                                      shift.data_ptr(), scale.data_ptr(), None, None, y.data_ptr(),
+                                                      total.data_ptr(), batch, seq, hidden, 0, code, eps, stream),
+                      "normexport_gated_adaln_zero")
 
-                def impls(ours, key, eager, *a):
-                    d = {"normexport": ours, "torch eager": lambda: eager(*a)}
-                    if compiled:
-                        d["torch.compile"] = lambda: compiled[key](*a)
-                    return d
+            def impls(ours, key, eager, *a):
+                d = {"normexport": ours, "torch eager": lambda: eager(*a)}
+                if compiled:
+                    d["torch.compile"] = lambda: compiled[key](*a)
+                return d
 
-                bh = batch * hidden
-                cases = {
-                    "RMSNorm": ((2 * n + hidden) * esize, impls(ours_rms, "rms", rms_eager, x, w)),
-                    "LayerNorm": ((2 * n + 2 * hidden) * esize, impls(ours_ln, "ln", ln_eager, x, w, b)),
-                    "AdaLNZero": ((2 * n + 2 * bh) * esize, impls(ours_adaln, "adaln", adaln_eager, x, shift, scale)),
-                    # fused: read x and the skip / update, write y and the sum
-                    "SkipRMSNorm": ((4 * n + hidden) * esize, impls(ours_skip, "skip", skip_rms_eager, x, skip, w)),
-                    "GatedAdaLNZero": ((4 * n + 3 * bh) * esize,
-                                       impls(ours_gated, "gated", gated_adaln_eager, x, skip, gate, shift, scale)),
-                }
-                cases = {k: v for k, v in cases.items() if k in args.ops}
-                for op, (nbytes, impls) in cases.items():
-                    for impl, fn in impls.items():
-                        try:
-                            ms = time_fn(torch, fn, args.iters, args.warmup, flush)
-                        except Exception as exc:  # torch.compile may be unavailable (no triton)
-                            print(f"  {op} {impl} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
-                            ms = None
-                        gbs = nbytes / ms / 1e6 if ms else None
-                        results.append({
-                            "op": op, "impl": impl, "dtype": dtype_name, "tokens": tokens, "hidden": hidden,
-                            "batch": batch, "seq": seq, "ms": ms, "bytes": nbytes, "gb_per_s": gbs,
-                            "copy_gb_per_s": copy_gbs, "pct_of_copy": (100 * gbs / copy_gbs) if gbs else None,
-                        })
-                del x, y, total, skip, w, b, shift, scale, gate
-                torch.cuda.empty_cache()
+            bh = batch * hidden
+            cases = {
+                "RMSNorm": ((2 * n + hidden) * esize, impls(ours_rms, "rms", rms_eager, x, w)),
+                "LayerNorm": ((2 * n + 2 * hidden) * esize, impls(ours_ln, "ln", ln_eager, x, w, b)),
+                "AdaLNZero": ((2 * n + 2 * bh) * esize, impls(ours_adaln, "adaln", adaln_eager, x, shift, scale)),
+                # fused: read x and the skip / update, write y and the sum
+                "SkipRMSNorm": ((4 * n + hidden) * esize, impls(ours_skip, "skip", skip_rms_eager, x, skip, w)),
+                "GatedAdaLNZero": ((4 * n + 3 * bh) * esize,
+                                   impls(ours_gated, "gated", gated_adaln_eager, x, skip, gate, shift, scale)),
+            }
+            cases = {k: v for k, v in cases.items() if k in shape_ops}
+            for op, (nbytes, impls) in cases.items():
+                for impl, fn in impls.items():
+                    try:
+                        ms = time_fn(torch, fn, args.iters, args.warmup, flush)
+                    except Exception as exc:  # torch.compile may be unavailable (no triton)
+                        print(f"  {op} {impl} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+                        ms = None
+                    gbs = nbytes / ms / 1e6 if ms else None
+                    results.append({
+                        "op": op, "impl": impl, "dtype": dtype_name, "tokens": tokens, "hidden": hidden,
+                        "batch": batch, "seq": seq, "ms": ms, "bytes": nbytes, "gb_per_s": gbs,
+                        "copy_gb_per_s": copy_gbs, "pct_of_copy": (100 * gbs / copy_gbs) if gbs else None,
+                        "x_bytes": n * esize,
+                    })
+            del x, y, total, skip, w, b, shift, scale, gate
+            torch.cuda.empty_cache()
 
     # table
     header = f"{'op':<14} {'dtype':<9} {'tokens':>6} {'hidden':>6} {'impl':<14} {'ms':>8} {'GB/s':>8} {'%copy':>6}"
@@ -249,6 +286,16 @@ def main() -> int:
         pct = f"{r['pct_of_copy']:.0f}" if r["pct_of_copy"] else "-"
         print(f"{r['op']:<14} {r['dtype']:<9} {r['tokens']:>6} {r['hidden']:>6} {r['impl']:<14} {ms:>8} {gbs:>8} {pct:>6}")
 
+    verdicts = goals(results)
+    if verdicts:
+        print(f"\ngoals (x >= {GOAL_MIN_BYTES >> 20} MiB): >= {GOAL_PCT:.0f} % of copy ({GOAL_PCT_SHORT_ROWS:.0f} % for rows "
+              "<= 128) and no slower than torch.compile")
+        for v in verdicts:
+            vs = f"{v['speedup_vs_compile']:.2f}x torch.compile" if v["compile_measured"] else "torch.compile not measured"
+            pct = f"{v['pct_of_copy']:.0f}" if v["pct_of_copy"] is not None else "-"
+            print(f"  {'PASS' if v['passed'] else 'MISS'}  {v['op']:<14} {v['dtype']:<9} {v['tokens']:>7} x {v['hidden']:<6} "
+                  f"{pct:>4} % of copy (goal {v['pct_goal']:.0f}), {vs}")
+        print(f"  {sum(v['passed'] for v in verdicts)} of {len(verdicts)} shapes meet both goals")
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = out_dir / f"{dt.date.today().isoformat()}_{slug}"
@@ -261,7 +308,7 @@ def main() -> int:
                        "shift, scale [B,H]); fused ops also read the skip / update and write the sum (GatedAdaLNZero: "
                        "gate [B,H] too)",
     }
-    stem.with_suffix(".json").write_text(json.dumps({"meta": meta, "results": results}, indent=2))
+    stem.with_suffix(".json").write_text(json.dumps({"meta": meta, "results": results, "goals": verdicts}, indent=2))
     try:
         plot(results, name, stem.with_suffix(".png"))
     except Exception as exc:  # matplotlib missing: JSON is still written

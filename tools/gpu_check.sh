@@ -5,12 +5,14 @@
 # 1. Python: uses the system python3 if it already imports torch (GPU machines often have no
 #    internet); else .venv (created as the README does: python3 -m venv .venv, pip install
 #    torch==2.13.0, pip install -e '.[test]').
-# 2. Builds plugins/ with CMake into build/plugins (the TensorRT plugin too when TensorRT_ROOT points
-#    at TensorRT headers: an install, or the include/ folder of NVIDIA/TensorRT alone, built with
-#    NORMEXPORT_TRT_HEADERS_ONLY=ON since the plugin never links libnvinfer).
+# 2. Builds plugins/ with CMake into build/plugins, the TensorRT plugin too: TensorRT_ROOT (an install,
+#    or the include/ folder of NVIDIA/TensorRT alone, built with NORMEXPORT_TRT_HEADERS_ONLY=ON since
+#    the plugin never links libnvinfer), else a TensorRT install, else CMake's fallback to NVIDIA's
+#    headers at ../shared/third_party/tensorrt beside the checkout.
 # 3. pytest tests/test_kernels_gpu.py tests/test_plugins_build.py (+ TensorRT: tests/test_trt_plugin_host.py,
 #    tests/test_trt.py, tests/test_trt_precision.py); PYTEST_FILES replaces that list, PYTEST_ARGS adds options.
-# 4. tools/bench_kernels.py (BENCH_ARGS adds to it); results in benchmarks/results/ (in $OUT when set:
+# 4. tools/bench_kernels.py (BENCH_ARGS adds to it; the per-head q/k norm shapes and the goal verdicts
+#    are part of its default run); results in benchmarks/results/ (in $OUT when set:
 #    the device tool's output folder, written as the run goes so that a run cut short still returns
 #    its logs).
 # STEPS="build tests bench" (default) selects the steps.
