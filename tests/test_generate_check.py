@@ -106,3 +106,33 @@ def test_bad_input(converted, cli, tmp_path):
         assert code == 2 and words in err and len(err.strip().splitlines()) == 1, (argv, err)
     code, stdout, err = cli("check", out, "--reference", "tests._cli_models:rms_block")
     assert code == 2 and "is not a transformers causal-LM folder" in err
+
+
+def test_planted_feeds_bug_fails_against_generate(converted, cli, monkeypatch, tmp_path):
+    """Issue 31 item 4: eager, the float64 reference and the file all get their inputs from
+    `generate._feeds`; a bug there (every decode step's position_ids repeat the last prompt
+    position) makes them agree with one another, and here the tokens too: only transformers'
+    own `generate` (its logits per step, output_logits=True) sees it."""
+    folder, out = converted
+    original = generate._feeds
+    prompt = []
+
+    def repeat_last_prompt_position(lm_or_none, ids, past_len, seq_len, batch, past):
+        feeds = list(original(lm_or_none, ids, past_len, seq_len, batch, past))
+        if past_len == 0:  # prefill (eager, the float64 reference and the runtime each start with it)
+            prompt[:] = [seq_len]
+        else:  # decode: every step at the prompt's last position
+            feeds[2] = torch.full_like(feeds[2], prompt[0] - 1)
+        return tuple(feeds)
+
+    monkeypatch.setattr(generate, "_feeds", repeat_last_prompt_position)
+    code, stdout, err = cli("check", out, "--reference", folder, "--tokens", 4, "--json", tmp_path / "r.json")
+    assert code == 1, stdout + err
+    report = json.loads((tmp_path / "r.json").read_text())
+    lib = report["library_generate"]
+    assert lib["tokens"] == [s["eager_tokens"] for s in report["steps"]]  # the tokens alone do not see it
+    assert not lib["passed"] and lib["logits_first_difference"].startswith("step 1:"), lib
+    assert all(s["passed"] for s in report["steps"])  # eager, float64 and the file share the bug
+    assert "FAIL: transformers' generate (its own cache) gives eager's tokens at 4/4 steps" in stdout
+    assert "step 1: generate's logits differ from eager's by" in stdout
+    assert any(ln.startswith("FAILED: 4/4 steps' logits within limits") for ln in stdout.splitlines()), stdout

@@ -5,7 +5,11 @@ step (past length 0, the whole prompt) and N - 1 decode steps (one token, the ca
 
 1. Eager: the model with the same cache semantics as the file (`normexport.llm.CacheLM`, the
    module the file was exported from) in the checked dtype; its greedy tokens are the path every
-   run follows, and its top-2 logit margin at each step is recorded.
+   run follows, and its top-2 logit margin at each step is recorded. Eager, the float64 reference
+   and the runtime get their inputs from one helper (`_feeds`), so a bug there would pass them
+   all: eager is checked against transformers' own `generate` from the same prompt (its cache,
+   its position ids), its per-step logits within the tolerance (DESIGN §7) and its tokens equal
+   wherever eager's top-2 margin exceeds the tolerance.
 2. The float64 reference (parity.reference: a float64 copy, or each module's weights upcast while
    it runs for a model too large for a copy) follows eager's tokens with its own float64 cache.
 3. The runtime (onnxruntime) runs the file on the same tokens with its own cache fed back (each
@@ -102,7 +106,8 @@ class GenerationReport:
     error: str | None = None
     widened: bool = False
     #: transformers' own generate (its cache, sliding layers cut to the window) from the same prompt:
-    #: {"tokens": [[per step]], "required": steps whose eager margin > tolerance, "passed"} or {"reason"}
+    #: {"tokens": [[per step]], "required": steps whose eager margin > tolerance, "logits_compared",
+    #: "logits_max_abs_err" (its per-step logits vs eager's, within the tolerance), "passed"} or {"reason"}
     library: dict = dataclasses.field(default_factory=dict)
 
     @property
@@ -167,9 +172,12 @@ class GenerationReport:
             out.append(f"  ERROR {self.backend}: {self.error}")
         lib = self.library
         if "tokens" in lib:
+            why = "; ".join(x for x in (lib.get("first_difference"), lib.get("logits_first_difference")) if x)
+            logits = (f", its logits against eager's at {lib['logits_compared']} step(s): max_abs_err "
+                      f"{_fmt(lib['logits_max_abs_err'])}" if "logits_compared" in lib else "")
             out.append(f"  {'FAIL' if not lib['passed'] else 'ok'}: transformers' generate (its own cache) gives eager's "
                        f"tokens at {lib['equal']}/{len(self.steps)} steps ({lib['required']} required: eager's margin "
-                       f"> tolerance){'' if lib['passed'] else ': ' + lib['first_difference']}")
+                       f"> tolerance){logits}{'' if lib['passed'] else ': ' + why}")
         elif lib.get("reason"):
             out.append(f"  transformers' generate not compared: {lib['reason']}")
         required = sum(s.tokens_required for s in self.steps)
@@ -309,8 +317,12 @@ def _eager(lm, prompt: torch.Tensor, tokens: int, dtype):
 
 def _library_generate(lm, prompt, path, eager_logits, margins, dtype, rtol, atol) -> dict:
     """transformers' `generate` (greedy, its own cache) from the prompt vs eager's path: the
-    cache semantics of CacheLM (the file's) against the library's. Tokens must be equal where
-    eager's top-2 margin exceeds the tolerance (both are eager in one dtype)."""
+    cache semantics of CacheLM (the file's) against the library's, and the feeds `_feeds` builds
+    (shared by eager, the float64 reference and the runtime, so only this comparison sees a bug in
+    them) against the library's own. Per step, while the paths agree: generate's logits
+    (output_logits: before any logits processor) within the tolerance of eager's last position,
+    and its token equal to eager's where eager's top-2 margin exceeds the tolerance (both are eager
+    in one dtype)."""
     import copy
 
     model = lm.generates
@@ -322,26 +334,40 @@ def _library_generate(lm, prompt, path, eager_logits, margins, dtype, rtol, atol
         config.eos_token_id = None  # all `tokens` steps, no early stop
         config.pad_token_id = 0 if config.pad_token_id is None else config.pad_token_id
         config.max_new_tokens, config.do_sample, config.use_cache = tokens, False, True
+        config.output_logits, config.return_dict_in_generate = True, True
         with torch.no_grad():
-            got = model.generate(prompt, attention_mask=torch.ones_like(prompt), generation_config=config)[:, n:]
+            out = model.generate(prompt, attention_mask=torch.ones_like(prompt), generation_config=config)
+        got, got_logits = out.sequences[:, n:], out.logits
     except Exception as e:  # noqa: BLE001
         return {"reason": f"{type(e).__name__}: {_short(e)}"}
-    if got.shape[1] != tokens:
+    if got.shape[1] != tokens or got_logits is None or len(got_logits) != tokens:
         return {"reason": f"generate gave {got.shape[1]} tokens, not {tokens}"}
-    required = equal = 0
-    first = None
+    required = equal = compared = 0
+    first = first_logits = None
+    worst = 0.0
     for k in range(tokens):
+        # step k's logits come from the same prefix in both (the paths agree up to here)
+        want = eager_logits[k][:, -1]
+        have = _as_float64(got_logits[k])
+        tol = tolerance_for(dtype, float(np.abs(want).max()), rtol, atol)
+        err = float(np.abs(have - want).max()) if have.shape == want.shape else math.inf
+        compared += 1
+        worst = max(worst, err)
+        if err > tol and first_logits is None:
+            first_logits = (f"step {k}: generate's logits differ from eager's by {err:.3g} > tolerance {tol:.3g}"
+                            if math.isfinite(err) else f"step {k}: generate's logits have shape {list(have.shape)}, "
+                            f"eager's {list(want.shape)}")
         same = got[:, k].tolist() == path[:, n + k].tolist()
         equal += same
-        tol = tolerance_for(dtype, float(np.abs(eager_logits[k]).max()), rtol, atol)
         if margins[k] > tol:
             required += 1
             if not same and first is None:
                 first = f"step {k}: generate {got[:, k].tolist()}, eager {path[:, n + k].tolist()} (margin {margins[k]:.3g})"
         elif not same:  # a near tie: the paths part here, later steps are not comparable
             break
-    return {"tokens": got.T.tolist(), "equal": equal, "required": required, "passed": first is None,
-            "first_difference": first}
+    return {"tokens": got.T.tolist(), "equal": equal, "required": required,
+            "passed": first is None and first_logits is None, "first_difference": first,
+            "logits_compared": compared, "logits_max_abs_err": worst, "logits_first_difference": first_logits}
 
 
 def _float64(lm, path: torch.Tensor, n: int):
