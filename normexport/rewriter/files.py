@@ -4,10 +4,12 @@ rewritten file out, written atomically with the weights streamed into external d
 from __future__ import annotations
 
 import os
+import shutil
 
 import onnx_ir as ir
 
 from normexport import io as _io
+from normexport import ops as _ops
 from normexport import sizes as _sizes
 
 from .driver import interface, rewrite_ir
@@ -42,6 +44,13 @@ def rewrite_file(in_path: str | os.PathLike, out_path: str | os.PathLike, target
     if report_path is not None:
         _io.write_json(report.to_dict(), report_path, "--report")
     if report.nothing_verifiable:
+        return report
+    if not report.applied and not external and not any(n.domain == _ops.DOMAIN for n in model.graph):
+        # nothing fused (and no plugin attributes to add): the input file as it is, byte for byte,
+        # not its canonical forms nor the shapes inference annotated (DESIGN §11)
+        tmp = out_path + ".part"
+        shutil.copyfile(in_path, tmp)
+        os.replace(tmp, out_path)
         return report
     _io.save_ir(model, out_path, external_data=True if external else None)
     return report

@@ -41,13 +41,16 @@ def upgrade_opset(model: ir.Model, version: int) -> tuple[ir.Model, str]:
     except Exception as e:  # noqa: BLE001 - the converter raises many kinds
         raise ValueError(f"onnx.version_converter {old} -> {version} failed: {first_line(e, 200)}") from e
     new = ir.serde.deserialize_model(proto)
+    stripped = {}  # the weights the converter got as inputs (a subgraph may be their only reader)
     for v in list(new.graph.inputs):
         if v.name in weights and v.name not in real:
             new.graph.inputs.remove(v)
+            stripped[v.name] = v
     for name, tensor in weights.items():  # the original tensors (lazy, memory-mapped), not the proto's copies
         v = new.graph.initializers.get(name)
         if v is None:
-            v = next((x for x in new.graph.inputs if x.name == name), None) or _used_value(new, name)
+            v = stripped.get(name) or next((x for x in new.graph.inputs if x.name == name), None) \
+                or _used_value(new, name)
             if v is None:
                 continue
             v.const_value = tensor
