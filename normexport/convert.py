@@ -92,6 +92,9 @@ def run(args) -> int:
                                 else ""))
     job = load.call_for(loaded, args.model, input_args, args.dynamic, args.dtype, args.module,
                         inputs_file=getattr(args, "inputs", None))
+    loaded = job.loaded  # a diffusers pipeline folder's: the component it exports (normexport.load.pipeline)
+    if getattr(loaded, "headline", None):  # DESIGN §9: how a pipeline folder's inputs were made, said first
+        print(loaded.headline)
     module, inputs, names, dynamic = job.module, job.inputs, job.names, job.dynamic
     switched: list = []  # DESIGN §9: transformers MoE experts / attention the exporters take, switched in place
     exportable_implementations(module, inputs, switched)  # (so eager, the float64 reference and the file agree)

@@ -6,7 +6,8 @@ dynamic axes (DESIGN §1, §4).
 
 Sources, one module each: `pt2` (torch.export archives), `torch_file` (TorchScript, trusted
 pickle), `factory` (`package.module:callable` + `--weights`), `pretrained` (save_pretrained folders
-of transformers / diffusers). Example inputs are made in one place, `examples`; `inputs` parses
+of transformers / diffusers), `pipeline` (diffusers pipeline folders, run once for a component's
+inputs). Example inputs are made in one place, `examples`; `inputs` parses
 `--input` / `--dynamic`; `call` adapts keyword / nested calls to flat tensor tuples and names
 inputs and outputs; `submodule` captures one block's call (`--module`). Imports go one way:
 this file -> resolve -> sources -> examples / call / inputs / model / _util; nothing imports this
@@ -42,6 +43,10 @@ def load(model: str, *, trust_pickle: bool = False, weights: str | None = None,
     if not path.exists():
         raise UsageError(f"model file not found: '{model}': check the path, or pass `package.module:callable`")
     if path.is_dir():
+        from .pipeline import is_pipeline_folder, load_pipeline_folder
+
+        if is_pipeline_folder(path):  # diffusers pipeline (model_index.json): run once when the call is resolved
+            return load_pipeline_folder(path)
         from .pretrained import load_folder
 
         return load_folder(path)

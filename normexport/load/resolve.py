@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from ..errors import UsageError
-from . import pretrained, submodule
+from . import pipeline, pretrained, submodule
 from .call import CallAdapter, forward_parameter_names, input_names, unwrap
 from .examples import BATCH_LOOP, MASK_READ_AS_VALUES, missing_message
 from .inputs import DTYPES, make_inputs, parse_dynamic, parse_input
@@ -34,6 +34,9 @@ class Call:
 def call_for(loaded: LoadedModel, model: str, input_args=(), dynamic_args=(), dtype: str | None = None,
              module_name: str | None = None, inputs_file: str | None = None) -> Call:
     """The exported call for `loaded` and the convert flags (`inputs_file`: --inputs FILE)."""
+    if loaded.kind == pipeline.KIND:  # a diffusers pipeline folder: its component, called as the pipeline calls it
+        with pipeline.component_call(loaded, module_name, inputs_file) as (component, rest, recorded):
+            return call_for(component, model, input_args, dynamic_args, dtype, rest, recorded)
     if dtype and loaded.kind == "exported-program":
         _check_pt2_dtype(loaded, model, dtype)
     inputs, names, dynamic, module = resolve_inputs(loaded, model, list(input_args), list(dynamic_args), dtype,

@@ -1,0 +1,366 @@
+"""MODEL as a diffusers pipeline folder (`model_index.json` + one folder per component, as
+`pipe.save_pretrained` writes it; DESIGN §9): the pipeline is built from the folder offline and
+run once — one step, a small image, a generic call — with `normexport.capture` on its components;
+the component exported is called with exactly what the pipeline passed it (lists, dicts, ids,
+masks, RoPE tables), as `convert COMPONENT_FOLDER --inputs FILE` would be.
+
+Which component: `--module NAME` names one of model_index.json (`--module NAME.sub.module` one of
+its submodules, with the inputs it receives in that call); by default the denoiser, found by
+running, not by name or class: the component module the pipeline calls last before its
+scheduler's first `step` (the model whose output the scheduler steps with; a ControlNet, called
+before the denoiser, is not it; text encoders run earlier; the VAE decodes after the loop).
+
+The call, the same for every pipeline class, from its `__call__` signature: `prompt="a photo"`,
+`num_inference_steps=1`, `height` / `width` small (64, or the next multiple of the VAE scale
+factor × patch size × 2), `output_type="latent"`, `use_resolution_binning=False` (a bin would
+replace the small size), a seeded `generator` — each only where the signature takes it; guidance
+and the rest left at the pipeline's defaults. The run stops at the scheduler's first step (the
+default) or at the named component's first call, so the VAE never decodes; then everything but
+the exported component is released (text encoders of several GB do not stay beside the denoiser).
+
+The folder is loaded when the call is resolved (`call_for`), since the component and the run
+depend on --module / --inputs: `load_pipeline_folder` only reads model_index.json.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import gc
+import importlib
+import importlib.util
+import inspect
+import json
+import math
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ..capture import Capture, save
+from ..errors import UsageError, first_line
+from ._util import quiet
+from .call import CallAdapter
+from .examples import BATCH_LOOP, MASK_READ_AS_VALUES
+from .model import LoadedModel
+from .pretrained import batched_axes, fixed_by_mask_note
+
+KIND = "diffusers-pipeline"
+PROMPT = "a photo"
+#: the side of the image the pipeline is run at (pixels), rounded up to what the pipeline accepts
+SIDE = 64
+
+
+@dataclasses.dataclass
+class ComponentModel(LoadedModel):
+    """The exported component of a pipeline folder; `headline`: how its inputs were made (convert
+    prints it first)."""
+    headline: str = ""
+
+
+class _Folder(nn.Module):
+    """A pipeline folder not built yet (built and run once by `component_call`)."""
+
+    def __init__(self, path: Path, index: dict):
+        super().__init__()
+        self.path, self.index = path, index
+
+    def forward(self, *args, **kwargs):
+        raise RuntimeError("a diffusers pipeline folder is run when its call is resolved (normexport.load.call_for)")
+
+
+def is_pipeline_folder(path: Path) -> bool:
+    return (path / "model_index.json").is_file()
+
+
+def load_pipeline_folder(path: Path) -> LoadedModel:
+    """The folder, read (model_index.json) but not built: see component_call."""
+    index_file = path / "model_index.json"
+    try:
+        index = json.loads(index_file.read_text())
+    except (OSError, ValueError) as e:
+        raise UsageError(f"cannot read '{index_file}' ({first_line(e, 120)}): re-save the pipeline with "
+                         "save_pretrained") from None
+    if not isinstance(index, dict) or not isinstance(index.get("_class_name"), str):
+        raise UsageError(f"'{index_file}' names no pipeline class ('_class_name'): re-save the pipeline with "
+                         "save_pretrained")
+    if importlib.util.find_spec("diffusers") is None:
+        raise UsageError(f"'{path}' is a diffusers pipeline folder but diffusers is not installed: pip install diffusers")
+    return LoadedModel(_Folder(path, index), KIND)
+
+
+def components(index: dict) -> list[str]:
+    """The component names of model_index.json (those saved with a library and class)."""
+    return [k for k, v in index.items() if not k.startswith("_") and isinstance(v, list) and len(v) == 2
+            and all(isinstance(x, str) for x in v)]
+
+
+@contextlib.contextmanager
+def component_call(loaded: LoadedModel, module_name: str | None, inputs_file: str | None):
+    """(component's LoadedModel, submodule name left of --module, --inputs file) for a pipeline
+    folder: the folder built and run once, the component's first call recorded to a temporary
+    --inputs file (removed on leaving); with --inputs, the component named by --module loaded from
+    its own folder with the user's file."""
+    folder: _Folder = loaded.module
+    path, index = folder.path, folder.index
+    names = components(index)
+    component, rest = _split(module_name, names, path)
+    if inputs_file:
+        if component is None:
+            raise UsageError(f"--inputs with a pipeline folder: name the component the file was recorded on with "
+                             f"--module (one of {', '.join(names)}), or convert its folder ({path / names[0]})")
+        from .pretrained import load_folder
+
+        yield load_folder(path / component), rest, inputs_file
+        return
+    tmp = tempfile.mkdtemp(prefix="normexport-pipeline-")
+    try:
+        out = record(path, index, component, Path(tmp) / "inputs.pt")
+        yield out, rest, str(Path(tmp) / "inputs.pt")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _split(module_name: str | None, names: list[str], path: Path) -> tuple[str | None, str | None]:
+    if not module_name:
+        return None, None
+    head, _, rest = module_name.partition(".")
+    if head not in names:
+        raise UsageError(f"--module {module_name}: the pipeline in '{path}' has no component '{head}': name one of "
+                         f"model_index.json's ({', '.join(names)}), optionally with a submodule "
+                         f"(e.g. {names[0]}.<submodule>)")
+    return head, rest or None
+
+
+class _Reached(Exception):
+    """Ends the pipeline run: the scheduler's first step, or the named component's first call."""
+
+
+class _Finished(Exception):
+    """The pipeline ran to its end (so that every capture exits the same way)."""
+
+
+def record(path: Path, index: dict, component: str | None, file: Path) -> ComponentModel:
+    """Build the pipeline, run it once, save the component's first call to `file`; the component
+    as a LoadedModel whose call resolve makes from that file (DESIGN §9)."""
+    cls_name = index["_class_name"]
+    start = time.perf_counter()
+    pipe = _build(path, index, component)
+    modules = {n: c for n, c in pipe.components.items() if isinstance(c, nn.Module)}
+    if component is not None and component not in modules:
+        raise UsageError(f"--module {component}: that component of {cls_name} is a "
+                         f"{type(pipe.components.get(component)).__name__}, not a torch module: name one of "
+                         f"{', '.join(modules)}")
+    kwargs, size = call_arguments(pipe, modules, path, component)
+    hatch = _escape(path, component or _likely_denoiser(index))
+    schedulers = [c for c in pipe.components.values() if callable(getattr(c, "step", None))
+                  and not isinstance(c, nn.Module)]
+    if component is None and not schedulers:
+        raise UsageError(f"{cls_name} has no scheduler whose step would tell its denoiser: name the component "
+                         f"with --module (one of {', '.join(modules)}), or {hatch}")
+    order: list[str] = []  # components in the order the pipeline calls them
+    at_step: list[list[str]] = []
+    caps: dict[str, Capture] = {}
+    try:
+        with contextlib.ExitStack() as stack:
+            for name, m in modules.items():
+                caps[name] = stack.enter_context(Capture(m, file, quiet=True))
+                stack.callback(m.register_forward_pre_hook(_order_hook(order, name, component)).remove)
+            if component is None:
+                for s in schedulers:
+                    _stop_at_step(s, order, at_step, stack)
+            try:
+                with quiet():
+                    pipe(**kwargs)
+            except _Reached:
+                raise
+            except Exception as e:  # the pipeline's own error, before the component was reached
+                raise UsageError(f"{cls_name} from '{path}' failed in its one-step run with {_show(kwargs)} "
+                                 f"({type(e).__name__}: {first_line(e, 160)}): {hatch}") from None
+            raise _Finished()
+    except (_Reached, _Finished):
+        pass
+    if component is None:
+        component = at_step[0][-1] if at_step and at_step[0] else None
+        if component is None:
+            raise UsageError(f"{cls_name} from '{path}' called no component module before its scheduler's first step"
+                             f"{'' if at_step else ' (it never stepped)'}: name the component with --module (one of "
+                             f"{', '.join(modules)}), or {hatch}")
+        how = "the denoiser: called last before the scheduler's first step"
+    else:
+        how = "--module"
+    cap = caps[component]
+    if cap.args is None:
+        raise UsageError(f"--module {component}: {cls_name} does not call that component's forward before the end "
+                         f"of its one-step run (output_type='latent': the VAE decodes nothing): convert its folder "
+                         f"{path / component} with --input / --inputs")
+    save(cap.args, cap.kwargs, file)
+    target = modules[component]
+    del pipe, modules, caps, cap, schedulers  # the text encoders (and all but the component) are released
+    gc.collect()
+    seconds = time.perf_counter() - start
+    steps = kwargs.get("num_inference_steps", "default")
+    headline = (f"inputs: recorded from one {cls_name} step ({steps} step, {size}) on component {component} "
+                f"({how}; built and run in {seconds:.1f} s)")
+    return _component_model(target.eval(), file, headline)
+
+
+def _order_hook(order: list[str], name: str, stop_at: str | None):
+    def hook(_module, _args):
+        order.append(name)
+        if name == stop_at:  # after the capture's hook (registered first) recorded the call
+            raise _Reached()
+    return hook
+
+
+def _stop_at_step(scheduler, order: list[str], at_step: list, stack: contextlib.ExitStack) -> None:
+    """scheduler.step raises _Reached at its first call (the instance attribute is removed after)."""
+    def step(*args, **kwargs):
+        at_step.append(list(order))
+        raise _Reached()
+
+    had = "step" in vars(scheduler)
+    previous = vars(scheduler).get("step")
+    scheduler.step = step
+    stack.callback(lambda: setattr(scheduler, "step", previous) if had else delattr(scheduler, "step"))
+
+
+def _component_model(module: nn.Module, file: Path, headline: str) -> ComponentModel:
+    """The component called with the recorded (args, kwargs) exactly (resolve's --inputs path for
+    any module): its batched inputs dynamic, as a folder's; the classes whose forward fixes the
+    batch or reads the mask's values static, with the note a folder of theirs gets."""
+    args, kwargs = torch.load(file, map_location="cpu", weights_only=True)
+    adapter = CallAdapter(module, tuple(args), dict(kwargs))
+    top = {n: t for n, t in zip(adapter.input_names, adapter.example_inputs) if "." not in n}
+    dynamic = batched_axes(top)
+    cls = type(module).__name__
+    notes = []
+    if cls in MASK_READ_AS_VALUES:
+        dynamic = {}
+        notes.append(fixed_by_mask_note(cls, top))
+    elif cls in BATCH_LOOP:
+        dynamic = {}
+    return ComponentModel(module, "pretrained", dynamic_axes=dynamic or None, notes=notes, headline=headline)
+
+
+def _build(path: Path, index: dict, component: str | None):
+    """DiffusionPipeline.from_pretrained(folder), local files only, each component in the dtype its
+    safetensors store (a bf16 checkpoint is not held as float32)."""
+    import diffusers
+
+    cls_name = index["_class_name"]
+    hatch = _escape(path, component or _likely_denoiser(index))
+    with quiet():  # the lazy import of the pipeline's module (warnings about optional backends)
+        pipeline_cls = getattr(diffusers, cls_name, None)
+    if pipeline_cls is None:
+        raise UsageError(f"'{path}' names {cls_name}, which this diffusers does not have: upgrade diffusers, or "
+                         f"{hatch}")
+    dtypes = {name: dt for name in components(index)
+              if (dt := _stored_dtype(path / name)) is not None}
+    saved = os.environ.get("HF_HUB_OFFLINE")
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    for lib in ("diffusers", "transformers"):
+        try:
+            importlib.import_module(f"{lib}.utils.logging").disable_progress_bar()
+        except (ImportError, AttributeError):
+            pass
+    try:
+        with quiet():
+            pipe = pipeline_cls.from_pretrained(str(path), local_files_only=True,
+                                                **({"torch_dtype": {**dtypes, "default": torch.float32}}
+                                                   if dtypes else {}))
+    except Exception as e:  # noqa: BLE001 - a missing tokenizer / weights, a class this library lacks
+        raise UsageError(f"cannot build {cls_name} from '{path}' ({type(e).__name__}: {first_line(e, 400)}): "
+                         f"{hatch}") from None
+    finally:
+        if saved is None:
+            os.environ.pop("HF_HUB_OFFLINE", None)
+        else:
+            os.environ["HF_HUB_OFFLINE"] = saved
+    if hasattr(pipe, "set_progress_bar_config"):
+        pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def _stored_dtype(folder: Path):
+    """float16 / bfloat16 when the folder's safetensors store it (a header read), else None."""
+    try:
+        from safetensors import safe_open
+
+        first = next(iter(sorted(folder.glob("*.safetensors"))), None)
+        if first is None:
+            return None
+        with safe_open(str(first), framework="pt") as f:
+            for key in f.keys():
+                dt = {"BF16": torch.bfloat16, "F16": torch.float16}.get(f.get_slice(key).get_dtype())
+                if dt is not None:
+                    return dt
+    except Exception:  # noqa: BLE001 - then float32
+        return None
+    return None
+
+
+def call_arguments(pipe, modules: dict, path: Path, component: str | None) -> tuple[dict, str]:
+    """The generic one-step call of any pipeline, from its __call__ signature (module doc), and the
+    image size it asks for ("64x64")."""
+    try:
+        params = inspect.signature(pipe.__call__).parameters
+    except (TypeError, ValueError):
+        params = {}
+    side = image_side(pipe, modules)
+    wanted = {"prompt": PROMPT, "num_inference_steps": 1, "height": side, "width": side, "output_type": "latent",
+              "use_resolution_binning": False, "generator": torch.Generator().manual_seed(0)}
+    kwargs = {k: v for k, v in wanted.items() if k in params}
+    required = [n for n, p in params.items() if p.default is p.empty and n not in kwargs
+                and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    if required:
+        raise UsageError(f"{type(pipe).__name__}.__call__ needs {', '.join(required)} (no default), which a generic "
+                         f"one-step run cannot give: {_escape(path, component or _module_guess(modules))}")
+    size = f"{side}x{side}" if "height" in kwargs else "default size"
+    return kwargs, size
+
+
+def image_side(pipe, modules: dict) -> int:
+    """SIDE, rounded up to a multiple of the VAE's scale factor × the largest patch size of the
+    components × 2 (packed latents), and of 8."""
+    scale = next((v for a in ("vae_scale_factor_spatial", "vae_scale_factor")
+                  if isinstance(v := getattr(pipe, a, None), int) and v > 0), None)
+    if scale is None:
+        vae = modules.get("vae")
+        blocks = getattr(getattr(vae, "config", None), "block_out_channels", None)
+        scale = 2 ** (len(blocks) - 1) if blocks else 8
+    patch = 1
+    for m in modules.values():
+        p = getattr(getattr(m, "config", None), "patch_size", None)
+        if isinstance(p, int):
+            patch = max(patch, p)
+        elif isinstance(p, (list, tuple)) and all(isinstance(x, int) for x in p):
+            patch = max([patch] + list(p))
+    unit = math.lcm(scale * patch * 2, 8)
+    return unit * math.ceil(SIDE / unit)
+
+
+def _show(kwargs: dict) -> str:
+    return ", ".join(f"{k}={v!r}" for k, v in kwargs.items() if k != "generator")
+
+
+def _escape(path: Path, component: str) -> str:
+    return (f"record the component's call yourself: `with normexport.capture(pipe.{component}, \"inputs.pt\", "
+            f"stop=True): pipe(...)`, then `normexport convert {path / component} --inputs inputs.pt` (or this "
+            f"folder with --module {component} --inputs inputs.pt)")
+
+
+def _likely_denoiser(index: dict) -> str:
+    """For messages only (before a run tells): the first diffusers component that is not a VAE."""
+    names = [n for n in components(index) if index[n][0] == "diffusers" and "vae" not in n.lower()
+             and "scheduler" not in n.lower()]
+    return names[0] if names else "<component>"
+
+
+def _module_guess(modules: dict) -> str:
+    names = [n for n, m in modules.items() if type(m).__module__.startswith("diffusers") and "vae" not in n.lower()]
+    return names[0] if names else "<component>"
