@@ -25,6 +25,7 @@ from pathlib import Path
 from ..errors import UsageError
 from .model import TORCH_EXTS, LoadedModel, is_factory
 from .pytree_types import import_modules
+from . import sniff
 from .resolve import Call, call_for
 
 
@@ -50,16 +51,23 @@ def load(model: str, *, trust_pickle: bool = False, weights: str | None = None,
         from .pretrained import load_folder
 
         return load_folder(path)
-    if path.suffix == ".pt2":
+    kind, what = sniff.kind_of(path)  # by content, whatever the extension (DESIGN §9)
+    if kind == "unknown" and path.suffix in (".pt2",) + TORCH_EXTS:  # damaged: its extension's loader says how
+        kind = sniff.EXPORTED if path.suffix == ".pt2" else sniff.TORCH_SAVE
+    if kind == sniff.EXPORTED:
         from .pt2 import load_pt2
 
         return load_pt2(path, trust_pickle)
-    if path.suffix in TORCH_EXTS:
+    if kind in (sniff.TORCHSCRIPT, sniff.TORCH_SAVE, sniff.PICKLE):
         from .torch_file import load_torch_file
 
         return load_torch_file(path, trust_pickle)
-    raise UsageError(f"unknown model extension '{path.suffix}' for '{model}': use .pt2 (torch.export), "
-                     ".pt/.pth (TorchScript or pickled module), a save_pretrained folder or `package.module:callable`")
+    known = path.suffix in (".pt2",) + TORCH_EXTS
+    ext = "" if known or not path.suffix else f"; unknown model extension '{path.suffix}'"
+    hint = " (`normexport rewrite` takes ONNX files)" if what == "an ONNX model" else ""
+    raise UsageError(f"cannot read '{model}' as a model: it is {what}{hint}{ext}: pass a TorchScript archive "
+                     "(torch.jit.save), a .pt2 (torch.export.save), a pickled nn.Module (--trust-pickle), "
+                     "a save_pretrained folder or `package.module:callable`")
 
 
 class _CallableModule(types.ModuleType):
