@@ -79,7 +79,10 @@ def run(args) -> int:
     from . import __version__
     from .parity import check
 
-    out = io.check_writable(args.output or default_output(args.model, args.module))
+    from .llm import deploy
+
+    # `-o DIR/`: the output is a folder, the file DIR/model.onnx (DESIGN §10's deployable folder)
+    out = io.check_writable(deploy.output_path(args.output) or default_output(args.model, args.module))
     off = switches.from_flags(getattr(args, "no_residual_fusion", False), getattr(args, "no_fuse", ()))
     if args.report:
         io.check_writable(args.report, "--report")
@@ -217,6 +220,9 @@ def run(args) -> int:
                 p.unlink(missing_ok=True)
             raise
     print(f"wrote {out}")
+    if task == llm.WITH_PAST:  # DESIGN §10: genai_config.json, the tokenizer and config files beside the file
+        for line in deploy.write(out, model_ir, module, args.model, loaded.kind.removesuffix("-with-past")):
+            print(line)
     return 0
 
 
