@@ -2,8 +2,8 @@
 
 - nn.GatedRMSNorm against float64 numpy formulas: gate before the norm (Mamba2), norm before the
   gate (Qwen3-Next), per-group statistics, gate None.
-- prepare() recognises the real transformers classes by behaviour (MambaRMSNormGated with 2 groups,
-  Qwen3NextRMSNormGated whose gate comes after the norm) and picks the right hypothesis.
+- prepare() recognising the real transformers classes (MambaRMSNormGated with 2 groups,
+  Qwen3NextRMSNormGated) is tested with the recogniser, in tests/prepare/test_gated_rms.py.
 - a Mamba2ForCausalLM folder converts: every RMSNorm fused (the 2 gated ones swapped, not left to
   the rewriter), onnxruntime parity against float64 passing. Before issue 22 its gated norms were
   swapped for a one-input RMSNorm and the export died ("forward() takes 2 positional arguments").
@@ -21,7 +21,6 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from normexport.prepare import nn as nenn  # noqa: E402
-from normexport.prepare.swap import prepare  # noqa: E402
 from _norm_counts import norm_ops  # noqa: E402
 
 
@@ -65,44 +64,6 @@ def test_gated_rmsnorm_matches_float64_formula(groups, norm_before_gate, with_ga
     if with_gate:  # the other gate position is a different function (the test can tell them apart)
         other = _reference(x.numpy(), gate.numpy(), w.numpy(), eps, groups, not norm_before_gate)
         assert np.abs(other - ref).max() > 100 * (1e-5 * np.abs(ref).max() + 1e-6)
-
-
-class _Caller(torch.nn.Module):
-    """Calls a gated norm as the library's mixers do: norm(hidden_states, gate)."""
-
-    def __init__(self, norm, hidden):
-        super().__init__()
-        self.proj = torch.nn.Linear(hidden, 2 * hidden)
-        self.norm = norm
-
-    def forward(self, x):
-        h, g = self.proj(x).chunk(2, dim=-1)
-        return self.norm(h, g)
-
-
-def _randomize(module, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in module.parameters():
-            p.copy_(torch.randn(p.shape, generator=gen) * 0.5 + (1.0 if p.dim() == 1 else 0.0))
-    return module
-
-
-@pytest.mark.parametrize("make, groups, before", [
-    (lambda: transformers.models.mamba2.modeling_mamba2.MambaRMSNormGated(32, group_size=16, eps=1e-5), 2, False),
-    (lambda: transformers.models.qwen3_next.modeling_qwen3_next.Qwen3NextRMSNormGated(32, eps=1e-6), 1, True),
-])
-def test_prepare_swaps_library_gated_norms(make, groups, before):
-    model = _randomize(_Caller(make(), 32)).eval()
-    x = torch.randn(2, 5, 32, generator=torch.Generator().manual_seed(1)) + 0.3
-    report = []
-    new = prepare(model, report, example_inputs=(x,))
-    assert isinstance(new.norm, nenn.GatedRMSNorm), report
-    assert (new.norm.groups, new.norm.norm_before_gate) == (groups, before)
-    (entry,) = [r for r in report if r["name"] == "norm"]
-    assert entry["action"] == "swapped" and "gate outside" in entry["reason"], entry
-    with torch.no_grad():
-        assert torch.allclose(new(x), model(x), rtol=1e-5, atol=1e-6)
 
 
 def _norm_calls(model, inputs) -> int:

@@ -19,6 +19,7 @@ transformers = pytest.importorskip("transformers")
 
 from normexport.prepare import nn as nenn  # noqa: E402
 from normexport.prepare import swap  # noqa: E402
+from normexport.prepare.recognisers import gated_rms  # noqa: E402
 
 MambaRMSNormGated = transformers.models.mamba2.modeling_mamba2.MambaRMSNormGated
 LlamaRMSNorm = transformers.models.llama.modeling_llama.LlamaRMSNorm
@@ -47,7 +48,7 @@ def _x(seed=1, shape=(2, 5, 32)):
 
 
 def test_two_input_norm_not_swapped_for_one_input_rmsnorm(monkeypatch):
-    monkeypatch.setattr(swap, "_gated_rms", lambda m: [])  # only the one-input hypotheses remain
+    monkeypatch.setattr(gated_rms, "recognise", lambda m: [])  # only the one-input hypotheses remain
     model, x = _Mixer().eval(), _x()
     report: list = []
     new = swap.prepare(model, report, example_inputs=(x,))
@@ -65,7 +66,7 @@ def test_two_input_norm_not_swapped_for_one_input_rmsnorm(monkeypatch):
 
 
 def test_without_example_inputs_the_signature_decides(monkeypatch):
-    monkeypatch.setattr(swap, "_gated_rms", lambda m: [])
+    monkeypatch.setattr(gated_rms, "recognise", lambda m: [])
     report: list = []
     new = swap.prepare(_Mixer().eval(), report)
     assert isinstance(new.norm, MambaRMSNormGated)
@@ -77,13 +78,13 @@ def test_inputs_from_the_forward_decide_where_random_input_cannot(monkeypatch):
     """Random check inputs that happen to be blind to the group structure (each group of channels
     with the same RMS) accept per-row statistics for MambaRMSNormGated with 2 groups; the inputs
     the norm receives in the model's forward reject them, and the per-group hypothesis is taken."""
-    rand = swap._rand
+    rand = gated_rms.rand
 
     def blind(shape, seed, offset=0.0):
         half = rand(shape[:-1] + (shape[-1] // 2,), seed, offset)
         return torch.cat([half, half.flip(-1)], dim=-1)  # both halves: the same mean square
 
-    monkeypatch.setattr(swap, "_rand", blind)
+    monkeypatch.setattr(gated_rms, "rand", blind)  # the gated hypotheses' check inputs
     model, x = _Mixer(groups=2).eval(), _x(2)
     report: list = []
     new = swap.prepare(model, report, example_inputs=(x,))

@@ -3,7 +3,9 @@
     fold_bn  BatchNorm folded into the conv / linear before it (fold_batchnorm)
     swap     recognised norm modules swapped for normexport modules, each swap kept only when
              the replacement takes the calls seen in an example forward and matches on random
-             input and on those inputs, else left to the rewriter with the reason (prepare)
+             input and on those inputs, else left to the rewriter with the reason (prepare);
+             the driver. Its pieces: recognisers/ (one module per norm kind, an ordered
+             registry), calls (capture_calls), signature, numeric (rel_err, REL_TOL)
     nn       the nn.Modules that call the normexport custom ops (RMSNorm, GatedRMSNorm, AdaLNZero)
     implementations
              transformers MoE experts / attention switched to implementations the exporters take
