@@ -45,7 +45,8 @@ def write_tokenizer(folder: Path):
     tok.decoder = decoders.ByteLevel()
     tok.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "<s>", "</s>"],
                                                         initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
+                                   model_input_names=["input_ids", "attention_mask"])  # as LLM tokenizers: no token_type_ids
     fast.save_pretrained(folder)
     path = folder / "tokenizer_config.json"
     config = json.loads(path.read_text())

@@ -2,8 +2,9 @@
 
 `cache` (FlatCacheLM, the file's interface with flat cache tensors in and out, and CacheLM, a
 transformers model through it; names; the cache layout read from the model), `program`
-(ProgramLM: a .pt2 program that takes a KV cache through the same interface) and `task`
-(`--task` of `convert`: which graph a causal LM or .pt2 exports). The check
+(ProgramLM: a .pt2 program that takes a KV cache through the same interface), `task`
+(`--task` of `convert`: which graph a causal LM or .pt2 exports) and `deploy` (the deployable
+folder: genai_config.json, tokenizer and config files beside the file). The check
 by generation lives in `normexport.parity.generate`; TensorRT profiles over past length in
 `normexport.trt.profiles`.
 """
