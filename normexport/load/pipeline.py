@@ -108,7 +108,7 @@ def component_call(loaded: LoadedModel, module_name: str | None, inputs_file: st
     folder: _Folder = loaded.module
     path, index = folder.path, folder.index
     names = components(index)
-    component, rest = _split(module_name, names, path)
+    component, rest = _split(module_name, names, index, path)
     if inputs_file:
         if component is None:
             raise UsageError(f"--inputs with a pipeline folder: name the component the file was recorded on with "
@@ -125,14 +125,14 @@ def component_call(loaded: LoadedModel, module_name: str | None, inputs_file: st
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _split(module_name: str | None, names: list[str], path: Path) -> tuple[str | None, str | None]:
+def _split(module_name: str | None, names: list[str], index: dict, path: Path) -> tuple[str | None, str | None]:
     if not module_name:
         return None, None
     head, _, rest = module_name.partition(".")
     if head not in names:
         raise UsageError(f"--module {module_name}: the pipeline in '{path}' has no component '{head}': name one of "
                          f"model_index.json's ({', '.join(names)}), optionally with a submodule "
-                         f"(e.g. {names[0]}.<submodule>)")
+                         f"(e.g. {_likely_denoiser(index)}.<submodule>)")
     return head, rest or None
 
 
@@ -259,6 +259,10 @@ def _build(path: Path, index: dict, component: str | None):
     if pipeline_cls is None:
         raise UsageError(f"'{path}' names {cls_name}, which this diffusers does not have: upgrade diffusers, or "
                          f"{hatch}")
+    absent = [f"{n} ({index[n][1]})" for n in components(index) if not (path / n).is_dir()]
+    if absent:  # the libraries would build an empty tokenizer / fail deep in the run instead
+        raise UsageError(f"cannot build {cls_name} from '{path}': model_index.json names component(s) with no folder "
+                         f"there: {', '.join(absent)}; save the whole pipeline with save_pretrained, or {hatch}")
     dtypes = {name: dt for name in components(index)
               if (dt := _stored_dtype(path / name)) is not None}
     saved = os.environ.get("HF_HUB_OFFLINE")
