@@ -20,6 +20,7 @@ from normexport import ops as _ops
 from normexport import sizes as _sizes
 from normexport.errors import UsageError, first_line
 
+from . import canonical
 from .diagnostics import Tracer, record_diagnostics, record_unapplied, where
 from .local import LocalVerifier, concrete_shapes, probe_ir, probe_shapes
 from .opset import model_opset, upgrade_opset
@@ -114,6 +115,9 @@ def rewrite_ir(model: ir.Model, target: str = "trt", verify: bool = True, report
 
     if target not in TARGETS:
         raise ValueError(f"unknown target {target!r}; use one of {', '.join(TARGETS)}")
+    if not model.graph.outputs:  # an empty file parses as an empty ModelProto: nothing to rewrite, nothing to write
+        raise UsageError("the model has no graph (no graph outputs): an empty or truncated file parses as an "
+                         "empty ONNX model; pass a model with a graph")
     face = interface(model)
     _sizes.check_given(face, inputs)
     if report is None:
@@ -140,6 +144,10 @@ def rewrite_ir(model: ir.Model, target: str = "trt", verify: bool = True, report
     unmarked = {id(n) for n in model.graph
                 if n.domain == _ops.DOMAIN and not all(k in n.attributes for k in _ops.PLUGIN_ATTRIBUTES)}
     ir.passes.common.ShapeInferencePass(check_type=False, strict_mode=False, data_prop=True)(model)
+    pristine = model.clone()  # (the tensors shared) returned when no rule applies: the original spelling
+    report.canonical = canonical.canonicalize(model, report.notes)  # DESIGN §11: the rules see canonical forms
+    if report.canonical:
+        ir.passes.common.ShapeInferencePass(check_type=False, strict_mode=False, data_prop=True)(model)
     local = None
     if verify:
         concrete = concrete_shapes(model, first)
@@ -205,6 +213,11 @@ def rewrite_ir(model: ir.Model, target: str = "trt", verify: bool = True, report
         for rule in rules:  # one rule at a time, in the module's order
             _apply([_verified(rule, records[rule.name], local)], model)
     record_unapplied(explain, model, report)
+    canonical.restore(model)  # a canonical BatchNormalization no rule folded: back to its Mul / Add
+    if report.canonical and not report.applied:  # nothing fused: the model as it came, not its canonical forms
+        model = pristine
+        unmarked = {id(n) for n in model.graph
+                    if n.domain == _ops.DOMAIN and not all(k in n.attributes for k in _ops.PLUGIN_ATTRIBUTES)}
 
     # normexport nodes another tool wrote without the plugin attributes (the fused ones get them in finish)
     marked = sum(1 for n in model.graph if id(n) in unmarked)

@@ -485,10 +485,12 @@ def probe_shapes(proto: onnx.ModelProto, model: ir.Model, concrete: dict[str, li
     from normexport import sizes as _sizes
 
     graph_outputs = {o.name for o in proto.graph.output}
+    # values of `proto` only: the model may have new ones (canonical forms, DESIGN §11) the proto has not
+    written = {o for n in proto.graph.node for o in n.output}
     missing = []
     for n in model.graph:
         for v in n.outputs:
-            if v.name and (v.name not in concrete or v.dtype is None):
+            if v.name and v.name in written and (v.name not in concrete or v.dtype is None):
                 missing.append(v)
     if not missing:
         return {}, {}, ""

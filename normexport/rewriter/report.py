@@ -45,6 +45,7 @@ class RewriteReport:
     whole_model: str = ""  # the whole-model extra: "passed", "differs: ...", "not run: ..."
     norm_nodes: dict[str, int] = dataclasses.field(default_factory=dict)  # in the result (norm_node_counts)
     off: dict[str, str] = dataclasses.field(default_factory=dict)  # rule modules turned off: {module: flag}
+    canonical: dict[str, int] = dataclasses.field(default_factory=dict)  # canonical.py: {step: places changed}
 
     def record(self, rule_name: str, module: str) -> RuleRecord:
         if rule_name not in self.rules:
@@ -82,6 +83,7 @@ class RewriteReport:
             "nodes": {"before": self.nodes_before, "after": self.nodes_after},
             "norm_nodes": dict(self.norm_nodes),
             "modules": dict(self.modules),
+            "canonical": dict(self.canonical),
             # the switches (rewriter/switches.py): what the command line turned off, and the residual fusion
             "fusion_off": dict(self.off),
             "residual_fusion": switches.residual_fusion(self.off),
@@ -113,6 +115,8 @@ class RewriteReport:
                  f"opset {self.opset_before} -> {self.opset_after}"]
         if self.norm_nodes:
             lines.append("  norm nodes: " + ", ".join(f"{v} {k}" for k, v in self.norm_nodes.items()))
+        if self.canonical and self.applied:
+            lines.append("  canonical forms first: " + ", ".join(f"{k} {v}" for k, v in self.canonical.items()))
         for r in self.rules.values():
             if not (r.matched or r.applied or r.rejected):
                 continue

@@ -187,7 +187,7 @@ class G:
         return self.node("ReduceMean", v, self.init(np.array(axes, np.int64), "axes"), keepdims=1)
 
     def inv_sqrt(self, num, v, form):
-        """num / sqrt(v) spelled `form` (see normexport.rewriter.rules._common.INV_FORMS)."""
+        """num / sqrt(v) spelled `form` (see normexport.rewriter.rules._common.INV_SPELLINGS)."""
         if form == "div":
             return self.node("Div", num, self.node("Sqrt", v))
         if form.startswith("recip"):

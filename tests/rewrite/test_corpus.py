@@ -49,6 +49,7 @@ def test_corpus_file(entry: C.Entry, tmp_path):
     rewritten = onnx.load(out)
     after = C.counts(rewritten)
     assert after == entry.expect, report.summary()
+    assert report.applied == entry.fused, report.summary()
 
     size_in, size_out = os.path.getsize(src), os.path.getsize(out)
     assert size_out <= size_in * 1.01, f"{size_in} -> {size_out} bytes"

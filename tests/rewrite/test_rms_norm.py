@@ -11,7 +11,7 @@ import pytest
 
 from normexport.ops import rms_norm as rms_spec
 from normexport.rewriter import RewriteReport, rewrite
-from normexport.rewriter.rules._common import INV_FORMS
+from normexport.rewriter.rules._common import INV_SPELLINGS
 
 sys.path.insert(0, os.path.dirname(__file__))
 import _graphs as G  # noqa: E402
@@ -63,7 +63,7 @@ def test_transformers_llama_rmsnorm():
     _check_rms(out)
 
 
-@pytest.mark.parametrize("form", INV_FORMS)
+@pytest.mark.parametrize("form", INV_SPELLINGS)  # canonical forms first: every spelling fuses
 @pytest.mark.parametrize("square", ["pow", "mul"])
 def test_helper_forms_no_scale(form, square):
     model = G.rms_graph(form=form, square=square, scale=None)

@@ -1,16 +1,19 @@
 """One-pass-variance LayerNorm -> LayerNormalization (opset >= 17; the driver upgrades the model).
 
-How tf2onnx writes Flax / Keras / JAX LayerNorms (var = E[x²] − E[x]², Flax's fast variance):
-    mean = ReduceSum(x, axes) · (1/n)  | (1/n) · ReduceSum | ReduceSum / n | ReduceMean(x, axes)
+How tf2onnx writes Flax / Keras / JAX LayerNorms (var = E[x²] − E[x]², Flax's fast variance), in
+the canonical forms the driver brings the graph to first (rewriter/canonical.py): ReduceSum · 1/n,
+1/n · ReduceSum and ReduceSum / n are ReduceMean there (only where the factor is 1/n for the reduced
+element count: 1/(n−1), an unbiased variance, is not a LayerNorm); keepdims=0 statistics broadcast
+back by Reshape / Expand are keepdims=1; Div(1, Sqrt(v)) and Pow(v, -0.5) are Reciprocal(Sqrt(v)):
+    mean = ReduceMean(x, axes)
     msq  = the same of x² (Mul(x, x) | Pow(x, 2)), over the same axes
     var  = msq − mean² (Mul(mean, mean) | Pow(mean, 2)), optionally Max(var, 0) (either order)
          | the mean of (x − mean)² (tf.nn.moments: Keras, Flax without fast variance)
     v    = var + eps (either order), eps a constant scalar
-    r    = Reciprocal(Sqrt(v)) | Div(1, Sqrt(v)) | Pow(v, -0.5)      (Rsqrt as tf2onnx spells it)
+    r    = Reciprocal(Sqrt(v))                                        (Rsqrt as tf2onnx spells it)
     a    = r · scale (either order) | r                               (Flax: mul = rsqrt(v) * scale)
     y    = (x − mean) · a [+ bias]                                    (Flax)
          | x · a + (bias − mean · a)                                  (tf.nn.batch_normalization, Keras)
-n must be the element count of the reduced dims (1/(n−1), an unbiased variance, is not a LayerNorm).
 Axes: the trailing dims -> LayerNormalization(axis=-k); other dims (e.g. axis 1 of [N, C, L]) ->
 Transpose, LayerNormalization over the moved dims, Transpose back, when the decomposition writes
 more full-size tensors than those three nodes (it always has so far: 6 or more).
@@ -18,7 +21,6 @@ more full-size tensors than those three nodes (it always has so far: 6 or more).
 
 from __future__ import annotations
 
-import numpy as np
 import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
@@ -26,27 +28,13 @@ from . import _common as c
 
 TARGETS = frozenset({"trt", "ort", "onnx"})
 
-#: relative tolerance on the 1/n constant per its dtype (its own rounding)
-_N_RTOL = {ir.DataType.FLOAT: 1e-6, ir.DataType.DOUBLE: 1e-12, ir.DataType.FLOAT16: 1e-3, ir.DataType.BFLOAT16: 8e-3}
-_MEAN_FORMS = ("reduce_mean", "mul", "mul_l", "div")
-
-
 def required_opset(target: str) -> int:
     return 17
 
 
-def _reduce(op, red, t, name):
-    return getattr(op, red)(t, _allow_other_inputs=True, _allow_other_attributes=True, _outputs=[name])
-
-
 def _mean(op, t, i: int):
-    """mean of `t` over some axes, in the four spellings; binds red{i}_<form> and n{i}_<form>."""
-    return pattern.OrValue([
-        _reduce(op, "ReduceMean", t, f"red{i}_reduce_mean"),
-        op.Mul(_reduce(op, "ReduceSum", t, f"red{i}_mul"), pattern.Var(f"n{i}_mul")),
-        op.Mul(pattern.Var(f"n{i}_mul_l"), _reduce(op, "ReduceSum", t, f"red{i}_mul_l")),
-        op.Div(_reduce(op, "ReduceSum", t, f"red{i}_div"), pattern.Var(f"n{i}_div")),
-    ], tag_var=f"mform{i}", tag_values=_MEAN_FORMS)
+    """ReduceMean of `t` over some axes (the canonical mean); binds red{i}."""
+    return op.ReduceMean(t, _allow_other_inputs=True, _allow_other_attributes=True, _outputs=[f"red{i}"])
 
 
 class OnePassLayerNormFusion(pattern.RewriteRuleClassBase):
@@ -67,7 +55,7 @@ class OnePassLayerNormFusion(pattern.RewriteRuleClassBase):
         var = pattern.OrValue([op.Max(var, zero), op.Max(zero, var), var, two_pass], tag_var="clamp",
                               tag_values=[True, True, False, False])
         v = c.plus(op, var, eps)
-        r = pattern.OrValue([op.Reciprocal(op.Sqrt(v)), op.Div(1.0, op.Sqrt(v)), op.Pow(v, -0.5)])
+        r = op.Reciprocal(op.Sqrt(v))
         a = c.times(op, r, weight) if self._scaled else r
         if self._keras:
             return self._root("Add", op, c.times(op, x, a), op.Sub(bias, c.times(op, mean, a)))
@@ -87,30 +75,17 @@ class OnePassLayerNormFusion(pattern.RewriteRuleClassBase):
             return r.fail("the variance is clamped with Max against something other than 0", zero)
         rank = c.rank_of(x)
         found = []
-        for i in (1, 2 if kw.get("mform2") else 3):
-            form = kw.get(f"mform{i}")
-            red = kw.get(f"red{i}_{form}")
+        for i in (1, 2 if kw.get("red2") is not None else 3):
+            red = kw.get(f"red{i}")
             if red is None:
                 return r.fail(f"mean {i} not bound", x)
             axes, why = c.reduce_axes(red.producer())
             if axes is None:
-                return r.fail(why.replace("ReduceMean", red.producer().op_type), red)
+                return r.fail(why, red)
             axes, why = c.norm_axes(axes, rank)
             if axes is None:
                 return r.fail(why, red)
             found.append(axes)
-            if form != "reduce_mean":
-                n = c.axes_dims(x, axes) if axes[0] >= 0 else c.trailing_dims(x, len(axes))
-                if n is None:
-                    return r.fail("the reduced dims are not static: cannot confirm the 1/n of the mean", red)
-                count = float(np.prod(n))
-                const = kw.get(f"n{i}_{form}")
-                val = c.const_scalar(const)
-                want = count if form == "div" else 1.0 / count
-                rtol = _N_RTOL.get(const.dtype if const is not None else None, 1e-6)
-                if val is None or abs(val - want) > rtol * want:
-                    return r.fail(f"the mean's factor {val} is not {'n' if form == 'div' else '1/n'} = {want:.9g} "
-                                  f"for {int(count)} reduced elements", const)
         if found[0] != found[1]:
             return r.fail(f"mean axes {found[0]} and mean-square axes {found[1]} differ", x)
         self._axes = found[0]
