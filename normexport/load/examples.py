@@ -11,7 +11,9 @@ import torch
 from torch import nn
 
 from ..errors import UsageError
+from . import docs
 from ._util import short
+from .dims import Resolver, config_int
 
 BATCH, SEQ, TEXT_SEQ = 2, 8, 6
 
@@ -62,42 +64,138 @@ def example_kwargs(model, library: str) -> dict[str, torch.Tensor]:
     return out
 
 
-def derive(model, library: str, given: dict | None = None) -> tuple[dict, dict[str, str]]:
+class Made(dict):
+    """Example inputs by parameter; `free[p]`: the axes of p's tensor that only count (tokens,
+    frames: any small size fits), which the eager check (probe) may resize."""
+
+    def __init__(self, *a, free: dict | None = None, **k):
+        super().__init__(*a, **k)
+        self.free = dict(free or {})
+
+
+def derive(model, library: str, given: dict | None = None, extra=()) -> tuple[dict, dict[str, str]]:
     """(inputs by forward parameter, {parameter: shape the config implies} when some cannot be
     made: the missing ones first, then the other required ones, for the message; else {}).
     `given` (the user's --input / --inputs values, by parameter) is kept as is, and the derived
     ones take its batch and lengths. Derived: every parameter of forward without a default, plus
-    the optional ones the config switches on (class labels, pooled projections, guidance, ...);
-    shapes from the parameter's name and annotation and the config's sizes (channels, image and
-    patch size, frames, RoPE axes, text dims); per-family layouts only where the signature cannot
-    tell (CogVideoX's [B, F, C, H, W] latents, LTX-Video's packed tokens)."""
+    the optional ones the config switches on (class labels, pooled projections, guidance, ...)
+    and those in `extra` (the eager check asks for them); shapes from the parameter's name, its
+    annotation and documented shape (docs), the config's sizes (channels, image and patch size,
+    frames, RoPE axes, text dims) and the folder's processor files (folder_files, set by
+    pretrained as `_normexport_folder_sizes`); per-family layouts only where neither the signature
+    nor the documentation can tell (CogVideoX's [B, F, C, H, W] latents, LTX-Video's packed tokens)."""
     given = dict(given or {})
     batch = _batch_of(given)
     gen = torch.Generator().manual_seed(0)
     config = model.config
     signature = _signature(model)
     params = list(signature)
+    documented = docs.params(model)
+    folder = getattr(model, "_normexport_folder_sizes", None) or {}
     required = [p for p, prm in signature.items()
                 if prm.default is inspect.Parameter.empty and prm.kind not in (prm.VAR_POSITIONAL, prm.VAR_KEYWORD)]
+    wanted = list(dict.fromkeys(required + [p for p in extra if p in signature]))
     if library == "transformers":
-        out, missing = _transformers_kwargs(model, config, required, gen, batch, given)
-        return {**out, **given}, {p: v for p, v in missing.items() if p not in given}
+        out, missing = _transformers_kwargs(model, config, required, gen, batch, given, folder)
+        resolver = Resolver(config, folder, batch, free_size=SEQ)
+        made = Made({**out, **given})
+        for p in wanted:
+            if p not in made and p not in missing:
+                value = _from_docs(p, documented, resolver, gen, config, made)
+                if value is not None:
+                    made[p] = value
+        for p in list(missing):
+            if p not in made:
+                value = _from_docs(p, documented, resolver, gen, config, made)
+                if value is not None:
+                    made[p] = value
+        missing = {p: v for p, v in missing.items() if p not in made}
+        missing.update({p: _documented_text(documented.get(p), resolver) for p in wanted
+                        if p not in made and p not in missing})
+        made = Made({**{p: made[p] for p in params if p in made}, **made}, free=made.free)  # forward order
+        return made, {p: v for p, v in missing.items() if p not in given}
     sizes = _Sizes(type(model).__name__, config, params, batch, given)
-    out: dict = {}
+    resolver = Resolver(config, folder, batch, known=sizes.known(), free_size=SEQ)
+    out = Made()
     for p in params:
         if p in given:
             out[p] = given[p]
             continue
-        value = sizes.make(p, signature[p], gen, required=p in required)
+        value = sizes.make(p, signature[p], gen, required=p in wanted)
+        if value is None and p in wanted:
+            value = _from_docs(p, documented, resolver, gen, config, out)
         if value is not None:
             out[p] = value
-    missing = [p for p in required if p not in out]
+    missing = [p for p in wanted if p not in out]
     if "hidden_states" in params and "hidden_states" not in out:
         missing.append("hidden_states")
     if not missing:
         return out, {}
-    listed = list(dict.fromkeys(missing + [p for p in required if p not in given]))
-    return out, {p: sizes.expected(p) + ("" if p in missing else " (made)") for p in listed}
+    listed = list(dict.fromkeys(missing + [p for p in wanted if p not in given]))
+    return out, {p: _expected(sizes, documented.get(p), resolver, p) + ("" if p in missing else " (made)") for p in listed}
+
+
+def _expected(sizes, documented, resolver, p: str) -> str:
+    text = sizes.expected(p)
+    return _documented_text(documented, resolver) if "unknown" in text and documented is not None else text
+
+
+def _documented_text(documented, resolver) -> str:
+    """The shape a parameter's documentation gives, its resolved dims as numbers: [2x8xfeature_dim]."""
+    if documented is not None and documented.kind in ("list", "dict") and not documented.dims:
+        return f"[a {documented.kind} of tensors]"
+    if documented is None or not documented.dims:
+        return "[shape unknown]"
+    return "[" + "x".join(str(resolver.dim(d)[0] or d) for d in documented.dims) + "]"
+
+
+def _from_docs(p: str, documented: dict, resolver: Resolver, gen, config, made: Made):
+    """A value for parameter p from its documentation (docs) resolved against the config and folder
+    (dims.Resolver): a tensor of the documented shape (token ids within the vocabulary, masks all
+    ones), a list of per-item tensors, or an int that counts what a made tensor's documented axis
+    counts (`audio_num_frames` <- `num_audio_tokens` of audio_hidden_states); None when nothing
+    says what it is."""
+    doc = documented.get(p)
+    if doc is None:
+        return None
+    if doc.kind == "int":
+        return _count_of(p, documented, made) or resolver.dim(p)[0]
+    if doc.kind not in ("tensor", "list") or not doc.dims:
+        return None
+    shape, free, unknown = resolver.shape(doc.dims)
+    if shape is None:
+        return None
+    if doc.kind == "list":  # one tensor per batch item, each without the batch axis
+        return None if len(shape) < 2 else [torch.randn(*shape[1:], generator=gen) for _ in range(shape[0])]
+    made.free[p] = free
+    if "mask" in p:
+        return torch.ones(shape, dtype=torch.bool if doc.dtype == "bool" else torch.long)
+    if doc.dtype == "long":
+        high = config_int(config, "vocab_size") or 2
+        return torch.randint(0, high, shape, generator=gen)
+    return torch.randn(*shape, generator=gen)
+
+
+def _count_of(p: str, documented: dict, made: dict) -> int | None:
+    """An int parameter that counts what an axis of a made tensor counts: the documented axis name
+    sharing the most words with p (`audio_num_frames` ~ `num_audio_tokens`: "audio")."""
+    words = set(p.lower().split("_")) - {"num", "of", "n"}
+    best, score = None, 0
+    for name, t in made.items():
+        doc = documented.get(name)
+        if not isinstance(t, torch.Tensor) or doc is None or not doc.dims or len(doc.dims) != t.dim():
+            continue
+        for axis, dim in enumerate(doc.dims[1:], start=1):
+            shared = len(words & (set(dim.lower().split("_")) - {"num", "of", "n"}))
+            if shared > score and not dim.isdigit():
+                best, score = int(t.shape[axis]), shared
+    return best
+
+
+def make_one(model, library: str, name: str, kwargs: dict):
+    """A value for one more parameter the eager check found the model needs (probe), or None."""
+    out, _ = derive(model, library, given=kwargs, extra=[name])
+    return out.get(name)
 
 
 def missing_message(cls_name: str, missing: dict[str, str]) -> str:
@@ -105,10 +203,15 @@ def missing_message(cls_name: str, missing: dict[str, str]) -> str:
     the shape the config implies, and the two ways a user can always give inputs (DESIGN §9)."""
     lacking = [p for p, shape in missing.items() if not shape.endswith("(made)")]
     each = "; ".join(f"{p} {shape.removesuffix(' (made)')}" for p, shape in missing.items())
-    flags = " ".join(f"--input {p}:{_dims_text(missing[p])}" for p in lacking)
+    plain = [p for p in lacking if " of tensors" not in missing[p]]  # --input gives plain tensors only
+    flags = " ".join(f"--input {p}:{_dims_text(missing[p])}" for p in plain)
+    capture = (f"record a real call with `with normexport.capture(model, \"inputs.pt\"): pipeline(...)` and pass "
+               f"--inputs inputs.pt")
+    if len(plain) < len(lacking):
+        return (f"{cls_name}: normexport cannot make example inputs for {', '.join(lacking)} ({each}): "
+                f"{capture} (--input NAME:DIMS gives plain tensors only)")
     return (f"{cls_name}: normexport cannot make example inputs for {', '.join(lacking)}: pass --input NAME:DIMS[:DTYPE] "
-            f"for each required forward input ({each}), e.g. {flags}; or record a real call with "
-            f"`with normexport.capture(model, \"inputs.pt\"): pipeline(...)` and pass --inputs inputs.pt")
+            f"for each required forward input ({each}), e.g. {flags}; or {capture}")
 
 
 def _dims_text(shape: str) -> str:
@@ -133,41 +236,58 @@ def _signature(model) -> dict:
     return params
 
 
-def _transformers_kwargs(model, config, required, gen, batch=BATCH, given=None):
+def _transformers_kwargs(model, config, required, gen, batch=BATCH, given=None, folder=None):
     """Token ids for text models (and decoder ids for encoder-decoders); images for vision models
-    (`pixel_values` [B, num_channels, image_size, image_size] from the config)."""
+    (`pixel_values` [B, channels, height, width] from the config, else the folder's processor
+    config); any other main input (audio features, ...) from its documented shape (derive)."""
     name = getattr(model, "main_input_name", "input_ids")
     given = given or {}
+    folder = folder or {}
     if name == "pixel_values":
-        channels, size = _image_sizes(config)
-        if channels and size:
-            return {name: torch.randn(batch, channels, size, size, generator=gen)}, {}
-        return {}, {name: f"[{batch}x{channels or 'CHANNELS'}x{size or 'H'}x{size or 'W'}]"}
-    if name != "input_ids":
-        return {}, {name: "[shape unknown]"}
-    vocab = int(_cfg(config, "vocab_size", default=32))
-    out = {"input_ids": torch.randint(0, vocab, (batch, SEQ), generator=gen)}
-    if _cfg(config, "is_encoder_decoder") and "decoder_input_ids" in _signature(model):
-        # encoder-decoders (T5, BART): the decoder's tokens, a shorter sequence than the encoder's
+        channels, side = _image_sizes(config)
+        channels = channels or folder.get("num_channels")  # the processor's image_mean has one value per channel
+        height = width = side
+        if not _config_image_size(config) and folder.get("height"):  # the size only the processor config gives
+            height, width = folder["height"], folder["width"]
+        if channels and height:
+            return {name: torch.randn(batch, channels, height, width, generator=gen)}, {}
+        return {}, {name: f"[{batch}x{channels or 'CHANNELS'}x{height or 'H'}x{width or 'W'}]"}
+    out = {}
+    if name == "input_ids":
+        vocab = int(_cfg(config, "vocab_size", default=32))
+        out["input_ids"] = torch.randint(0, vocab, (batch, SEQ), generator=gen)
+    missing = {} if name == "input_ids" or name in given else {name: "[shape unknown]"}
+    if _cfg(config, "is_encoder_decoder") and "decoder_input_ids" in _signature(model) \
+            and "decoder_inputs_embeds" not in given:
+        # encoder-decoders (T5, BART, Whisper): the decoder's tokens, a shorter sequence than the encoder's
+        vocab = int(_cfg(config, "vocab_size", default=32))
         out["decoder_input_ids"] = torch.randint(0, vocab, (batch, DECODER_SEQ), generator=gen)
-    return out, {}
+        start = folder.get("decoder_start_token_id", _cfg(config, "decoder_start_token_id"))
+        if isinstance(start, int) and 0 <= start < vocab:
+            out["decoder_input_ids"][:, 0] = start
+    return out, missing
 
 
-#: image side when the config names none (CNNs take any size; 64 survives 32x downsampling)
+#: image side when neither the config nor the folder names one (CNNs take any size; 64 survives 32x downsampling)
 IMAGE_SIZE = 64
 
 
 def _image_sizes(config) -> tuple[int | None, int | None]:
-    """(channels, side) of a vision model's images: num_channels and image_size of the config (or
-    of its vision_config)."""
+    """(channels, side) of a vision model's images from its config: num_channels (of the config or
+    a sub-config: vision_config, backbone_config) and image_size, IMAGE_SIZE when it names none."""
+    channels = config_int(config, "num_channels") or config_int(config, "in_channels") or config_int(config, "in_chans")
+    size = _config_image_size(config) or IMAGE_SIZE
+    return (int(channels) if channels else None), (int(size) if size else None)
+
+
+def _config_image_size(config) -> int | None:
     sub = _cfg(config, "vision_config")
-    channels = _cfg(config, "num_channels", "in_channels", "in_chans") or (sub is not None and _cfg(sub, "num_channels"))
-    size = _cfg(config, "image_size") or (sub is not None and _cfg(sub, "image_size")) or IMAGE_SIZE
+    size = _cfg(config, "image_size") or (sub is not None and _cfg(sub, "image_size"))
     if isinstance(size, (list, tuple)):
         size = size[0]
     if isinstance(size, dict):
         size = size.get("height") or size.get("shortest_edge")
-    return (int(channels) if channels else None), (int(size) if size else None)
+    return int(size) if size else None
 
 
 DECODER_SEQ = 4
@@ -179,6 +299,9 @@ MASK_READ_AS_VALUES = ("Lumina2Transformer2DModel",)
 #: infers a static batch; the TorchScript tracer bakes it), so their files get a static batch
 BATCH_LOOP = {"MochiTransformer3DModel": "its attention processor (MochiAttnProcessor2_0) loops over the batch in "
                                         "python to drop each prompt's padding tokens"}
+#: micro-conditioning values of an SDXL-style UNet (original size, crop corner, target size: the
+#: pipeline's add_time_ids), when the config leaves room for them
+TIME_IDS = 6
 #: latent frames of a video example (a multiple of the temporal patch)
 FRAMES = 2
 
@@ -223,6 +346,13 @@ class _Sizes:
         self.seq = int(latents.shape[1]) if self.packed and isinstance(latents, torch.Tensor) and latents.dim() == 3 \
             else SEQ
         self.tokens_in = "num_frames" in params and "video_coords" in params  # LTX-Video: patchified tokens
+
+    def known(self) -> dict[str, int]:
+        """The latent sizes by the names diffusers documents them with (dims.Resolver)."""
+        known = {"height": self.height, "width": self.width, "text_seq_len": self.text_seq}
+        if self.video:
+            known["num_frames"] = known["frames"] = self.frames
+        return known
 
     def hidden_shape(self) -> tuple:
         if self.packed:
@@ -275,6 +405,14 @@ class _Sizes:
             return [grid] * self.batch
         if p == "guidance" and c("guidance_embeds"):
             return torch.full((self.batch,), 3.5)
+        if p == "added_cond_kwargs" and c("addition_embed_type") == "text_time":
+            # SDXL-style micro-conditioning: time_ids (n values, each embedded to addition_time_embed_dim)
+            # and pooled text_embeds, concatenated to projection_class_embeddings_input_dim
+            dim, each = c("projection_class_embeddings_input_dim"), c("addition_time_embed_dim")
+            n = TIME_IDS if dim and each and dim > TIME_IDS * each else 1
+            if dim and each and dim > n * each:
+                return {"text_embeds": torch.randn(self.batch, int(dim) - n * int(each), generator=gen),
+                        "time_ids": torch.rand(self.batch, n, generator=gen) * self.size * 8}
         if p == "added_cond_kwargs" and c("use_additional_conditions"):
             return {"resolution": torch.full((self.batch, 2), float(self.size * 8)), "aspect_ratio": torch.ones(self.batch, 1)}
         if self.tokens_in and p in ("num_frames", "height", "width"):

@@ -20,7 +20,10 @@ import torch
 
 from ..errors import UsageError, first_line
 from .call import CallAdapter
-from .examples import BATCH, BATCH_LOOP, BATCHED, MASK_READ_AS_VALUES, derive, forward_parameters, missing_message
+from .examples import BATCH, BATCH_LOOP, BATCHED, MASK_READ_AS_VALUES, derive, forward_parameters, make_one, \
+    missing_message
+from .folder_files import folder_sizes
+from .probe import settle
 from .inputs import make_inputs
 from .model import LoadedModel
 
@@ -49,7 +52,9 @@ def load_folder(path: Path):
     if cls is None:
         raise UsageError(f"'{path}' names {class_name}, which this {library} does not have: "
                          f"upgrade {library} or re-save the model with this version")
-    return library_model(_from_pretrained(cls, path), library, "pretrained")
+    model = _from_pretrained(cls, path)
+    model._normexport_folder_sizes = folder_sizes(path)  # what the processor / generation configs say (examples)
+    return library_model(model, library, "pretrained")
 
 
 def library_of(module) -> str | None:
@@ -76,7 +81,7 @@ def library_model(module, library: str, kind: str) -> LoadedModel:
     args, missing = derive(module, library)
     if missing:  # the user gives them (--input / --inputs); the error names them only if not
         return LoadedModel(_Pending(module), kind, None, None, None, missing=missing)
-    args = _in_stored_dtype(module, args)
+    args = checked(module, library, _in_stored_dtype(module, args), free=getattr(args, "free", None))
     adapter = CallAdapter(module, (), args)
     dynamic = batched_axes(args)
     notes = []
@@ -90,6 +95,16 @@ def library_model(module, library: str, kind: str) -> LoadedModel:
                      f"exporter keeps it dynamic); for batch size B export one file per size: "
                      + " ".join(f"--input {_spec(n, t)}" for n, t in args.items() if hasattr(t, "shape")))
     return LoadedModel(adapter, kind, adapter.example_inputs, adapter.input_names, dynamic or None, notes=notes)
+
+
+def checked(module, library: str, args: dict, given=(), free=None) -> dict:
+    """The derived inputs after one eager forward accepted them (probe.settle: an alternative
+    tried for the parameter an error is about; a refusal naming it and --input / --inputs)."""
+    def remake(name, kwargs):
+        value = make_one(module, library, name, kwargs)
+        return _in_stored_dtype(module, {name: value})[name] if value is not None else None
+
+    return settle(module, args, remake, given=given, free=free)
 
 
 class _Pending(CallAdapter):
@@ -238,8 +253,10 @@ def with_inputs(loaded, specs=(), args: tuple = (), kwargs: dict | None = None):
     if missing:
         raise UsageError(missing_message(type(module).__name__, missing))
     derived = [n for n in out if n not in given]
+    free = getattr(out, "free", None)
     out = {**_in_stored_dtype(module, {n: v for n, v in out.items() if n in derived}),
            **{n: v for n, v in out.items() if n not in derived}}
+    out = checked(module, library, out, given=list(given), free=free)
     out = {p: out[p] for p in params if p in out}  # forward order
     return CallAdapter(module, (), out)
 

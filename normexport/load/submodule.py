@@ -54,7 +54,9 @@ def capture(model: nn.Module, name: str, inputs: tuple, dynamic: dict[str, list[
         with torch.no_grad():
             model(*inputs)
     except Exception as e:
-        raise UsageError(f"the model rejected its example inputs ({first_line(e, 160)}): fix --input") from None
+        raise UsageError(f"the model rejected the inputs of its call ({first_line(e, 160)}): give the inputs it takes "
+                         "with --input NAME:DIMS[:DTYPE], or record a real call with `with normexport.capture(model, "
+                         "\"inputs.pt\"): ...` and pass --inputs inputs.pt") from None
     finally:
         handle.remove()
     if not seen:

@@ -1,0 +1,209 @@
+"""One eager forward checks the example inputs normexport made before anything is exported
+(DESIGN §9). When the forward raises, the error is read for the parameter it was about and the
+alternative is tried:
+
+- a pair the model takes only one of ("You cannot specify both X and Y"): the one we made is dropped;
+- a parameter the model needs but we left out ("specify either X or Y", a None dereferenced in
+  the forward: the traceback's statement names it): it is made (derive with `extra`);
+- a wrong size or layout ("expects ... length 16, but found 8", "expected input[2, 8, 10] to have
+  10 channels, but got 8"): the tensor whose shape or name the message gives is resized on an axis
+  that only counts tokens or frames, or its channel axis moved where the model reads it.
+
+What still fails is one line naming the parameter, what the model expected of it (its error), what
+was tried, and the ways to give inputs (`--inputs` with `normexport.capture`; `--input NAME:DIMS`
+where a plain tensor does). The user's own inputs (`given`) are never changed: an error about one
+of them says so.
+"""
+
+from __future__ import annotations
+
+import ast
+import linecache
+import re
+from typing import Callable
+
+import torch
+
+from ..errors import UsageError, first_line
+
+#: attempts before giving up (each is one eager forward of a tiny example)
+TRIES = 8
+
+
+def settle(model, kwargs: dict, remake: Callable[[str, dict], object], given=(), free: dict | None = None) -> dict:
+    """kwargs the model's forward accepts, starting from `kwargs` (derived, plus the user's
+    `given` names); `remake(name, kwargs)`: a value for a parameter the model asks for (None when
+    none can be made); `free[name]`: axes of a made tensor that only count tokens / frames."""
+    kwargs, free, given = dict(kwargs), {k: set(v) for k, v in (free or {}).items()}, set(given)
+    tried: list[str] = []
+    for _ in range(TRIES):
+        try:
+            with torch.no_grad():
+                model(**kwargs)
+            return kwargs
+        except Exception as e:  # noqa: BLE001 - read for the parameter it is about
+            error = e
+        fix = _alternative(model, error, kwargs, remake, given, free)
+        if fix is None or fix[1] in tried:
+            break
+        kwargs, what = fix
+        tried.append(what)
+    raise UsageError(refusal(model, error, kwargs, given, tried))
+
+
+def refusal(model, error: BaseException, kwargs: dict, given=(), tried=()) -> str:
+    """The one line when the made inputs stay refused: the parameter, what the model expected, the escape hatches."""
+    cls = type(model).__name__
+    name = _about(error, kwargs) or _named_in(str(error), kwargs)
+    shapes = ", ".join(f"{n} {_shape_text(v)}" for n, v in kwargs.items() if _shape_text(v))
+    expected = first_line(error, 200)
+    plain = name is not None and isinstance(kwargs.get(name), torch.Tensor)
+    hatch = (f"--input {name}:DIMS[:DTYPE] with the shape it needs, or " if plain else "") + \
+        "record a real call with `with normexport.capture(model, \"inputs.pt\"): pipeline(...)` and pass --inputs inputs.pt"
+    if name is not None and name in given:
+        return f"{cls}.forward refused your input {name} {_shape_text(kwargs[name])} ({expected}): give {name} as the model " \
+               f"expects it: {hatch}"
+    about = f" about {name}" if name else ""
+    what = f"; tried {', '.join(tried)}" if tried else ""
+    return (f"{cls}.forward refused the example inputs normexport made ({shapes}): its error{about}: {expected}{what}: "
+            f"{hatch}")
+
+
+def _shape_text(v) -> str:
+    if isinstance(v, torch.Tensor):
+        return "[" + "x".join(map(str, v.shape)) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{k}: {_shape_text(x)}" for k, x in v.items()) + "}"
+    if isinstance(v, (list, tuple)) and v and all(isinstance(x, torch.Tensor) for x in v):
+        return f"{len(v)} x " + _shape_text(v[0])
+    return ""
+
+
+def _alternative(model, error, kwargs, remake, given, free):
+    """(new kwargs, what was done) for the parameter the error is about, or None."""
+    msg = str(error)
+    params = _parameters(model)
+    # a pair the model takes only one of: drop the one we made
+    m = re.search(r"(?:both|and not both|only one of)\W+(\w+)\W+(?:and|or)\W+(\w+)", msg, re.I)
+    if m and m.group(1) in kwargs and m.group(2) in kwargs:
+        drop = next((n for n in (m.group(2), m.group(1)) if n not in given), None)
+        if drop is not None:
+            return {k: v for k, v in kwargs.items() if k != drop}, f"without {drop}"
+    # a parameter the model needs that we left out: the message names it, or the statement that
+    # dereferenced None reads it
+    wanted = [n for n in re.findall(r"\w+", msg) if n in params and n not in kwargs]
+    if "NoneType" in msg or "None" in msg:
+        wanted += _none_read(error, params, kwargs)
+    for name in dict.fromkeys(wanted):
+        value = remake(name, kwargs)
+        if value is not None:
+            return {**kwargs, name: value}, f"with {name}"
+    # a size or layout the model did not expect
+    name = _about(error, kwargs)
+    if name is not None and name not in given and isinstance(kwargs[name], torch.Tensor):
+        t = kwargs[name]
+        c = re.search(r"to have (\d+) channels, but got (\d+) channels", msg)
+        if c:
+            want = int(c.group(1))
+            axes = [a for a in range(1, t.dim()) if int(t.shape[a]) == want and a != 1]
+            if axes:  # the documented layout put the channels elsewhere: move them to axis 1
+                order = list(range(t.dim()))
+                order[1], order[axes[0]] = order[axes[0]], order[1]
+                free[name] = {order.index(a) for a in free.get(name, set())}
+                return {**kwargs, name: _like(t, [int(t.shape[a]) for a in order])}, f"{name} channels first"
+        n = re.search(r"expect\w*\D*?(\d+)\D*?(?:but|found|got|instead)\D*?(\d+)", msg)
+        if n:
+            want, got = int(n.group(1)), int(n.group(2))
+            axes = [a for a in sorted(free.get(name, ())) if int(t.shape[a]) == got]
+            if axes and want > 0:
+                shape = list(t.shape)
+                shape[axes[0]] = want
+                return {**kwargs, name: _like(t, shape)}, f"{name} {'x'.join(map(str, shape))}"
+            fixed = [a for a in range(1, t.dim()) if int(t.shape[a]) == got and a not in free.get(name, ())]
+            counted = sorted(free.get(name, ()))
+            if fixed and counted and want > 0:  # the model reads the length where the documentation put a size
+                a, b = fixed[0], counted[0]
+                shape = list(t.shape)
+                shape[a], shape[b] = want, shape[a]
+                free[name] = (free[name] - {b}) | {a}
+                return {**kwargs, name: _like(t, shape)}, f"{name} {'x'.join(map(str, shape))} (axes {b}, {a} swapped)"
+    return None
+
+
+def _like(t: torch.Tensor, shape) -> torch.Tensor:
+    """A new example of another shape, of t's dtype and range."""
+    g = torch.Generator().manual_seed(1)
+    if t.dtype == torch.bool:
+        return torch.ones(shape, dtype=torch.bool)
+    if not t.is_floating_point():
+        return torch.randint(0, int(t.max()) + 1 if t.numel() else 2, shape, generator=g, dtype=t.dtype)
+    return torch.randn(shape, generator=g, dtype=t.dtype)
+
+
+def _parameters(model) -> list[str]:
+    import inspect
+
+    try:
+        return [n for n, p in inspect.signature(model.forward).parameters.items()
+                if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    except (TypeError, ValueError):
+        return []
+
+
+def _about(error, kwargs) -> str | None:
+    """The tensor the message is about: its shape written in the message ([2, 8, 10], (2, 8, 10),
+    2x8x10), else the parameter whose name's words the message uses ("mel input features")."""
+    msg = str(error)
+    for n, v in kwargs.items():
+        if isinstance(v, torch.Tensor) and v.dim() > 1:
+            dims = [str(int(d)) for d in v.shape]
+            if re.search(r"[\[(]\s*" + r"\s*,\s*".join(dims) + r"\s*[\])]", msg) or "x".join(dims) in msg:
+                return n
+    return _named_in(msg, kwargs)
+
+
+def _named_in(msg: str, kwargs) -> str | None:
+    words = set(re.findall(r"[a-z]+", msg.lower()))
+    best, score = None, 0
+    for n, v in kwargs.items():
+        parts = [p for p in n.lower().split("_") if p]
+        if isinstance(v, torch.Tensor) and parts and all(p in words for p in parts) and len(parts) > score:
+            best, score = n, len(parts)
+    return best
+
+
+def _none_read(error, params, kwargs) -> list[str]:
+    """Forward parameters we left out that the failing statements read (innermost first): a name
+    loaded in a statement of the traceback whose value there is None."""
+    out = []
+    tb = error.__traceback__
+    frames = []
+    while tb is not None:
+        frames.append(tb)
+        tb = tb.tb_next
+    for tb in reversed(frames):
+        frame = tb.tb_frame
+        code = frame.f_code
+        start = tb.tb_lineno
+        end = start
+        for pos in code.co_positions():  # the whole statement, not its first line
+            if pos[0] == start and pos[1] is not None:
+                end = max(end, pos[1])
+        text = "".join(linecache.getline(code.co_filename, i) for i in range(start, end + 1))
+        for name in _loaded_names(text):
+            if name in params and name not in kwargs and frame.f_locals.get(name, 0) is None:
+                out.append(name)
+    return out
+
+
+def _loaded_names(text: str) -> list[str]:
+    src = text.strip()
+    for candidate in (src, src.rstrip(":") + ": pass", "(" + src + ")"):
+        try:
+            tree = ast.parse(candidate)
+        except SyntaxError:
+            continue
+        return [n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)] + \
+            [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+    return re.findall(r"\w+", src)
+
