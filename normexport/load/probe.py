@@ -36,24 +36,30 @@ def settle(model, kwargs: dict, remake: Callable[[str, dict], object], given=(),
     none can be made); `free[name]`: axes of a made tensor that only count tokens / frames."""
     kwargs, free, given = dict(kwargs), {k: set(v) for k, v in (free or {}).items()}, set(given)
     tried: list[str] = []
-    for _ in range(TRIES):
+    unmade: list[str] = []  # parameters the model reads that nothing could make
+    for attempt in range(TRIES):
         try:
             with torch.no_grad():
                 model(**kwargs)
             return kwargs
         except Exception as e:  # noqa: BLE001 - read for the parameter it is about
             error = e
-        fix = _alternative(model, error, kwargs, remake, given, free)
+        fix = _alternative(model, error, kwargs, remake, given, free, unmade) if attempt < TRIES - 1 else None
         if fix is None or fix[1] in tried:
             break
         kwargs, what = fix
         tried.append(what)
-    raise UsageError(refusal(model, error, kwargs, given, tried))
+    raise UsageError(refusal(model, error, kwargs, given, tried, unmade))
 
 
-def refusal(model, error: BaseException, kwargs: dict, given=(), tried=()) -> str:
+def refusal(model, error: BaseException, kwargs: dict, given=(), tried=(), unmade=()) -> str:
     """The one line when the made inputs stay refused: the parameter, what the model expected, the escape hatches."""
     cls = type(model).__name__
+    if unmade:  # the forward reads a parameter normexport has no value for
+        expected = first_line(error, 200)
+        return (f"{cls}.forward needs {', '.join(dict.fromkeys(unmade))}, which normexport cannot make (its error: "
+                f"{expected}): record a real call with `with normexport.capture(model, \"inputs.pt\"): pipeline(...)` "
+                f"and pass --inputs inputs.pt")
     name = _about(error, kwargs) or _named_in(str(error), kwargs)
     shapes = ", ".join(f"{n} {_shape_text(v)}" for n, v in kwargs.items() if _shape_text(v))
     expected = first_line(error, 200)
@@ -79,7 +85,7 @@ def _shape_text(v) -> str:
     return ""
 
 
-def _alternative(model, error, kwargs, remake, given, free):
+def _alternative(model, error, kwargs, remake, given, free, unmade):
     """(new kwargs, what was done) for the parameter the error is about, or None."""
     msg = str(error)
     params = _parameters(model)
@@ -98,6 +104,7 @@ def _alternative(model, error, kwargs, remake, given, free):
         value = remake(name, kwargs)
         if value is not None:
             return {**kwargs, name: value}, f"with {name}"
+        unmade.append(name)
     # a size or layout the model did not expect
     name = _about(error, kwargs)
     if name is not None and name not in given and isinstance(kwargs[name], torch.Tensor):
