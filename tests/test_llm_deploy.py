@@ -222,3 +222,31 @@ def test_optimum_generates_transformers_tokens(deployed):
     got = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
                          max_new_tokens=TOKENS, do_sample=False)[0, len(ids):].tolist()
     assert got == hf_generate(folder, ids)
+
+
+def test_share_buffer_only_where_the_graph_writes_into_the_past():
+    """past_present_share_buffer follows the graph: true only where present has the past's length
+    (a graph that writes into the buffer onnxruntime-genai hands it); the concatenating graph's
+    present has past + sequence positions, an unknown length shares nothing."""
+    import onnx_ir as ir
+    from onnx import TensorProto, helper
+
+    from normexport.llm import deploy
+
+    def graph(present_len):
+        ids = [helper.make_tensor_value_info(n, TensorProto.INT64, ["batch", "sequence"])
+               for n in ("input_ids", "attention_mask", "position_ids")]
+        past = [helper.make_tensor_value_info(f"past_key_values.0.{kv}", TensorProto.FLOAT, ["batch", 2, "max", 8])
+                for kv in ("key", "value")]
+        outs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", "sequence", 300])]
+        outs += [helper.make_tensor_value_info(f"present.0.{kv}", TensorProto.FLOAT, ["batch", 2, present_len, 8])
+                 for kv in ("key", "value")]
+        nodes = [helper.make_node("Identity", [f"past_key_values.0.{kv}"], [f"present.0.{kv}"]) for kv in ("key", "value")]
+        nodes.append(helper.make_node("Cast", ["input_ids"], ["logits"], to=TensorProto.FLOAT))
+        return ir.serde.deserialize_model(helper.make_model(helper.make_graph(nodes, "g", ids + past, outs)))
+
+    shared = deploy.graph_settings(graph("max"))
+    assert shared["share_buffer"] and (shared["layers"], shared["num_key_value_heads"], shared["head_size"],
+                                       shared["vocab_size"]) == (1, 2, 8, 300)
+    assert not deploy.graph_settings(graph("max + sequence"))["share_buffer"]
+    assert not deploy.graph_settings(graph(None))["share_buffer"]

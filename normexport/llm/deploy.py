@@ -64,11 +64,12 @@ def output_path(arg: str | None) -> Path | None:
 # ---- the graph's interface ------------------------------------------------------------------------
 
 def _dim(value, axis: int):
+    """A dim of a graph value: its size, its symbol's name, or None (unknown)."""
     shape = getattr(value, "shape", None)
     if shape is None or axis >= len(shape):
         return None
     d = shape[axis]
-    return d if isinstance(d, int) else getattr(d, "value", None) or str(d)
+    return d if isinstance(d, int) else getattr(d, "value", None)
 
 
 def graph_settings(model_ir) -> dict:
@@ -89,7 +90,8 @@ def graph_settings(model_ir) -> dict:
     # past_present_share_buffer: the runtime hands one buffer of max_length positions as past and
     # present; only a graph whose present has the past's length (it writes the new positions into
     # the buffer) serves it. A graph that concatenates returns past + sequence positions.
-    share = all(_dim(outputs.get(f"present.{i}.{kv}"), 2) == _dim(inputs[f"past_key_values.{i}.{kv}"], 2)
+    share = all(_dim(inputs[f"past_key_values.{i}.{kv}"], 2) is not None
+                and _dim(outputs.get(f"present.{i}.{kv}"), 2) == _dim(inputs[f"past_key_values.{i}.{kv}"], 2)
                 for i in range(layers) for kv in KV)
     return {"layers": layers, "num_key_value_heads": heads, "head_size": head_size, "uniform": len(shapes) == 1,
             "share_buffer": share, "vocab_size": _dim(outputs["logits"], 2)}
@@ -220,10 +222,10 @@ def tokenizer_files(folder: Path) -> list[Path]:
 def _config_objects(model) -> tuple[dict, dict]:
     """config.json / generation_config.json contents from a transformers model's config objects
     (a factory's or pickle's model): use_cache true, as the graph has the cache."""
-    config = model.config.to_dict()
+    config = json.loads(model.config.to_json_string(use_diff=False))
     config["use_cache"] = True
     gen = getattr(model, "generation_config", None)
-    return config, (gen.to_dict() if gen is not None else {})
+    return config, (json.loads(gen.to_json_string(use_diff=True)) if gen is not None else {})
 
 
 def write(out: Path, model_ir, lm, source: str, kind: str | None = None) -> list[str]:
@@ -238,6 +240,10 @@ def write(out: Path, model_ir, lm, source: str, kind: str | None = None) -> list
         return ["  note: no genai_config.json: a .pt2 program carries no model configuration (special tokens, context "
                 "length); convert the save_pretrained folder for a folder onnxruntime-genai and optimum load"]
     graph = graph_settings(model_ir)
+    layout = getattr(lm, "layout", None)
+    if layout is not None and layout.layers:  # a dim the graph leaves symbolic: the cache layout it was exported with
+        for key, value in (("num_key_value_heads", layout.keys[0][0]), ("head_size", layout.keys[0][1])):
+            graph[key] = graph[key] if isinstance(graph[key], int) else value
     notes: list[str] = []
     copies: list[Path] = []
     if folder is not None:
