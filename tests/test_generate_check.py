@@ -5,6 +5,8 @@ normexport/parity/generate.py). A tiny LLaMA (grouped-query attention) converted
 - check passes, with a row for prefill and each decode step, in the table and the JSON;
 - planted cache bugs in the runtime loop make it FAIL: the past fed back off by one position (the
   oldest position lost, the newest repeated), and decode position_ids off by one;
+- a planted bug in the feeds helper all three runs share (decode position_ids repeat the last
+  prompt position) makes it FAIL by eager's logits against transformers' own generate;
 - bad input is one line and exit 2.
 """
 
