@@ -43,6 +43,7 @@ _BROADCAST = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min"})
 #: elementwise ops a statistic passes through (one value per reduced row in, one out)
 _ELEMENTWISE = _BROADCAST | frozenset({"Sqrt", "Reciprocal", "Neg", "Abs", "Exp", "Log", "Relu", "Identity"})
 _REDUCTIONS = frozenset({"ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin"})
+_FLOATS = (ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.DataType.DOUBLE)
 #: name prefixes that mark nodes to turn back (restore) when no rule took them: the BatchNormalization
 #: conv_affine wrote (no fold), the ReduceMean gap_to_mean wrote (-> GlobalAveragePool)
 _AFFINE_KEY = "normexport_canonical_conv_affine"
@@ -79,7 +80,7 @@ def restore(model: ir.Model) -> int:
             continue
         if node.op_type != "BatchNormalization" or not name.startswith(_AFFINE_KEY):
             continue
-        y, s, t = node.inputs[0], _const(node.inputs[1]), _const(node.inputs[2])
+        y, s, t = node.inputs[0], _const(node.inputs[1], None), _const(node.inputs[2], None)
         conv = y.producer()
         rank = _rank(conv.inputs[1]) if conv is not None and len(conv.inputs) > 1 else None
         if s is None or t is None or rank is None:
@@ -102,10 +103,18 @@ def restore(model: ir.Model) -> int:
 # ---- helpers ------------------------------------------------------------------------------------
 
 
-def _const(v: ir.Value | None) -> np.ndarray | None:
+def _const(v: ir.Value | None, limit: int | None = FOLD_LIMIT) -> np.ndarray | None:
+    """The constant behind `v` (initializer or Constant node) when it has at most `limit` elements
+    (None: any size); a larger one is not read (weights stay where they lie, DESIGN §8)."""
     if v is None or v.is_graph_input():
         return None
     t = v.const_value
+    if t is not None and limit is not None:
+        try:
+            if t.size > limit:
+                return None
+        except Exception:  # noqa: BLE001 - a tensor without a size
+            return None
     if t is None:
         p = v.producer()
         if p is not None and p.op_type == "Constant" and p.domain in _ONNX and len(p.attributes) == 1:
@@ -115,6 +124,14 @@ def _const(v: ir.Value | None) -> np.ndarray | None:
         return t.numpy()
     except Exception:  # noqa: BLE001 - external data not loaded
         return None
+
+
+def _is_const(v: ir.Value | None) -> bool:
+    """Whether `v` is a constant (initializer that is not a graph input, or a Constant node), unread."""
+    if v is None or v.is_graph_input():
+        return False
+    p = v.producer()
+    return v.const_value is not None or (p is not None and p.op_type == "Constant" and p.domain in _ONNX)
 
 
 def _scalar(v: ir.Value | None) -> float | None:
@@ -251,10 +268,18 @@ def _lift_constants(model: ir.Model, notes) -> int:
 
 
 def _should_fold(node: ir.Node) -> bool | None:
-    """The size cap: an op that writes a tensor from a shape (ConstantOfShape, Expand, Tile, Range)
-    folds only when what it writes is at most FOLD_LIMIT elements."""
+    """The size cap: nothing with an input over FOLD_LIMIT elements folds, and an op that writes a
+    tensor from a shape (ConstantOfShape, Expand) folds only when what it writes is at most
+    FOLD_LIMIT elements (Tile, Range: never)."""
     if node.domain not in _ONNX:
         return None
+    for x in node.inputs:  # a weight is never read for a fold (onnxscript folds a lone Transpose of one)
+        t = x.const_value if x is not None else None
+        try:
+            if t is not None and t.size > FOLD_LIMIT:
+                return False
+        except Exception:  # noqa: BLE001 - a tensor without a size
+            return False
     if node.op_type in ("ConstantOfShape", "Expand"):
         shape = _const(node.inputs[-1] if node.op_type == "Expand" else node.inputs[0])
         if shape is None:
@@ -297,8 +322,9 @@ def _broadcast(model: ir.Model, notes) -> int:
         if out.is_graph_output() or not out.uses():
             continue
         uses = list(out.uses())
-        if not all(u.domain in _ONNX and u.op_type in _BROADCAST for u, _ in uses):
-            continue
+        if not all(u.domain in _ONNX and u.op_type in _BROADCAST and len(u.inputs) == 2
+                   and u.inputs[0] is not u.inputs[1] for u, _ in uses):
+            continue  # (Mul(e, e) would lose its shape)
         if node.op_type == "Expand":
             ok = all(_same_shape(u.inputs[1 - i].shape, out.shape) for u, i in uses if len(u.inputs) == 2)
         elif node.op_type == "Unsqueeze":
@@ -551,7 +577,8 @@ def _inverse_root(model: ir.Model, notes) -> int:
     for node in list(model.graph):
         if node.domain not in _ONNX:
             continue
-        if node.op_type == "Pow" and _scalar(node.inputs[1]) == -0.5:
+        if node.op_type == "Pow" and _scalar(node.inputs[1]) == -0.5 and node.inputs[0] is not None \
+                and node.inputs[0].dtype in (None, *_FLOATS):
             sqrt = ir.Node("", "Sqrt", [node.inputs[0]], num_outputs=1)
         elif node.op_type == "Div" and _scalar(node.inputs[0]) == 1.0 and node.inputs[1] is not None \
                 and node.inputs[1].producer() is not None and node.inputs[1].producer().op_type == "Sqrt":
@@ -615,7 +642,7 @@ def _conv_bias(model: ir.Model, notes) -> int:
             continue
         t = _per_channel(_const(add.inputs[1 - idx]), c, rank)
         b = node.inputs[2] if len(node.inputs) > 2 else None
-        b0 = _const(b) if b is not None else np.zeros(c, t.dtype if t is not None else np.float32)
+        b0 = _const(b, None) if b is not None else np.zeros(c, t.dtype if t is not None else np.float32)
         if t is None or b0 is None or b0.shape != (c,):
             continue
         bias = _initializer(model.graph, (b0.astype(np.float64) + t.astype(np.float64)).astype(b0.dtype),
@@ -637,8 +664,8 @@ def _conv_affine(model: ir.Model, notes) -> int:
         if chain is None:
             continue
         c, rank, (mul, idx) = chain
-        if mul.op_type != "Mul" or mul.domain not in _ONNX or _const(node.inputs[1]) is None \
-                or (len(node.inputs) > 2 and node.inputs[2] is not None and _const(node.inputs[2]) is None):
+        if mul.op_type != "Mul" or mul.domain not in _ONNX or not _is_const(node.inputs[1]) \
+                or (len(node.inputs) > 2 and node.inputs[2] is not None and not _is_const(node.inputs[2])):
             continue  # only where bn_fold can fold it: a constant weight and bias
         sa = _const(mul.inputs[1 - idx])
         s = _per_channel(sa, c, rank)
