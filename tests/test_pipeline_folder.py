@@ -167,6 +167,10 @@ def test_pipeline_folder_converts_its_denoiser(cli, tmp_path, kind):
     if kind != "sd":  # the DiTs' modulated LayerNorms become AdaLNZero (UNet's plain ones LayerNormalization)
         assert found["AdaLNZero"] == calls["ln"], (found, calls)
     assert max(errs) < 1e-4, errs
+    if kind == "pixart":  # `check --reference PIPELINE_DIR`: the same run gives the reference's call
+        code, stdout, err = cli("check", out, "--reference", folder)
+        assert code == 0 and "(recorded from one PixArtAlphaPipeline step (1 step, 64x64) on component transformer)" \
+            in stdout, (stdout, err)
 
 
 def test_module_names_a_component_and_a_submodule(cli, tmp_path):

@@ -57,9 +57,10 @@ SIDE = 64
 
 @dataclasses.dataclass
 class ComponentModel(LoadedModel):
-    """The exported component of a pipeline folder; `headline`: how its inputs were made (convert
-    prints it first)."""
+    """The exported component of a pipeline folder; `source`: how its inputs were made, `headline`:
+    the line convert prints first."""
     headline: str = ""
+    source: str = ""
 
 
 class _Folder(nn.Module):
@@ -204,9 +205,8 @@ def record(path: Path, index: dict, component: str | None, file: Path) -> Compon
     gc.collect()
     seconds = time.perf_counter() - start
     steps = kwargs.get("num_inference_steps", "default")
-    headline = (f"inputs: recorded from one {cls_name} step ({steps} step, {size}) on component {component} "
-                f"({how}; built and run in {seconds:.1f} s)")
-    return _component_model(target.eval(), file, headline)
+    source = f"recorded from one {cls_name} step ({steps} step, {size}) on component {component}"
+    return _component_model(target.eval(), file, source, f"inputs: {source} ({how}; built and run in {seconds:.1f} s)")
 
 
 def _order_hook(order: list[str], name: str, stop_at: str | None):
@@ -229,7 +229,7 @@ def _stop_at_step(scheduler, order: list[str], at_step: list, stack: contextlib.
     stack.callback(lambda: setattr(scheduler, "step", previous) if had else delattr(scheduler, "step"))
 
 
-def _component_model(module: nn.Module, file: Path, headline: str) -> ComponentModel:
+def _component_model(module: nn.Module, file: Path, source: str, headline: str) -> ComponentModel:
     """The component called with the recorded (args, kwargs) exactly (resolve's --inputs path for
     any module): its batched inputs dynamic, as a folder's; the classes whose forward fixes the
     batch or reads the mask's values static, with the note a folder of theirs gets."""
@@ -244,7 +244,8 @@ def _component_model(module: nn.Module, file: Path, headline: str) -> ComponentM
         notes.append(fixed_by_mask_note(cls, top))
     elif cls in BATCH_LOOP:
         dynamic = {}
-    return ComponentModel(module, "pretrained", dynamic_axes=dynamic or None, notes=notes, headline=headline)
+    return ComponentModel(module, "pretrained", dynamic_axes=dynamic or None, notes=notes, headline=headline,
+                          source=source)
 
 
 def _build(path: Path, index: dict, component: str | None):

@@ -79,13 +79,18 @@ def run(args) -> int:
     loaded = load_reference(args.reference, trust_pickle=args.trust_pickle, weights=args.weights,
                             imports=getattr(args, "imports", ()))
     reference = loaded.module
-    if getattr(args, "inputs", None):  # DESIGN §9: the recorded call (and --input over its parameters)
+    from ..load.pipeline import KIND as PIPELINE
+
+    # DESIGN §9: the recorded call (and --input over its parameters); a pipeline folder's denoiser is
+    # called as one run of the pipeline calls it (normexport.load.pipeline)
+    if getattr(args, "inputs", None) or loaded.kind == PIPELINE:
         from ..load import call_for
         from .choose import Chosen
 
         job = call_for(loaded, args.reference, list(args.input), [], None, None, inputs_file=args.inputs)
         reference = job.module
-        chosen = Chosen(tuple(job.inputs), list(job.names), f"--inputs {args.inputs}")
+        how = f"--inputs {args.inputs}" if args.inputs else getattr(job.loaded, "source", "")
+        chosen = Chosen(tuple(job.inputs), list(job.names), how)
     else:
         chosen = choose(source.proto, list(args.input), loaded.example_inputs, loaded.input_names, args.reference,
                         args.onnx_model)
