@@ -279,3 +279,47 @@ def test_an_empty_file_is_refused_and_nothing_written(tmp_path, cli):
     code, out, err = cli("rewrite", src, "-o", dst)
     assert code == 2 and not dst.exists()
     assert len(err.strip().splitlines()) == 1 and "no graph" in err, err
+
+
+def test_batchnorm_statistics_from_constant_of_shape_fold_into_the_conv():
+    """BN running mean / var written as ConstantOfShape (zeros / ones) and the scale as a Constant node:
+    constants after the fold, so Conv + BN folds (before issue 29: 'non-constant running stats')."""
+    rng = np.random.default_rng(5)
+    w = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("ConstantOfShape", ["four"], ["mean"], value=_init("z", np.array([0.0], np.float32))),
+             helper.make_node("ConstantOfShape", ["four"], ["var"], value=_init("o", np.array([1.0], np.float32))),
+             helper.make_node("Constant", [], ["scale"], value=_init("sv", rng.uniform(0.5, 1.5, 4).astype(np.float32))),
+             helper.make_node("BatchNormalization", ["c", "scale", "bias", "mean", "var"], ["b"]),
+             helper.make_node("Relu", ["b"], ["y"])]
+    p = _model(nodes, [_vi("x", [1, 3, 6, 6])], [_vi("y", [1, 4, 6, 6])],
+               [_init("w", w), _init("four", np.array([4], np.int64)), _init("bias", rng.standard_normal(4).astype(np.float32))])
+    rep = RewriteReport()
+    out = rewrite(p, target="ort", report=rep)
+    assert _ops(out) == ["Conv", "Relu"], rep.summary()
+    _same(p, out, {"x": X4}, atol=1e-5)
+
+
+def test_layer_norm_with_global_average_pool_means_over_a_transposed_tensor_fuses():
+    """A LayerNorm over the last axis of [N, C, L] written with GlobalAveragePool for both means,
+    over Transpose(x): GlobalAveragePool is ReduceMean over the trailing axis in canonical forms, and
+    the layer_norm rule takes it."""
+    rng = np.random.default_rng(6)
+    nodes = [helper.make_node("Transpose", ["x"], ["t"], perm=[0, 2, 1]),
+             helper.make_node("GlobalAveragePool", ["t"], ["m"]),
+             helper.make_node("Sub", ["t", "m"], ["d"]),
+             helper.make_node("Mul", ["d", "d"], ["d2"]),
+             helper.make_node("GlobalAveragePool", ["d2"], ["v"]),
+             helper.make_node("Add", ["v", "eps"], ["ve"]),
+             helper.make_node("Sqrt", ["ve"], ["s"]),
+             helper.make_node("Div", ["d", "s"], ["n"]),
+             helper.make_node("Mul", ["n", "w"], ["nw"]),
+             helper.make_node("Add", ["nw", "b"], ["y"])]
+    p = _model(nodes, [_vi("x", [2, 8, 6])], [_vi("y", [2, 6, 8])],
+               [_init("eps", np.float32(1e-5)), _init("w", rng.uniform(0.5, 1.5, 8).astype(np.float32)),
+                _init("b", rng.standard_normal(8).astype(np.float32))])
+    rep = RewriteReport()
+    out = rewrite(p, target="onnx", report=rep)
+    assert _ops(out) == ["Transpose", "LayerNormalization"], rep.summary()
+    x = (rng.standard_normal((2, 8, 6)) * 3 + 1).astype(np.float32)
+    _same(p, out, {"x": x}, atol=1e-5)
