@@ -170,6 +170,18 @@ def run(args) -> int:
         print(line)
     for note in getattr(loaded, "notes", ()):  # e.g. sizes the forward fixes (normexport.load)
         print(f"  note: {note}")
+    fused = None  # issue 31: the attention as onnxruntime's GroupQueryAttention, where verified (normexport.llm.attention)
+    if task == llm.WITH_PAST and args.target == "ort" and model is not None:
+        from .llm import attention
+
+        fused, decomposed = attention.for_convert(model_ir, module), (model_ir, model)
+        if fused.model is not None:
+            model_ir, model = fused.model, ir.serde.serialize_model(fused.model)
+        if fused.model is None or args.no_check:
+            print(attention.line(fused, "generation check not run (--no-check)" if args.no_check else None))
+    elif task == llm.WITH_PAST and args.target == "ort":
+        print(f"  attention: decomposed (GroupQueryAttention is fused only where convert runs the file: up to "
+              f"{PARITY_LIMIT / 2**30:.0f} GiB of weights)")
     passed = True
     report: dict = {"normexport_version": __version__, "command": "convert"}
     if not args.no_check and model is None:
@@ -180,9 +192,19 @@ def run(args) -> int:
     elif not args.no_check and task == llm.WITH_PAST:  # DESIGN §10: verified by greedy generation
         from .parity.generate import check_generation
 
-        result = check_generation(model, module, command="convert", plain_export=lambda: convert_module(
-            module, inputs, target="onnx", opset=opset, input_names=names, output_names=output_names,
-            dynamic_axes=dynamic, fold_bn=False, swap_norms=False, rewrite=False))
+        def generation(m):
+            return check_generation(m, module, command="convert", plain_export=lambda: convert_module(
+                module, inputs, target="onnx", opset=opset, input_names=names, output_names=output_names,
+                dynamic_axes=dynamic, fold_bn=False, swap_norms=False, rewrite=False))
+
+        result = generation(model)
+        if fused is not None and fused.model is not None:  # the generation check is the fusion's verification
+            if not result.passed:  # never silent: the failed check is shown, the decomposed file checked and kept
+                print(result.table())
+                fused.model, fused.reason = None, "the fused file FAILED the generation check (table above)"
+                model_ir, model = decomposed
+                result = generation(model)
+            print(attention.line(fused, "generation check PASSED on the fused file" if fused.model else None))
         print(result.table())
         report = result.to_dict()
         passed = result.passed
@@ -203,6 +225,8 @@ def run(args) -> int:
     report.update({"model": args.model, "target": args.target, "output": str(out), "op_counts": counts,
                    "residual_fusion": switches.residual_fusion(switches.resolve(off)), "fusion_off": switches.resolve(off),
                    **sections})
+    if fused is not None:
+        report.update({"attention": fused.to_dict(), "op_counts": op_counts(model)})
     if "inputs" not in report:
         report["inputs"] = [{"name": n, "shape": list(t.shape), "dtype": str(t.dtype).replace("torch.", "")}
                             for n, t in zip(names, inputs)]

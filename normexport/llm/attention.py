@@ -1,0 +1,604 @@
+"""Attention as onnxruntime's fused `com.microsoft.GroupQueryAttention` for `--target ort`
+(DESIGN §10, issue 31 item 2): an LLM-graph transform applied to the KV-cache file after it is
+exported and rewritten, before the generation check; never a norm rule.
+
+What it does, on a copy of the file (the caller keeps the original):
+
+1. onnxscript's ORT fusions that find the pieces: its preliminary optimisation (shape inference,
+   constant folding, shape rules), `fuse_rotary_embedding` (q and k rotated by rotate-half) and
+   `fuse_sdpa` (the softmax(q k^T x scale + mask) v chain, its scale read off the graph).
+2. `GroupQueryAttentionFusion`, this module's rule in onnxscript's pattern API, matches per layer
+   q / k / v projections reshaped to heads (q and k optionally through an RMSNormalization over
+   the head dim: Qwen 3), rotated, the cache concatenated (`present.{i}.*`), k / v repeated over
+   the head groups, the SDPA, and back to [batch, sequence, hidden]; and writes one
+   GroupQueryAttention: num_heads / kv_num_heads / head size from the shapes, `scale` from the
+   SDPA, `do_rotary=1` with cos / sin caches [max positions, head_dim / 2] computed from the
+   graph's own inverse frequencies (the rotary's cos / sin must be cos / sin of position_ids x a
+   constant inv_freq, duplicated: the plain RoPE of transformers; anything else is not fused),
+   `seqlens_k` = attention_mask.sum(-1) - 1 and `total_sequence_length` = attention_mask.shape[1]
+   (int32), as onnxruntime-genai's builder feeds them.
+   onnxscript's own GQA rule (ort_fusions/gqa.py) is not used: it matches an older transformers
+   causal-mask spelling, q / k norms only as SimplifiedLayerNormalization, drops the SDPA's scale
+   and takes seqlens_k from position_ids.
+3. What the rule matched as the mask is checked by running it: each distinct mask subgraph is cut
+   out and run in onnxruntime on small feeds (prefill, decode, a padded attention_mask); it must
+   be the plain causal + attention_mask mask (query i at past p attends key j iff j <= p + i and
+   attention_mask[b, j]), 0 where attended, the dtype's minimum elsewhere. A sliding window
+   (Mistral, Gemma 3), or any other mask, is not that: not fused.
+4. All layers or none: one GroupQueryAttention per layer, else the file is left as it was.
+5. The local check: the fused and the unfused file in onnxruntime on the same random feeds, a
+   prefill (batch 2, empty past) and decode steps with each file's own cache fed back: logits and
+   every present.* within DESIGN §7's tolerance of the unfused file's.
+
+The caller (convert) then runs the generation check on the fused file; where that fails it keeps
+the unfused file and says so.
+
+Limits of the fused form (GroupQueryAttention's contract): it reads the mask only as each row's
+count of ones (seqlens_k) and takes positions from it, not from position_ids (that input stays,
+unused): exact for unpadded batches (attention_mask all ones, position_ids = past + arange: what
+the generation check, onnxruntime-genai and optimum feed at batch 1 or equal lengths); a
+left-padded batch (zeros before the tokens) is not what the unfused graph computes. The cos / sin
+caches cover `max_positions` positions (the model's context length).
+
+past_present_share_buffer (onnxruntime-genai's one buffer of max_length positions as past and
+present): GroupQueryAttention writes the new positions at seqlens_k when its past and present
+share a buffer; `share_buffer_check` runs the fused file that way (io binding, one OrtValue as
+past and present, attention_mask of the buffer's length, zeros past the tokens) against the
+concatenating run; where it agrees the flag `SHARE_BUFFER_KEY` is set in the model's metadata
+and `deploy` writes past_present_share_buffer true.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Sequence
+
+import numpy as np
+import onnx_ir as ir
+
+#: metadata_props key set on a fused file whose past / present can share one buffer (read by deploy)
+SHARE_BUFFER_KEY = "normexport.past_present_share_buffer"
+MS = "com.microsoft"
+_FUSION = "ai.onnxruntime._fusion"
+
+
+@dataclasses.dataclass
+class Fusion:
+    """The outcome of `fuse`: `model` is the fused copy (None where not fused) and `reason` why not."""
+
+    model: ir.Model | None
+    layers: int
+    fused: int = 0
+    nodes_before: int = 0
+    nodes_after: int = 0
+    reason: str | None = None
+    local: dict = dataclasses.field(default_factory=dict)
+    share_buffer: bool = False
+    share_buffer_reason: str | None = None
+    attributes: dict = dataclasses.field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {"fused": self.model is not None, "group_query_attention": self.fused, "layers": self.layers,
+                "nodes_before": self.nodes_before, "nodes_after": self.nodes_after, "reason": self.reason,
+                "local_check": self.local, "attributes": self.attributes,
+                "past_present_share_buffer": self.share_buffer,
+                "share_buffer_reason": self.share_buffer_reason,
+                "limits": "exact for unpadded batches (attention_mask all ones); GroupQueryAttention takes positions "
+                          "from seqlens_k = attention_mask.sum(-1) - 1, not position_ids: left padding differs"}
+
+
+# ---- the rule ----------------------------------------------------------------------------------------
+
+def _rule_class():
+    from onnxscript.rewriter import _fusion_utils, pattern
+
+    class GroupQueryAttentionFusion(pattern.RewriteRuleClassBase):
+        """One layer's decomposed attention with its concatenated cache -> GroupQueryAttention (module docstring)."""
+
+        def __init__(self, max_positions: int):
+            super().__init__("normexport_GroupQueryAttention", remove_nodes=False)
+            self.max_positions = max_positions
+            self.mask_checked: dict[int, str | None] = {}
+            self.mask_failures: list[str] = []
+            self.caches: dict = {}
+            self.attributes: list[dict] = []
+
+        def pattern(self, op, query_BSD, key_BSDkv, value_BSDkv, past_key, past_value, cos, sin, mask):
+            q = op.Reshape(query_BSD, pattern.ANY_VALUE, _outputs=["query_BSHDh"])
+            qn = op.RMSNormalization(q, pattern.ANY_VALUE, _allow_other_attributes=True, _outputs=["query_norm"])
+            q = op.Transpose(pattern.OrValue([q, qn]), perm=[0, 2, 1, 3])
+            q = op.RotaryEmbedding(q, cos, sin, _domain=_FUSION, _allow_other_attributes=True, _outputs=["query_rope"])
+            k = op.Reshape(key_BSDkv, pattern.ANY_VALUE, _outputs=["key_BSHkvDh"])
+            kn = op.RMSNormalization(k, pattern.ANY_VALUE, _allow_other_attributes=True, _outputs=["key_norm"])
+            k = op.Transpose(pattern.OrValue([k, kn]), perm=[0, 2, 1, 3])
+            k = op.RotaryEmbedding(k, cos, sin, _domain=_FUSION, _allow_other_attributes=True, _outputs=["key_rope"])
+            v = op.Transpose(op.Reshape(value_BSDkv, pattern.ANY_VALUE), perm=[0, 2, 1, 3])
+            present_key = op.Concat(past_key, k, axis=-2)
+            present_value = op.Concat(past_value, v, axis=-2)
+            k_rep = op.Reshape(op.Expand(op.Unsqueeze(present_key, [2]), pattern.ANY_VALUE), pattern.ANY_VALUE,
+                               _outputs=["key_repeated"])
+            v_rep = op.Reshape(op.Expand(op.Unsqueeze(present_value, [2]), pattern.ANY_VALUE), pattern.ANY_VALUE,
+                               _outputs=["value_repeated"])
+            attn = op.SDPA(q, pattern.OrValue([k_rep, present_key]), pattern.OrValue([v_rep, present_value]), mask,
+                           key_format="BHSd", _domain=_FUSION, _allow_other_attributes=True, _outputs=["sdpa"])
+            out = op.Reshape(op.Transpose(attn, perm=[0, 2, 1, 3]), pattern.ANY_VALUE, _outputs=["attention_BSD"])
+            return out, present_key, present_value
+
+        def check(self, context, query_BSD, key_BSDkv, value_BSDkv, past_key, past_value, cos, sin, mask,
+                  query_BSHDh, key_BSHkvDh, query_rope, key_rope, sdpa, attention_BSD, key_repeated=None,
+                  value_repeated=None, **_):
+            result = pattern.MatchResult()
+            bind: dict = {}
+            for val, dims in ((query_BSD, "B S D"), (key_BSDkv, "B S Dkv"), (value_BSDkv, "B S Dkv"),
+                              (query_BSHDh, "B S H Dh"), (key_BSHkvDh, "B S Hkv Dh"), (past_key, "B Hkv P Dh"),
+                              (past_value, "B Hkv P Dh"), (attention_BSD, "B S D")):
+                if not _fusion_utils.check_shape_bool(bind, val, dims.split()):
+                    return result.fail(f"{val.name}: shape {val.shape} is not [{dims}]", val)
+            heads, kv_heads, head_size, hidden = bind["H"], bind["Hkv"], bind["Dh"], bind["D"]
+            if not all(isinstance(x, int) for x in (heads, kv_heads, head_size, hidden)):
+                return result.fail("heads / KV heads / head size not static", query_BSHDh)
+            if heads * head_size != hidden or heads % kv_heads:
+                return result.fail(f"{heads} heads x {head_size} != {hidden} or not a multiple of {kv_heads}", query_BSD)
+            if head_size % 16:  # onnxruntime's GroupQueryAttention (CPU) refuses other head sizes when it runs
+                return result.fail(f"head size {head_size}: GroupQueryAttention takes multiples of 16", query_BSHDh)
+            if (key_repeated is None) != (heads == kv_heads) or (value_repeated is None) != (heads == kv_heads):
+                return result.fail("keys / values not repeated over the head groups", sdpa)
+            for rep in (key_repeated, value_repeated):
+                if rep is not None and not _fusion_utils.check_shape_bool(dict(bind), rep, ["B", "H", "T", "Dh"]):
+                    return result.fail(f"{rep.name}: shape {rep.shape} is not [B, {heads}, T, {head_size}]", rep)
+            if past_key.name is None or not past_key.name.startswith("past_key_values.") \
+                    or past_key not in context.graph_or_function.inputs or past_value not in context.graph_or_function.inputs:
+                return result.fail("the cache concatenated is not a past_key_values.* graph input", past_key)
+            qa, ka = query_rope.producer().attributes, key_rope.producer().attributes
+            interleaved = qa.get_int("interleaved", 0)
+            if ka.get_int("interleaved", 0) != interleaved:
+                return result.fail("q and k rotated differently", query_rope)
+            dtype = query_BSD.dtype
+            if dtype not in (ir.DataType.FLOAT, ir.DataType.FLOAT16):
+                return result.fail(f"dtype {dtype}: GroupQueryAttention on CPU takes float32 / float16", query_BSD)
+            inv_freq, why = _inv_freq(cos, sin, context.graph_or_function)
+            if inv_freq is None:
+                return result.fail(f"rotary cos / sin: {why}", cos)
+            if inv_freq.shape[0] * 2 != head_size:
+                return result.fail("partial rotary (rotary dim != head size)", cos)
+            inputs = {v.name: v for v in context.graph_or_function.inputs}
+            if "attention_mask" not in inputs:
+                return result.fail("no attention_mask graph input", mask)
+            if id(mask) not in self.mask_checked:  # what the rule matched as the mask, run (module docstring)
+                self.mask_checked[id(mask)] = check_mask(mask, dict(context.model.opset_imports), kv_heads, head_size)
+            if self.mask_checked[id(mask)]:
+                self.mask_failures.append(f"mask {mask.name}: {self.mask_checked[id(mask)]}")
+                return result.fail(self.mask_failures[-1], mask)
+            scale = sdpa.producer().attributes.get_float("scale", None)
+            self._match = dict(heads=heads, kv_heads=kv_heads, scale=1.0 / math.sqrt(head_size) if scale is None else scale,
+                               interleaved=interleaved, inv_freq=inv_freq, dtype=dtype,
+                               attention_mask=inputs["attention_mask"])
+            return result
+
+        def rewrite(self, op, query_BSD, key_BSDkv, value_BSDkv, past_key, past_value, mask, query_norm=None,
+                    key_norm=None, **_):
+            m = self._match
+            if query_norm is not None:  # Qwen 3's q / k norms over the head dim: kept, reshaped back
+                query_BSD = op.Reshape(query_norm, op.Constant(value_ints=[0, 0, -1]))
+            if key_norm is not None:
+                key_BSDkv = op.Reshape(key_norm, op.Constant(value_ints=[0, 0, -1]))
+            am = m["attention_mask"]
+            seqlens = op.Cast(op.Sub(op.ReduceSum(am, op.Constant(value_ints=[1]), keepdims=0),
+                                     op.Constant(value=ir.tensor(np.array(1, dtype=np.int64)))), to=ir.DataType.INT32)
+            total = op.Cast(op.Gather(op.Shape(am), op.Constant(value=ir.tensor(np.array(1, dtype=np.int64))), axis=0),
+                            to=ir.DataType.INT32)
+            key = (m["inv_freq"].tobytes(), m["dtype"])
+            if key not in self.caches:
+                angles = np.arange(self.max_positions, dtype=np.float32)[:, None] * m["inv_freq"].astype(np.float32)[None]
+                np_dtype = np.float16 if m["dtype"] == ir.DataType.FLOAT16 else np.float32
+                self.caches[key] = (op.initializer(ir.tensor(np.cos(angles).astype(np_dtype)), name="gqa_cos_cache"),
+                                    op.initializer(ir.tensor(np.sin(angles).astype(np_dtype)), name="gqa_sin_cache"))
+            cos_cache, sin_cache = self.caches[key]
+            attrs = dict(num_heads=m["heads"], kv_num_heads=m["kv_heads"], scale=float(m["scale"]), do_rotary=1,
+                         rotary_interleaved=m["interleaved"], local_window_size=-1)
+            self.attributes.append(attrs)
+            return op.GroupQueryAttention(query_BSD, key_BSDkv, value_BSDkv, past_key, past_value, seqlens, total,
+                                          cos_cache, sin_cache, **attrs, _domain=MS, _outputs=3)
+
+    return GroupQueryAttentionFusion
+
+
+def _const(value: ir.Value | None, graph) -> np.ndarray | None:
+    if value is None:
+        return None
+    if value.const_value is not None:
+        return value.const_value.numpy()
+    node = value.producer()
+    if node is not None and node.op_type == "Constant" and node.domain == "" and "value" in node.attributes:
+        return node.attributes["value"].as_tensor().numpy()
+    return None
+
+
+def _producer(value, op_type: str):
+    node = value.producer() if value is not None else None
+    return node if node is not None and node.op_type == op_type and node.domain == "" else None
+
+
+def _inv_freq(cos: ir.Value, sin: ir.Value, graph) -> tuple[np.ndarray | None, str | None]:
+    """The constant inverse frequencies [head_dim / 2] where cos / sin are Unsqueeze(Cos / Sin(Concat(f, f)), 1)
+    with f = Cast(Unsqueeze(position_ids, 2), float) x inv_freq (transformers' default RoPE, as exported),
+    else (None, why)."""
+    found = []
+    for val, fn in ((cos, "Cos"), (sin, "Sin")):
+        un = _producer(val, "Unsqueeze")
+        if un is None or list(_const(un.inputs[1], graph) if _const(un.inputs[1], graph) is not None else []) != [1]:
+            return None, f"{val.name} is not Unsqueeze(., [1])"
+        x = un.inputs[0]
+        if _producer(x, "Cast") is not None:  # a cast to the model's dtype
+            x = _producer(x, "Cast").inputs[0]
+        trig = _producer(x, fn)
+        if trig is None:
+            return None, f"{val.name} is not {fn}(...)"
+        cat = _producer(trig.inputs[0], "Concat")
+        if cat is None or len(cat.inputs) != 2 or cat.inputs[0] is not cat.inputs[1] or cat.attributes.get_int("axis") != -1:
+            return None, "the angles are not Concat(freqs, freqs, axis=-1)"
+        found.append(cat.inputs[0])
+    if found[0] is not found[1]:
+        return None, "cos and sin of different angles"
+    mul = _producer(found[0], "Mul")
+    if mul is None:
+        return None, "the angles are not position_ids x inv_freq"
+    for pos, freq in (mul.inputs, mul.inputs[::-1]):
+        inv = _const(freq, graph)
+        cast = _producer(pos, "Cast")
+        if inv is None or cast is None or cast.attributes.get_int("to") != ir.DataType.FLOAT:
+            continue
+        un = _producer(cast.inputs[0], "Unsqueeze")
+        if un is None or un.inputs[0] is None or un.inputs[0].name != "position_ids" or \
+                list(_const(un.inputs[1], graph) if _const(un.inputs[1], graph) is not None else []) != [2]:
+            continue
+        inv = np.asarray(inv, dtype=np.float32).reshape(-1)
+        return inv, None
+    return None, "the angles are not Cast(Unsqueeze(position_ids, 2)) x a constant inv_freq"
+
+
+# ---- the mask, run -------------------------------------------------------------------------------------
+
+def _cone(value: ir.Value):
+    """(nodes in graph order, graph inputs, initializers) that compute `value`."""
+    nodes, inputs, inits, seen = [], [], [], set()
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if v is None or id(v) in seen:
+            continue
+        seen.add(id(v))
+        node = v.producer()
+        if node is None:
+            (inits if v.const_value is not None else inputs).append(v)
+            continue
+        if id(node) not in seen:
+            seen.add(id(node))
+            nodes.append(node)
+            stack.extend(node.inputs)
+    order = {id(n): i for i, n in enumerate(value.graph or [])} if value.graph is not None else {}
+    nodes.sort(key=lambda n: order.get(id(n), 0))
+    return nodes, inputs, inits
+
+
+def _mask_model(value: ir.Value, opsets: dict):
+    import onnx
+
+    nodes, inputs, inits = _cone(value)
+    graph = onnx.helper.make_graph(
+        [ir.serde.serialize_node(n) for n in nodes], "mask",
+        [ir.serde.serialize_value(v) for v in inputs],
+        [onnx.helper.make_value_info(value.name, onnx.TypeProto())],
+        initializer=[ir.serde.serialize_tensor(v.const_value) for v in inits])
+    for t, v in zip(graph.initializer, inits):
+        t.name = v.name
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid(d, v) for d, v in opsets.items()])
+    model.ir_version = 10
+    return model, [v.name for v in inputs]
+
+
+def check_mask(value: ir.Value, opsets: dict, kv_heads: int, head_size: int) -> str | None:
+    """None where the mask subgraph computing `value` is the plain causal + attention_mask mask
+    (module docstring), else why not."""
+    import onnxruntime as ort
+
+    try:
+        proto, names = _mask_model(value, opsets)
+        sess = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    except Exception as e:  # noqa: BLE001
+        return f"the mask subgraph does not run on its own ({type(e).__name__}: {str(e).splitlines()[0][:160]})"
+    rng = np.random.default_rng(0)
+    cases = [(2, 5, 0, None), (2, 1, 6, None), (3, 3, 4, "padded")]
+    for batch, seq, past, kind in cases:
+        am = np.ones((batch, past + seq), np.int64)
+        if kind:
+            am = (rng.random((batch, past + seq)) > 0.3).astype(np.int64)
+            am[:, -1] = 1
+        feeds = {"input_ids": np.zeros((batch, seq), np.int64), "attention_mask": am,
+                 "position_ids": np.tile(np.arange(past, past + seq, dtype=np.int64), (batch, 1))}
+        for name in names:
+            if name.startswith("past_key_values."):
+                feeds[name] = np.zeros((batch, kv_heads, past, head_size), np.float32)
+        missing = [n for n in names if n not in feeds]
+        if missing:
+            return f"the mask reads {', '.join(missing)}"
+        try:
+            got = sess.run(None, {n: feeds[n] for n in names})[0]
+        except Exception as e:  # noqa: BLE001
+            return f"the mask subgraph failed on batch {batch}, sequence {seq}, past {past}: {str(e).splitlines()[0][:160]}"
+        i = np.arange(seq)[:, None]
+        j = np.arange(past + seq)[None, :]
+        allowed = (j <= past + i)[None, None] & am[:, None, None, :].astype(bool)
+        try:
+            got = np.broadcast_to(got, allowed.shape)
+        except ValueError:
+            return f"the mask has shape {list(got.shape)}, not [batch, 1, sequence, total]"
+        low = np.finfo(got.dtype).min if got.dtype.kind == "f" else None
+        if low is None or not (np.all(got[allowed] == 0) and np.all(got[~allowed] <= low / 2)):
+            return (f"not the causal + attention_mask mask (batch {batch}, sequence {seq}, past {past}"
+                    f"{', padded attention_mask' if kind else ''}): a sliding window or another mask")
+    return None
+
+
+# ---- the fusion ------------------------------------------------------------------------------------------
+
+def _count(model: ir.Model) -> int:
+    return sum(1 for _ in model.graph)
+
+
+def _copy(model: ir.Model) -> ir.Model:
+    return ir.serde.deserialize_model(ir.serde.serialize_model(model))
+
+
+def fuse(model_ir: ir.Model, *, max_positions: int, local_check: bool = True) -> Fusion:
+    """The fused copy of a KV-cache file (module docstring); `model_ir` itself is left as it is."""
+    import onnx_ir.passes.common as common_passes
+    from onnxscript.optimizer import optimize
+    from onnxscript.rewriter.ort_fusions import shape_optimization
+    from onnxscript.rewriter.ort_fusions.rotary_embedding import fuse_rotary_embedding
+    from onnxscript.rewriter.ort_fusions.sdpa import fuse_sdpa
+    from onnxscript.rewriter import pattern
+
+    layers = sum(1 for v in model_ir.graph.inputs if v.name.startswith("past_key_values.") and v.name.endswith(".key"))
+    result = Fusion(None, layers, nodes_before=_count(model_ir))
+    if not layers:
+        result.reason = "no past_key_values.*.key input"
+        return result
+    model = _copy(model_ir)
+    try:
+        common_passes.ShapeInferencePass()(model)
+        optimize(model)
+        shape_optimization.rules.apply_to_model(model)
+        optimize(model)
+        rotary = fuse_rotary_embedding(model)
+        sdpa = fuse_sdpa(model, apply_shape_inference=True)
+        rule = _rule_class()(max_positions)
+        count = pattern.RewriteRuleSet([pattern.RewriteRule(
+            rule.pattern, rule.rewrite, rule.check, name=rule.name, remove_nodes=rule.remove_nodes)]).apply_to_model(model)
+    except Exception as e:  # noqa: BLE001
+        result.reason = f"onnxscript's fusions failed: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+        return result
+    result.fused = count
+    if count != layers:
+        result.reason = (f"{count} of {layers} layers matched (rotary {rotary}, sdpa {sdpa}): "
+                         + (rule.mask_failures[0] if rule.mask_failures else "the attention is not the plain "
+                            "grouped-query form (rotate-half RoPE from position_ids, concatenated cache, causal mask)"))
+        return result
+    optimize(model)  # the decomposed attention, its mask and the rotary's cos / sin are now unused
+    common_passes.RemoveUnusedNodesPass()(model)
+    common_passes.CommonSubexpressionEliminationPass()(model)
+    model.opset_imports.setdefault(MS, 1)
+    left = [n.op_type for n in model.graph if n.domain == _FUSION]
+    got = sum(1 for n in model.graph if n.op_type == "GroupQueryAttention" and n.domain == MS)
+    if left or got != layers:
+        result.reason = f"after cleanup: {got} GroupQueryAttention, {len(left)} intermediate fusion op(s) left"
+        return result
+    _keep_interface(model, model_ir)
+    result.nodes_after = _count(model)
+    a = rule.attributes[0]
+    result.attributes = {k: a[k] for k in ("num_heads", "kv_num_heads", "scale", "do_rotary", "rotary_interleaved")}
+    result.attributes["cos_sin_cache_positions"] = max_positions
+    result.model = model
+    if local_check:
+        result.local = compare(model_ir, model)
+        if not result.local.get("passed"):
+            result.reason = f"local check failed: {result.local.get('reason')}"
+            result.model = None
+            return result
+        ok, why = share_buffer_check(model)
+        result.share_buffer, result.share_buffer_reason = ok, why
+        if ok:
+            model.metadata_props[SHARE_BUFFER_KEY] = "true"
+    return result
+
+
+def _keep_interface(model: ir.Model, original: ir.Model) -> None:
+    """The fused graph keeps the file's interface: inputs / outputs by name, their types and dim names."""
+    outs = {v.name: v for v in original.graph.outputs}
+    for v in model.graph.outputs:
+        o = outs.get(v.name)
+        if o is not None:
+            v.shape, v.type = o.shape, o.type
+    ins = {v.name: v for v in original.graph.inputs}
+    for v in model.graph.inputs:
+        o = ins.get(v.name)
+        if o is not None:
+            v.shape, v.type = o.shape, o.type
+
+
+# ---- running the files -----------------------------------------------------------------------------------
+
+def _session(model: ir.Model):
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 3  # the fused file leaves position_ids unused: no warning for it
+    return ort.InferenceSession(ir.serde.serialize_model(model).SerializeToString(), so,
+                                providers=["CPUExecutionProvider"])
+
+
+def _np_dtype(model: ir.Model):
+    v = next(v for v in model.graph.inputs if v.name == "past_key_values.0.key")
+    return np.float16 if v.dtype == ir.DataType.FLOAT16 else np.float32
+
+
+def _cache_dims(model: ir.Model) -> list[tuple[str, int, int]]:
+    return [(v.name, v.shape[1], v.shape[3]) for v in model.graph.inputs if v.name.startswith("past_key_values.")]
+
+
+def _vocab(model: ir.Model) -> int:
+    emb = next((n for n in model.graph if n.op_type == "Gather" and n.inputs[1] is not None
+                and n.inputs[1].name == "input_ids"), None)
+    if emb is not None and emb.inputs[0] is not None and emb.inputs[0].shape is not None:
+        return int(emb.inputs[0].shape[0])
+    return 32
+
+
+def _run_steps(sess, names: Sequence[str], dims, dtype, ids_steps, batch: int):
+    """Per step (logits, presents): prefill then decode, each step's presents fed back."""
+    past = {n: np.zeros((batch, h, 0, d), dtype) for n, h, d in dims}
+    outs, total = [], 0
+    for ids in ids_steps:
+        seq = ids.shape[1]
+        feeds = {"input_ids": ids, "attention_mask": np.ones((batch, total + seq), np.int64),
+                 "position_ids": np.tile(np.arange(total, total + seq, dtype=np.int64), (batch, 1)), **past}
+        res = sess.run(None, {n: feeds[n] for n in names})
+        outs.append(res)
+        out_names = [o.name for o in sess.get_outputs()]
+        past = {n.replace("present", "past_key_values"): r for n, r in zip(out_names[1:], res[1:])}
+        total += seq
+    return outs
+
+
+def compare(unfused: ir.Model, fused: ir.Model, *, batch: int = 2, prompt: int = 5, decode: int = 3,
+            seed: int = 0) -> dict:
+    """The local check: both files in onnxruntime on the same random prefill + decode feeds (each its
+    own cache fed back); every logits and present.* within DESIGN §7's tolerance of the unfused file's."""
+    import torch
+
+    from ..parity.tolerances import tolerance_for
+
+    try:
+        dims, dtype = _cache_dims(unfused), _np_dtype(unfused)
+        rng = np.random.default_rng(seed)
+        vocab = _vocab(unfused)
+        steps = [rng.integers(0, vocab, (batch, prompt)).astype(np.int64)]
+        steps += [rng.integers(0, vocab, (batch, 1)).astype(np.int64) for _ in range(decode)]
+        runs = []
+        for model in (unfused, fused):
+            sess = _session(model)
+            names = [i.name for i in sess.get_inputs()]
+            runs.append((_run_steps(sess, names, dims, dtype, steps, batch), [o.name for o in sess.get_outputs()]))
+            del sess
+    except Exception as e:  # noqa: BLE001
+        return {"passed": False, "reason": f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"}
+    (ref, names), (got, got_names) = runs
+    if names != got_names:
+        return {"passed": False, "reason": f"outputs differ: {got_names} vs {names}"}
+    tdtype = torch.float16 if dtype == np.float16 else torch.float32
+    worst, compared = 0.0, 0
+    for k, (r_step, g_step) in enumerate(zip(ref, got)):
+        for name, r, g in zip(names, r_step, g_step):
+            if r.shape != g.shape:
+                return {"passed": False, "reason": f"step {k} {name}: shape {list(g.shape)} != {list(r.shape)}"}
+            r64, g64 = r.astype(np.float64), g.astype(np.float64)
+            err = float(np.abs(r64 - g64).max()) if r.size else 0.0
+            tol = tolerance_for(tdtype, float(np.abs(r64).max()) if r.size else 0.0)
+            compared += 1
+            worst = max(worst, err)
+            if not err <= tol:
+                return {"passed": False, "max_abs_err": err, "reason": f"step {k} ({'prefill' if k == 0 else 'decode'}) "
+                        f"{name}: max_abs_err {err:.3g} > tolerance {tol:.3g}"}
+    return {"passed": True, "batch": batch, "prompt": prompt, "decode_steps": decode, "outputs_compared": compared,
+            "max_abs_err": worst}
+
+
+def share_buffer_check(fused: ir.Model, *, batch: int = 1, prompt: int = 4, decode: int = 3,
+                       max_length: int = 16) -> tuple[bool, str | None]:
+    """(True, None) where the fused file run with one buffer of `max_length` positions as past and
+    present (io binding, as onnxruntime-genai's past_present_share_buffer; attention_mask of
+    `max_length`, ones over the tokens so far) gives the concatenating run's logits and cache."""
+    import onnxruntime as ort
+
+    try:
+        dims, dtype = _cache_dims(fused), _np_dtype(fused)
+        sess = _session(fused)
+        names = [i.name for i in sess.get_inputs()]
+        outs = [o.name for o in sess.get_outputs()]
+        rng = np.random.default_rng(1)
+        steps = [rng.integers(0, _vocab(fused), (batch, prompt)).astype(np.int64)]
+        steps += [rng.integers(0, _vocab(fused), (batch, 1)).astype(np.int64) for _ in range(decode)]
+        ref = _run_steps(sess, names, dims, dtype, steps, batch)
+        buffers = {n: ort.OrtValue.ortvalue_from_numpy(np.zeros((batch, h, max_length, d), dtype)) for n, h, d in dims}
+        total = 0
+        for k, ids in enumerate(steps):
+            seq = ids.shape[1]
+            am = np.zeros((batch, max_length), np.int64)
+            am[:, :total + seq] = 1
+            feeds = {"input_ids": ids, "attention_mask": am,
+                     "position_ids": np.tile(np.arange(total, total + seq, dtype=np.int64), (batch, 1))}
+            io = sess.io_binding()
+            for n in names:
+                if n in buffers:
+                    io.bind_ortvalue_input(n, buffers[n])
+                else:
+                    io.bind_cpu_input(n, feeds[n])
+            io.bind_output(outs[0])
+            for n in outs[1:]:
+                io.bind_ortvalue_output(n, buffers[n.replace("present", "past_key_values")])
+            sess.run_with_iobinding(io)
+            logits = io.copy_outputs_to_cpu()[0]
+            total += seq
+            want = ref[k][0]
+            if logits.shape != want.shape or float(np.abs(logits.astype(np.float64) - want).max()) > 1e-4 * max(1.0, float(np.abs(want).max())):
+                return False, f"step {k}: the shared-buffer run's logits differ from the concatenating run's"
+            for n, r in zip(outs[1:], ref[k][1:]):
+                buf = buffers[n.replace("present", "past_key_values")].numpy()[:, :, :total]
+                if buf.shape != r.shape or float(np.abs(buf.astype(np.float64) - r).max()) > 1e-4 * max(1.0, float(np.abs(r).max())):
+                    return False, f"step {k}: {n} in the shared buffer differs from the concatenating run's"
+        return True, None
+    except Exception as e:  # noqa: BLE001
+        return False, f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+
+
+# ---- convert's hook ---------------------------------------------------------------------------------------
+
+#: config keys holding the context length (the cos / sin caches' rows), as deploy reads them
+_CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "n_ctx")
+
+
+def context_length(lm) -> int | None:
+    """The model's context length from its transformers config (None: a .pt2 program, no config)."""
+    config = getattr(getattr(lm, "generates", None), "config", None)
+    config = getattr(config, "get_text_config", lambda: config)() if config is not None else None
+    for key in _CONTEXT_KEYS:
+        value = getattr(config, key, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def for_convert(model_ir: ir.Model, lm) -> Fusion:
+    """convert --target ort, KV-cache task: the fused copy of the exported file where it matches and
+    passes the local check (`Fusion.model`), else why not (`Fusion.reason`)."""
+    positions = context_length(lm)
+    if positions is None:
+        layers = sum(1 for v in model_ir.graph.inputs if v.name.startswith("past_key_values.") and v.name.endswith(".key"))
+        return Fusion(None, layers, nodes_before=_count(model_ir),
+                      reason="no context length in the model's config (the cos / sin caches' size)")
+    return fuse(model_ir, max_positions=positions)
+
+
+def line(f: Fusion, generation: str | None = None) -> str:
+    """convert's line on the fusion: done (node counts, how verified, share buffer) or why not."""
+    if f.model is None:
+        return f"  attention: decomposed (not fused as GroupQueryAttention: {f.reason})"
+    share = "past/present can share one buffer" if f.share_buffer else \
+        f"past/present share buffer not verified ({f.share_buffer_reason})"
+    return (f"  attention: {f.fused} com.microsoft.GroupQueryAttention (one per layer, num_heads "
+            f"{f.attributes['num_heads']}, kv_num_heads {f.attributes['kv_num_heads']}), {f.nodes_before} -> "
+            f"{f.nodes_after} nodes; local check PASSED (fused vs decomposed in onnxruntime, prefill + "
+            f"{f.local.get('decode_steps')} decode steps, max_abs_err {f.local.get('max_abs_err', 0):.3g})"
+            + (f"; {generation}" if generation else "") + f"; {share}; exact for unpadded batches only "
+            "(seqlens_k = attention_mask.sum(-1) - 1; left padding differs)")
