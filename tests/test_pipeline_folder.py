@@ -102,6 +102,19 @@ def build(kind, d):
             text_encoder=clip_text(clip, 16, 8), tokenizer=clip_tokenizer(d / "tok1"),
             text_encoder_2=clip_text(clip, 16, 8), tokenizer_2=clip_tokenizer(d / "tok2"),
             text_encoder_3=t5(32), tokenizer_3=word_tokenizer())
+    elif kind == "controlnet":  # two diffusers models in the loop: the ControlNet, then the UNet
+        unet = diffusers.UNet2DConditionModel(
+            sample_size=8, in_channels=4, out_channels=4, layers_per_block=1, block_out_channels=(8,),
+            norm_num_groups=4, cross_attention_dim=16, down_block_types=("CrossAttnDownBlock2D",),
+            up_block_types=("CrossAttnUpBlock2D",), attention_head_dim=2)
+        controlnet = diffusers.ControlNetModel(
+            in_channels=4, layers_per_block=1, block_out_channels=(8,), norm_num_groups=4, cross_attention_dim=16,
+            down_block_types=("CrossAttnDownBlock2D",), attention_head_dim=2,
+            conditioning_embedding_out_channels=(4, 4, 4, 4))
+        pipe = diffusers.StableDiffusionControlNetPipeline(
+            vae=vae(), text_encoder=clip_text(transformers.CLIPTextModel), tokenizer=clip_tokenizer(d / "tok"),
+            unet=unet, controlnet=controlnet, scheduler=diffusers.EulerDiscreteScheduler(), safety_checker=None,
+            feature_extractor=None, requires_safety_checker=False)
     else:
         unet = diffusers.UNet2DConditionModel(
             sample_size=8, in_channels=4, out_channels=4, layers_per_block=1, block_out_channels=(8,),
@@ -186,6 +199,26 @@ def test_module_names_a_component_and_a_submodule(cli, tmp_path):
                                              "on component transformer (--module"), stdout
     assert ops(out)["AdaLNZero"] == 2  # the block's norm1 / norm2
     assert max(errs) < 1e-4, errs
+
+
+def test_the_denoiser_is_found_by_the_run(tmp_path):
+    """A ControlNet pipeline has two diffusers models in its loop: the one called last before the
+    scheduler's first step is the UNet (fed the ControlNet's residuals); --module controlnet records
+    the ControlNet's own call (the generic call gives the pipeline its control image). No export."""
+    from normexport.load import pipeline
+
+    folder = build("controlnet", tmp_path)
+    index = json.loads((folder / "model_index.json").read_text())
+    unet = pipeline.record(folder, index, None, tmp_path / "u.pt")
+    assert type(unet.module).__name__ == "UNet2DConditionModel", unet.headline
+    assert unet.headline.startswith("inputs: recorded from one StableDiffusionControlNetPipeline step (1 step, 64x64) "
+                                    "on component unet (the denoiser"), unet.headline
+    _, kwargs = torch.load(tmp_path / "u.pt", weights_only=True)
+    assert len(kwargs["down_block_additional_residuals"]) > 0 and kwargs["mid_block_additional_residual"] is not None
+    control = pipeline.record(folder, index, "controlnet", tmp_path / "c.pt")
+    assert type(control.module).__name__ == "ControlNetModel" and "component controlnet (--module" in control.headline
+    _, kwargs = torch.load(tmp_path / "c.pt", weights_only=True)
+    assert kwargs["controlnet_cond"].shape == (2, 3, 64, 64)  # the control image at the run's size, CFG batch
 
 
 def test_pipeline_that_cannot_run_is_one_line(cli, tmp_path):

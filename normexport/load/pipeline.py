@@ -317,16 +317,27 @@ def call_arguments(pipe, modules: dict, path: Path, component: str | None) -> tu
     except (TypeError, ValueError):
         params = {}
     side = image_side(pipe, modules)
+    gen = torch.Generator().manual_seed(0)
     wanted = {"prompt": PROMPT, "num_inference_steps": 1, "height": side, "width": side, "output_type": "latent",
-              "use_resolution_binning": False, "generator": torch.Generator().manual_seed(0)}
+              "use_resolution_binning": False, "generator": gen,
+              # an image-conditioned pipeline (img2img, inpainting, ControlNet): an image of the size, a
+              # half mask, and the whole schedule (strength 1: one step stays one step)
+              "image": torch.rand(1, 3, side, side, generator=gen), "mask_image": _half_mask(side),
+              "control_image": torch.rand(1, 3, side, side, generator=gen), "strength": 1.0}
     kwargs = {k: v for k, v in wanted.items() if k in params}
     required = [n for n, p in params.items() if p.default is p.empty and n not in kwargs
                 and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
     if required:
         raise UsageError(f"{type(pipe).__name__}.__call__ needs {', '.join(required)} (no default), which a generic "
                          f"one-step run cannot give: {_escape(path, component or _module_guess(modules))}")
-    size = f"{side}x{side}" if "height" in kwargs else "default size"
+    size = f"{side}x{side}" if "height" in kwargs or "image" in kwargs else "default size"
     return kwargs, size
+
+
+def _half_mask(side: int) -> torch.Tensor:
+    mask = torch.zeros(1, 1, side, side)
+    mask[..., side // 2:] = 1.0
+    return mask
 
 
 def image_side(pipe, modules: dict) -> int:
