@@ -206,6 +206,23 @@ def test_factory_folder_without_tokenizer(tmp_path, cli):
     assert genai_generate(out.parent, ids) == want
 
 
+def test_another_models_files_are_not_overwritten(deployed, tmp_path, cli):
+    """Two LLMs converted into one folder: the second writes its ONNX file, but not a genai_config /
+    config.json over the first model's (a folder of two models loads neither right); it says so."""
+    folder, _, _ = deployed
+    out = tmp_path / "both"
+    code, stdout, err = cli("convert", folder, "-o", f"{out}/", "--target", "ort", "--no-check")
+    assert code == 0, stdout + err
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    code, stdout, err = cli("convert", "tests.test_llm_deploy:tiny_llama", "-o", out / "other.onnx", "--target", "ort",
+                            "--no-check")
+    assert code == 0, stdout + err
+    assert (out / "other.onnx").is_file()
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.name in before} == before
+    assert f"deployable folder not written: '{out}' already holds config.json, " \
+           "genai_config.json of another model" in stdout, stdout
+
+
 def test_optimum_generates_transformers_tokens(deployed):
     """optimum's ORTModelForCausalLM on the folder as it is (only where optimum-onnx imports: its
     0.1.0 needs transformers < 4.58)."""

@@ -93,6 +93,8 @@ def graph_settings(model_ir) -> dict:
     share = all(_dim(inputs[f"past_key_values.{i}.{kv}"], 2) is not None
                 and _dim(outputs.get(f"present.{i}.{kv}"), 2) == _dim(inputs[f"past_key_values.{i}.{kv}"], 2)
                 for i in range(layers) for kv in KV)
+    # a GroupQueryAttention file whose shared-buffer run was checked (normexport.llm.attention) serves it too
+    share = share or model_ir.metadata_props.get("normexport.past_present_share_buffer") == "true"
     return {"layers": layers, "num_key_value_heads": heads, "head_size": head_size, "uniform": len(shapes) == 1,
             "share_buffer": share, "vocab_size": _dim(outputs["logits"], 2)}
 
@@ -214,6 +216,35 @@ def _copy(src: Path, dest: Path) -> bool:
     return True
 
 
+def _clashes(where: Path, onnx_name: str, copies: list[Path], objects: dict) -> list[str]:
+    """Files of another model in `where` that the folder's files would overwrite: a config /
+    tokenizer file that differs from the one to copy or write, a genai_config.json for another ONNX
+    file. (The same files, or our own genai_config.json of a re-run, are no clash.)"""
+    out = []
+    for src in copies:
+        dest = where / src.name
+        if dest.exists() and not os.path.samefile(src, dest) and dest.read_bytes() != src.read_bytes():
+            out.append(src.name)
+    for name, obj in objects.items():
+        dest = where / name
+        if dest.exists():
+            try:
+                same = json.loads(dest.read_text()) == obj
+            except (OSError, ValueError):
+                same = False
+            if not same:
+                out.append(name)
+    genai = where / GENAI_CONFIG
+    if genai.exists():
+        try:
+            named = json.loads(genai.read_text()).get("model", {}).get("decoder", {}).get("filename")
+        except (OSError, ValueError, AttributeError):
+            named = None
+        if named != onnx_name:
+            out.append(GENAI_CONFIG)
+    return out
+
+
 def tokenizer_files(folder: Path) -> list[Path]:
     names = set(TOKENIZER_FILES) | {p.name for p in folder.glob("tokenizer*")} | {p.name for p in folder.glob("*.tiktoken")}
     return sorted(folder / n for n in names if (folder / n).is_file())
@@ -265,6 +296,10 @@ def write(out: Path, model_ir, lm, source: str, kind: str | None = None) -> list
                      f"files into '{where}' for onnxruntime-genai's Tokenizer and AutoTokenizer")
     content, more = genai_config(out.name, graph, cfg, gen)
     notes += more
+    clash = _clashes(where, out.name, copies, written_objects)
+    if clash:  # another model's files there: writing ours would leave a folder of two models
+        return [f"deployable folder not written: '{where}' already holds {', '.join(clash)} of another model "
+                f"(different content); convert with -o DIR/ for a folder of its own"]
     _write_json(content, where / GENAI_CONFIG)
     written = [GENAI_CONFIG]
     for name, obj in written_objects.items():
