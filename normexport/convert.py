@@ -23,7 +23,9 @@ from .prepare.swap import summary_lines as swap_lines
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", metavar="MODEL", help="x.pt2 | x.pt/x.pth (TorchScript, or pickle with --trust-pickle) | "
                    "package.module:callable | a save_pretrained folder (transformers, diffusers)")
-    p.add_argument("-o", "--output", metavar="OUT.onnx", help="default: MODEL's stem + .onnx beside it")
+    p.add_argument("-o", "--output", metavar="OUT.onnx", help="default: MODEL's stem + .onnx beside it; DIR/ (a "
+                   "trailing slash): a folder holding model.onnx (a causal LM's: with genai_config.json, its config and "
+                   "tokenizer files, for onnxruntime-genai and optimum)")
     p.add_argument("--input", action="append", default=[], metavar="NAME:DIMS[:DTYPE]", help="e.g. x:2x16x64 (positional, forward order)")
     p.add_argument("--inputs", metavar="FILE", help="example inputs: a torch.save'd (args, kwargs) of one call, e.g. "
                    "recorded with `with normexport.capture(model, FILE): pipeline(...)` (loaded with weights_only=True)")
