@@ -102,6 +102,17 @@ def build(kind, d):
             text_encoder=clip_text(clip, 16, 8), tokenizer=clip_tokenizer(d / "tok1"),
             text_encoder_2=clip_text(clip, 16, 8), tokenizer_2=clip_tokenizer(d / "tok2"),
             text_encoder_3=t5(32), tokenizer_3=word_tokenizer())
+    elif kind == "wan":  # a video pipeline; WanTransformer3DModel keeps modules in float32
+        transformer = diffusers.WanTransformer3DModel(
+            patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=8, in_channels=4, out_channels=4,
+            text_dim=32, freq_dim=16, ffn_dim=32, num_layers=1, rope_max_seq_len=32)
+        wan_vae = diffusers.AutoencoderKLWan(base_dim=8, z_dim=4, dim_mult=[1, 1, 1, 1], num_res_blocks=1,
+                                             temperal_downsample=[False, True, True], latents_mean=[0.0] * 4,
+                                             latents_std=[1.0] * 4)
+        text_encoder = transformers.UMT5EncoderModel(transformers.UMT5Config(
+            vocab_size=16, d_model=32, d_kv=8, d_ff=32, num_layers=1, num_heads=2)).eval()
+        pipe = diffusers.WanPipeline(tokenizer=word_tokenizer(), text_encoder=text_encoder, vae=wan_vae,
+                                     transformer=transformer, scheduler=diffusers.FlowMatchEulerDiscreteScheduler())
     elif kind == "controlnet":  # two diffusers models in the loop: the ControlNet, then the UNet
         unet = diffusers.UNet2DConditionModel(
             sample_size=8, in_channels=4, out_channels=4, layers_per_block=1, block_out_channels=(8,),
@@ -219,6 +230,21 @@ def test_the_denoiser_is_found_by_the_run(tmp_path):
     assert type(control.module).__name__ == "ControlNetModel" and "component controlnet (--module" in control.headline
     _, kwargs = torch.load(tmp_path / "c.pt", weights_only=True)
     assert kwargs["controlnet_cond"].shape == (2, 3, 64, 64)  # the control image at the run's size, CFG batch
+
+
+def test_a_video_pipeline_whose_denoiser_keeps_fp32_modules(tmp_path):
+    """WanPipeline: diffusers without accelerate refuses to load WanTransformer3DModel
+    (_keep_in_fp32_modules) unless the list is set aside for the load (then restored); the run
+    records the transformer's 5-D latents. No export (test_families converts a Wan folder)."""
+    from normexport.load import pipeline
+
+    folder = build("wan", tmp_path)
+    keep = diffusers.WanTransformer3DModel._keep_in_fp32_modules
+    got = pipeline.record(folder, json.loads((folder / "model_index.json").read_text()), None, tmp_path / "w.pt")
+    assert diffusers.WanTransformer3DModel._keep_in_fp32_modules == keep  # restored
+    assert type(got.module).__name__ == "WanTransformer3DModel" and "component transformer (the denoiser" in got.headline
+    _, kwargs = torch.load(tmp_path / "w.pt", weights_only=True)
+    assert kwargs["hidden_states"].dim() == 5 and kwargs["hidden_states"].shape[-2:] == (8, 8), kwargs["hidden_states"].shape
 
 
 def test_pipeline_that_cannot_run_is_one_line(cli, tmp_path):

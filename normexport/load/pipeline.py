@@ -274,10 +274,13 @@ def _build(path: Path, index: dict, component: str | None):
         except (ImportError, AttributeError):
             pass
     try:
-        with quiet():
-            pipe = pipeline_cls.from_pretrained(str(path), local_files_only=True,
-                                                **({"torch_dtype": {**dtypes, "default": torch.float32}}
-                                                   if dtypes else {}))
+        try:
+            with quiet():
+                pipe = _from_pretrained(pipeline_cls, path, dtypes)
+        except ValueError as e:
+            if "keep_in_fp32_modules" not in str(e):
+                raise
+            pipe = _without_keep_fp32(pipeline_cls, path, index, dtypes)
     except Exception as e:  # noqa: BLE001 - a missing tokenizer / weights, a class this library lacks
         raise UsageError(f"cannot build {cls_name} from '{path}' ({type(e).__name__}: {first_line(e, 400)}): "
                          f"{hatch}") from None
@@ -289,6 +292,31 @@ def _build(path: Path, index: dict, component: str | None):
     if hasattr(pipe, "set_progress_bar_config"):
         pipe.set_progress_bar_config(disable=True)
     return pipe
+
+
+def _from_pretrained(pipeline_cls, path: Path, dtypes: dict):
+    return pipeline_cls.from_pretrained(str(path), local_files_only=True,
+                                        **({"torch_dtype": {**dtypes, "default": torch.float32}} if dtypes else {}))
+
+
+def _without_keep_fp32(pipeline_cls, path: Path, index: dict, dtypes: dict):
+    """diffusers without accelerate refuses a model class with `_keep_in_fp32_modules` ("low_cpu_mem_usage
+    cannot be False when keep_in_fp32_modules is True"): those components load in float32 with the
+    list set aside for the load, then restored (as normexport.load.pretrained loads such a folder;
+    a --dtype cast keeps those modules in float32)."""
+    import diffusers
+
+    classes = {n: getattr(diffusers, index[n][1], None) for n in components(index) if index[n][0] == "diffusers"}
+    kept = {n: c for n, c in classes.items() if isinstance(c, type) and c.__dict__.get("_keep_in_fp32_modules")}
+    saved = {n: c.__dict__["_keep_in_fp32_modules"] for n, c in kept.items()}
+    try:
+        for c in kept.values():
+            c._keep_in_fp32_modules = None
+        with quiet():
+            return _from_pretrained(pipeline_cls, path, {n: d for n, d in dtypes.items() if n not in kept})
+    finally:
+        for n, c in kept.items():
+            c._keep_in_fp32_modules = saved[n]
 
 
 def _stored_dtype(folder: Path):
