@@ -247,13 +247,14 @@ def test_a_video_pipeline_whose_denoiser_keeps_fp32_modules(tmp_path):
     assert kwargs["hidden_states"].dim() == 5 and kwargs["hidden_states"].shape[-2:] == (8, 8), kwargs["hidden_states"].shape
 
 
-def test_pipeline_that_cannot_run_is_one_line(cli, tmp_path):
+def test_pipeline_that_cannot_run_is_one_line(cli, tmp_path, capsys):
     """A component folder missing (the tokenizer), or a component that is not a module: exit 2, one
     line naming the cause and the escape hatches; no file written."""
     import shutil
 
     folder = build("sd", tmp_path)
     shutil.rmtree(folder / "tokenizer")
+    capsys.readouterr()  # save_pretrained's progress bars
     out = tmp_path / "x.onnx"
     code, stdout, err = cli("convert", folder, "-o", out)
     assert code == 2 and len(err.strip().splitlines()) == 1, err
@@ -262,6 +263,8 @@ def test_pipeline_that_cannot_run_is_one_line(cli, tmp_path):
         assert part in err, err
     code, stdout, err = cli("convert", folder, "--module", "scheduler", "-o", out)
     assert code == 2 and "no folder there: tokenizer" in err, err
+    code, stdout, err = cli("convert", folder, "--inputs", tmp_path / "i.pt", "-o", out)  # which component?
+    assert code == 2 and "--module (one of text_encoder, unet, vae)" in err and f"{folder / 'unet'}" in err, err
     code, stdout, err = cli("convert", folder, "--module", "nothere", "-o", out)
     assert code == 2 and "has no component 'nothere'" in err and "unet" in err, err
     assert not out.exists()

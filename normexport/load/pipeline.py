@@ -112,8 +112,10 @@ def component_call(loaded: LoadedModel, module_name: str | None, inputs_file: st
     component, rest = _split(module_name, names, index, path)
     if inputs_file:
         if component is None:
+            models = _module_components(index) or names
             raise UsageError(f"--inputs with a pipeline folder: name the component the file was recorded on with "
-                             f"--module (one of {', '.join(names)}), or convert its folder ({path / names[0]})")
+                             f"--module (one of {', '.join(models)}), or convert its folder "
+                             f"({path / _likely_denoiser(index)})")
         from .pretrained import load_folder
 
         yield load_folder(path / component), rest, inputs_file
@@ -396,6 +398,21 @@ def _escape(path: Path, component: str) -> str:
     return (f"record the component's call yourself: `with normexport.capture(pipe.{component}, \"inputs.pt\", "
             f"stop=True): pipe(...)`, then `normexport convert {path / component} --inputs inputs.pt` (or this "
             f"folder with --module {component} --inputs inputs.pt)")
+
+
+def _module_components(index: dict) -> list[str]:
+    """The components whose class (looked up in its library, never imported by name from the file)
+    is a torch module."""
+    out = []
+    for n in components(index):
+        library, cls_name = index[n]
+        if library not in ("diffusers", "transformers") or importlib.util.find_spec(library) is None:
+            continue
+        with quiet():
+            cls = getattr(importlib.import_module(library), cls_name, None)
+        if isinstance(cls, type) and issubclass(cls, nn.Module):
+            out.append(n)
+    return out
 
 
 def _likely_denoiser(index: dict) -> str:
