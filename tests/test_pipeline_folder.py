@@ -181,6 +181,8 @@ def test_pipeline_folder_converts_its_denoiser(cli, tmp_path, kind):
     got = [(i["name"], i["shape"]) for i in rep["inputs"]]
     assert got == [(n, list(t.shape)) for n, t in zip(want.input_names, want.example_inputs)], got
     assert rep["inputs"][0]["shape"][0] == 2  # the pipeline's classifier-free guidance batch
+    # the pipeline's return_dict=False left out: the output keeps its name (UNet's renamed from its input's)
+    assert list(rep["results"]["ort"]) == ["sample_out" if kind == "sd" else "sample"], list(rep["results"]["ort"])
     first = stdout.splitlines()[0]
     assert first.startswith(f"inputs: recorded from one {CLASS[kind]} step (1 step, 64x64) on component "
                             f"{component} (the denoiser"), first

@@ -201,9 +201,12 @@ def record(path: Path, index: dict, component: str | None, file: Path) -> Compon
         raise UsageError(f"--module {component}: {cls_name} does not call that component's forward before the end "
                          f"of its one-step run (output_type='latent': the VAE decodes nothing): convert its folder "
                          f"{path / component} with --input / --inputs")
-    save(cap.args, cap.kwargs, file)
+    # return_dict=False only packs the same tensors as a tuple: left out, the outputs keep their names
+    # (`sample`, not `out_0`; DESIGN §4)
+    kwargs_seen = {k: v for k, v in cap.kwargs.items() if not (k == "return_dict" and v is False)}
+    save(cap.args, kwargs_seen, file)
     target = modules[component]
-    del pipe, modules, caps, cap, schedulers  # the text encoders (and all but the component) are released
+    del pipe, modules, caps, cap, kwargs_seen, schedulers  # the text encoders (and all but the component) are released
     gc.collect()
     seconds = time.perf_counter() - start
     steps = kwargs.get("num_inference_steps", "default")
