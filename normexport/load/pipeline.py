@@ -13,8 +13,11 @@ before the denoiser, is not it; text encoders run earlier; the VAE decodes after
 The call, the same for every pipeline class, from its `__call__` signature: `prompt="a photo"`,
 `num_inference_steps=1`, `height` / `width` small (64, or the next multiple of the VAE scale
 factor × patch size × 2), `output_type="latent"`, `use_resolution_binning=False` (a bin would
-replace the small size), a seeded `generator` — each only where the signature takes it; guidance
-and the rest left at the pipeline's defaults. The run stops at the scheduler's first step (the
+replace the small size), a seeded `generator`, and for image-conditioned pipelines `image` /
+`control_image` (random, of that size), `mask_image` (half masked), `strength=1.0` — each only
+where the signature takes it; guidance and the rest left at the pipeline's defaults. The
+recorded call is the pipeline's, less `return_dict=False` (a tuple of the same tensors), so the
+outputs keep their names. The run stops at the scheduler's first step (the
 default) or at the named component's first call, so the VAE never decodes; then everything but
 the exported component is released (text encoders of several GB do not stay beside the denoiser).
 
