@@ -156,12 +156,13 @@ def test_folder_families_convert_fused(cli, tmp_path, family):
 
 def test_missing_inputs_error_lists_every_required_input(cli, tmp_path, monkeypatch):
     """A class whose main input is not `hidden_states` (UNet2DConditionModel takes `sample`), its
-    documentation hidden (since issue 28 `sample` is made from its documented shape,
+    documentation hidden (since issue 28 `sample` is made from its documented shape or role,
     tests/test_folder_inputs.py): one line naming what cannot be made and every required input
     with the shape the config implies."""
     from normexport.load import examples
 
     monkeypatch.setattr(examples, "_from_docs", lambda *a, **k: None)
+    monkeypatch.setattr(examples, "_role", lambda documented: None)
     torch.manual_seed(0)
     unet = diffusers.UNet2DConditionModel(sample_size=8, in_channels=4, out_channels=4, layers_per_block=1,
                                           block_out_channels=(8, 16), norm_num_groups=4, cross_attention_dim=16,

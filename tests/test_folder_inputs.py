@@ -123,16 +123,39 @@ def test_ltx2_audio_inputs_and_an_int_from_the_documentation(cli, folders, tmp_p
     assert f"audio_num_frames={tokens}" in stdout
 
 
-def test_refusal_names_the_parameter_and_both_ways(folders):
-    """A list parameter nothing documents (Z-Image's `x`): one line naming it, --inputs and
-    normexport.capture, and no --input suggestion for a list."""
+@pytest.fixture(scope="module")
+def zimage(folders):
     torch.manual_seed(0)
     path = folders / "zimage"
-    diffusers.ZImageTransformer2DModel(in_channels=4, dim=32, n_layers=1, n_refiner_layers=1, n_heads=2, n_kv_heads=2,
-                                       cap_feat_dim=16, axes_dims=[4, 6, 6], axes_lens=[64, 32, 32]).save_pretrained(path)
-    loaded = normexport.load(str(path))
+    m = diffusers.ZImageTransformer2DModel(in_channels=4, dim=32, n_layers=1, n_refiner_layers=1, n_heads=2, n_kv_heads=2,
+                                           cap_feat_dim=16, axes_dims=[4, 6, 6], axes_lens=[64, 32, 32])
+    _perturb_norms(m)
+    m.eval().save_pretrained(path)
+    return path
+
+
+def test_list_parameters_from_their_documented_role(cli, zimage, tmp_path):
+    """Z-Image takes `x: list[Tensor]` ("Input latents"), `t` ("denoising step") and `cap_feats:
+    list[Tensor]` ("caption embeddings"): one tensor per batch item, each shaped as the role's
+    batched example without its batch axis; the latents' frame axis (`C, F, H, W = image.size()`:
+    "not enough values to unpack (expected 4, got 3)") is added by the eager check."""
+    loaded = normexport.load(str(zimage))
+    assert _shapes(loaded) == {"x.0": (4, 1, 2, 2), "x.1": (4, 1, 2, 2), "t": (2,), "cap_feats.0": (6, 16),
+                               "cap_feats.1": (6, 16)}
+    stdout, rep, errs = convert(cli, zimage, tmp_path / "zimage.onnx")
+    assert rep["op_counts"].get("normexport::RMSNorm", 0) > 0, rep["op_counts"]
+
+
+def test_refusal_names_the_parameter_and_both_ways(zimage, monkeypatch):
+    """List parameters whose documentation says nothing normexport knows (Z-Image's, its roles
+    hidden): one line naming them, --inputs and normexport.capture, and no --input suggestion for
+    a list."""
+    from normexport.load import examples
+
+    monkeypatch.setattr(examples, "_role", lambda documented: None)
+    loaded = normexport.load(str(zimage))
     with pytest.raises(UsageError) as e:
-        normexport.load.call_for(loaded, str(path))
+        normexport.load.call_for(loaded, str(zimage))
     msg = str(e.value)
     assert "x [a list of tensors]" in msg and "--inputs inputs.pt" in msg and "normexport.capture" in msg, msg
     assert "--input x:" not in msg and "\n" not in msg

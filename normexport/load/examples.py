@@ -124,6 +124,10 @@ def derive(model, library: str, given: dict | None = None, extra=()) -> tuple[di
         value = sizes.make(p, signature[p], gen, required=p in wanted)
         if value is None and p in wanted:
             value = _from_docs(p, documented, resolver, gen, config, out)
+        if value is None and p in wanted and (role := _role(documented.get(p))) is not None:
+            value = sizes.make(role, signature[p], gen, required=True)
+            if documented[p].kind == "list" and isinstance(value, torch.Tensor):  # one per batch item
+                value = list(value.unbind(0))
         if value is not None:
             out[p] = value
     missing = [p for p in wanted if p not in out]
@@ -133,6 +137,23 @@ def derive(model, library: str, given: dict | None = None, extra=()) -> tuple[di
         return out, {}
     listed = list(dict.fromkeys(missing + [p for p in wanted if p not in given]))
     return out, {p: _expected(sizes, documented.get(p), resolver, p) + ("" if p in missing else " (made)") for p in listed}
+
+
+#: what a parameter is, from the words its documentation uses when its name says nothing (Z-Image's
+#: `x` "Input latents", `t` "denoising step", `cap_feats` "caption embeddings"): the name whose
+#: example it takes
+ROLES = (("timestep", r"\btime ?steps?\b|denoising step|noise level"),
+         ("hidden_states", r"\blatents?\b|noisy (input|sample)"),
+         ("encoder_hidden_states", r"(caption|text|prompt|conditional[\w ]*) embeddings"))
+
+
+def _role(documented) -> str | None:
+    import re
+
+    if documented is None or not documented.doc:
+        return None
+    text = documented.doc.split(":", 1)[-1].lower()
+    return next((role for role, pattern in ROLES if re.search(pattern, text)), None)
 
 
 def _expected(sizes, documented, resolver, p: str) -> str:

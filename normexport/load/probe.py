@@ -105,6 +105,18 @@ def _alternative(model, error, kwargs, remake, given, free, unmade):
         if value is not None:
             return {**kwargs, name: value}, f"with {name}"
         unmade.append(name)
+    # a rank the model did not expect ("not enough values to unpack (expected 4, got 3)"): the one
+    # made tensor (or list of per-item tensors) of that rank gets a size-1 axis after its first
+    r = re.search(r"not enough values to unpack \(expected (\d+), got (\d+)\)", msg)
+    if r and int(r.group(1)) == int(r.group(2)) + 1:
+        rank = int(r.group(2))
+        hits = [n for n, v in kwargs.items() if n not in given and _rank(v) == rank]
+        if len(hits) == 1:
+            n = hits[0]
+            v = kwargs[n]
+            grown = [t.unsqueeze(1) for t in v] if isinstance(v, list) else v.unsqueeze(1)
+            free.pop(n, None)
+            return {**kwargs, n: grown}, f"{n} with one more axis"
     # a size or layout the model did not expect
     name = _about(error, kwargs)
     if name is not None and name not in given and isinstance(kwargs[name], torch.Tensor):
@@ -134,6 +146,14 @@ def _alternative(model, error, kwargs, remake, given, free, unmade):
                 shape[a], shape[b] = want, shape[a]
                 free[name] = (free[name] - {b}) | {a}
                 return {**kwargs, name: _like(t, shape)}, f"{name} {'x'.join(map(str, shape))} (axes {b}, {a} swapped)"
+    return None
+
+
+def _rank(v) -> int | None:
+    if isinstance(v, torch.Tensor):
+        return v.dim()
+    if isinstance(v, list) and v and all(isinstance(t, torch.Tensor) for t in v) and len({t.dim() for t in v}) == 1:
+        return v[0].dim()
     return None
 
 
