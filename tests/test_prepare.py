@@ -4,6 +4,9 @@ Each recogniser has its own test in tests/prepare/test_<module>.py."""
 
 from __future__ import annotations
 
+import os
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -15,40 +18,9 @@ from normexport.prepare.swap import REL_TOL, prepare, rel_err
 torch.set_grad_enabled(False)
 
 
-def _gen(seed):
-    return torch.Generator().manual_seed(seed)
-
-
-def randn(*shape, seed=0, offset=0.3):
-    return torch.randn(shape, generator=_gen(seed)) * 2.0 + offset
-
-
-def randomize(module: nn.Module, seed: int = 0) -> nn.Module:
-    """Random weights, never all ones: 1-D weights ~ 1 + N(0, 0.3²), the rest N(0, 0.3²)."""
-    g = _gen(seed)
-    for name, p in module.named_parameters():
-        base = 1.0 if name.endswith("weight") and p.dim() == 1 else 0.0
-        p.copy_(base + 0.3 * torch.randn(p.shape, generator=g))
-    return module.eval()
-
-
-def swapped(report, op=None):
-    return [e for e in report if e["action"] == "swapped" and (op is None or e["op"] == op)]
-
-
-def count_modules(module, cls):
-    return sum(isinstance(m, cls) for m in module.modules())
-
-
-def check_swap(module, *inputs, op="RMSNorm", n=1):
-    report = []
-    new = prepare(module, report)
-    assert len(swapped(report, op)) == n, report
-    for e in swapped(report):
-        assert e["max_rel_err"] <= REL_TOL
-        assert set(e) == {"name", "kind", "action", "op", "reason", "max_rel_err"}
-    assert rel_err(new(*inputs), module(*inputs)) <= REL_TOL
-    return new, report
+# seeded inputs, random weights and the report helpers: shared with tests/prepare/ (one test per recogniser)
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "prepare"))
+from _prep import check_swap, count_modules, randn, randomize, swapped  # noqa: E402,F401
 
 
 # ---- whole modules ---------------------------------------------------------------------------

@@ -50,7 +50,7 @@ from ._util import quiet
 from .call import CallAdapter
 from .examples import BATCH_LOOP, MASK_READ_AS_VALUES
 from .model import LoadedModel
-from .pretrained import batched_axes, fixed_by_mask_note
+from .pretrained import _stored_dtype, batched_axes, fixed_by_mask_note
 
 KIND = "diffusers-pipeline"
 PROMPT = "a photo"
@@ -325,24 +325,6 @@ def _without_keep_fp32(pipeline_cls, path: Path, index: dict, dtypes: dict):
     finally:
         for n, c in kept.items():
             c._keep_in_fp32_modules = saved[n]
-
-
-def _stored_dtype(folder: Path):
-    """float16 / bfloat16 when the folder's safetensors store it (a header read), else None."""
-    try:
-        from safetensors import safe_open
-
-        first = next(iter(sorted(folder.glob("*.safetensors"))), None)
-        if first is None:
-            return None
-        with safe_open(str(first), framework="pt") as f:
-            for key in f.keys():
-                dt = {"BF16": torch.bfloat16, "F16": torch.float16}.get(f.get_slice(key).get_dtype())
-                if dt is not None:
-                    return dt
-    except Exception:  # noqa: BLE001 - then float32
-        return None
-    return None
 
 
 def call_arguments(pipe, modules: dict, path: Path, component: str | None) -> tuple[dict, str]:
