@@ -5,6 +5,7 @@ onnxruntime-genai's builder needs one), exported three ways, each in its own pro
 and peak RSS from /usr/bin/time -v):
 
   normexport   python -m normexport convert DIR --target ort --no-check
+  normexport-decomposed   the same with the GroupQueryAttention fusion off (in-process; the decomposed attention)
   optimum      optimum-cli export onnx --model DIR --task text-generation-with-past  (optimum-onnx)
   genai        python -m onnxruntime_genai.models.builder -i DIR -o OUT -p fp32 -e cpu
 
@@ -41,7 +42,12 @@ PRESETS = {
     "tiny": dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, max_position_embeddings=256),
 }
-EXPORTERS = ("normexport", "optimum", "genai")
+EXPORTERS = ("normexport", "normexport-decomposed", "optimum", "genai")
+#: `convert` with the GroupQueryAttention fusion off in-process (normexport.llm.attention; no flag turns it off):
+#: the decomposed attention of the same export, the before / after of issue 31 item 2
+DECOMPOSED = ("import sys\nfrom normexport.llm import attention\n"
+              "attention.for_convert = lambda m, lm: attention.Fusion(None, 0, reason='off for tools/bench_llm.py')\n"
+              "from normexport.cli import main\nsys.exit(main(['convert', *sys.argv[1:]]))")
 
 
 def make_folder(preset: str, out: Path) -> Path:
@@ -136,10 +142,10 @@ def export(name: str, folder: Path, work: Path) -> tuple[dict, Path | None]:
     out = work / name
     out.mkdir(exist_ok=True)
     env = dict(os.environ)
-    if name == "normexport":
+    if name in ("normexport", "normexport-decomposed"):
         onnx_path = out / "model.onnx"
-        cmd = [sys.executable, "-m", "normexport", "convert", str(folder), "-o", str(onnx_path), "--target", "ort",
-               "--no-check"]
+        cmd = [sys.executable, *(["-m", "normexport", "convert"] if name == "normexport" else ["-c", DECOMPOSED]),
+               str(folder), "-o", str(onnx_path), "--target", "ort", "--no-check"]
     elif name == "optimum":
         # optimum-onnx 0.1.0 needs transformers < 4.58 (the project runs 5.x) and optimum ~= 2.1.0 (2.3 imports
         # huggingface_hub.resolve_revision, which the hub that transformers 4.57 takes lacks): those, in their own folders, first
@@ -152,11 +158,20 @@ def export(name: str, folder: Path, work: Path) -> tuple[dict, Path | None]:
         cmd = [sys.executable, "-m", "optimum.commands.optimum_cli", "export", "onnx", "--model", str(folder),
                "--task", "text-generation-with-past", str(out)]
     else:
-        env["PYTHONPATH"] = str(pip_target("onnxruntime-genai", work / "pkgs_genai"))
+        import importlib.util
+
+        if importlib.util.find_spec("onnxruntime_genai") is None:  # the environment's own where it has one
+            env["PYTHONPATH"] = str(pip_target("onnxruntime-genai", work / "pkgs_genai"))
         onnx_path = out / "model.onnx"
         cmd = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(folder), "-o", str(out),
                "-p", "fp32", "-e", "cpu", "-c", str(work / "genai_cache")]
     row = timed(cmd, env, log=work / f"{name}.export.log")
+    if row["rc"] == 0 and onnx_path.exists():
+        import onnx
+
+        graph = onnx.load(str(onnx_path), load_external_data=False).graph
+        row["nodes"] = len(graph.node)
+        row["group_query_attention"] = sum(n.op_type == "GroupQueryAttention" for n in graph.node)
     return row, (onnx_path if row["rc"] == 0 and onnx_path.exists() else None)
 
 
@@ -259,12 +274,12 @@ def main(argv=None) -> int:
     print(f"read bandwidth {bw:.1f} GB/s (every core); a decode step reads {per_token / 1e9:.2f} GB of weights: "
           f"at most {limit:.2f} tokens/s")
     load = os.getloadavg()
-    print(f"\n{'exporter':<11} {'export s':>9} {'peak RSS GiB':>13} {'x weights':>9} {'prefill ms':>11} "
+    print(f"\n{'exporter':<22} {'nodes':>6} {'GQA':>4} {'export s':>9} {'peak RSS GiB':>13} {'x weights':>9} {'prefill ms':>11} "
           f"{'decode tok/s':>13} {'x limit':>8}  (prefill {args.prefill} tokens, batch 1; decode {args.decode} steps; "
           f"median of {max(1, args.repeat)} round(s))")
     for r in rows:
         x = f"{r['peak_rss_gib'] * 2**30 / weights:.2f}" if r.get("peak_rss_gib") else "-"
-        print(f"{r['exporter']:<11} {r['seconds']:>9} {r.get('peak_rss_gib') or '-':>13} {x:>9} "
+        print(f"{r['exporter']:<22} {r.get('nodes', '-'):>6} {r.get('group_query_attention', '-'):>4} {r['seconds']:>9} {r.get('peak_rss_gib') or '-':>13} {x:>9} "
               f"{r.get('prefill_ms', '-'):>11} {r.get('decode_tokens_per_s', '-'):>13} "
               f"{(format(r['decode_tokens_per_s'] / limit, '.2f') if r.get('decode_tokens_per_s') else '-'):>8}"
               + (f"  FAILED: {r['error']}" if r.get("error") else "")
