@@ -74,7 +74,7 @@ def restore(model: ir.Model) -> int:
         if name.startswith(_GAP_KEY) and node.op_type == "ReduceMean":
             gap = ir.Node("", "GlobalAveragePool", [node.inputs[0]], num_outputs=1)
             graph.insert_before(node, gap)
-            _replace(node.outputs[0], gap.outputs[0])
+            _replace(node.outputs[0], gap.outputs[0], fresh=True)
             n += 1
             continue
         if node.op_type != "BatchNormalization" or not name.startswith(_AFFINE_KEY):
@@ -92,7 +92,7 @@ def restore(model: ir.Model) -> int:
             add = ir.Node("", "Add", [out, _initializer(graph, t.reshape(shape), f"{name}_shift")], num_outputs=1)
             graph.insert_before(node, add)
             out = add.outputs[0]
-        _replace(node.outputs[0], out)
+        _replace(node.outputs[0], out, fresh=True)
         n += 1
     if n:
         onnxscript.optimizer.remove_unused_nodes(model)
@@ -172,8 +172,10 @@ def _initializer(graph: ir.Graph, array: np.ndarray, base: str) -> ir.Value:
     return v
 
 
-def _replace(old: ir.Value, new: ir.Value) -> None:
-    """Every reader of `old` reads `new`; a graph output keeps its name."""
+def _replace(old: ir.Value, new: ir.Value, fresh: bool = False) -> None:
+    """Every reader of `old` reads `new`. A graph output keeps its name; so does a value a step made
+    (`fresh`): the same values under the same names, which the local verifier's probe of the
+    original model then sizes."""
     if old.is_graph_output():
         name = old.name
         ir.convenience.replace_all_uses_with(old, new, replace_graph_outputs=True)
@@ -181,6 +183,10 @@ def _replace(old: ir.Value, new: ir.Value) -> None:
         new.name = name
     else:
         ir.convenience.replace_all_uses_with(old, new)
+        if fresh and old.name:
+            name = old.name
+            old.name = None
+            new.name = name
 
 
 def _axes(node: ir.Node) -> list[int] | None:
@@ -523,7 +529,7 @@ def _div_constant(model: ir.Model, notes) -> int:
         inv = _initializer(model.graph, (1.0 / c.astype(np.float64)).astype(c.dtype), f"{node.inputs[1].name}_reciprocal")
         mul = ir.Node("", "Mul", [node.inputs[0], inv], num_outputs=1)
         model.graph.insert_before(node, mul)
-        _replace(node.outputs[0], mul.outputs[0])
+        _replace(node.outputs[0], mul.outputs[0], fresh=True)
         n += 1
     return n
 
@@ -553,7 +559,7 @@ def _sum_to_mean(model: ir.Model, notes) -> int:
                          f"{1.0 / count:.9g} for {int(count)} reduced elements (not a mean)")
             continue
         mean = _reduce_mean(model.graph, model, node, x, [a % rank for a in axes], _keepdims(node))
-        _replace(mul.outputs[0], mean.outputs[0])
+        _replace(mul.outputs[0], mean.outputs[0], fresh=True)
         n += 1
     return n
 
@@ -566,7 +572,7 @@ def _gap_to_mean(model: ir.Model, notes) -> int:
             continue
         mean = _reduce_mean(model.graph, model, node, node.inputs[0], list(range(2, rank)))
         mean.name = f"{_GAP_KEY}/{node.name or n}"
-        _replace(node.outputs[0], mean.outputs[0])
+        _replace(node.outputs[0], mean.outputs[0], fresh=True)
         n += 1
     return n
 
@@ -591,7 +597,7 @@ def _inverse_root(model: ir.Model, notes) -> int:
             root = node.inputs[1]
         rec = ir.Node("", "Reciprocal", [root], num_outputs=1)
         model.graph.insert_before(node, rec)
-        _replace(node.outputs[0], rec.outputs[0])
+        _replace(node.outputs[0], rec.outputs[0], fresh=True)
         n += 1
     return n
 
@@ -649,7 +655,7 @@ def _conv_bias(model: ir.Model, notes) -> int:
         conv = ir.Node("", node.op_type, [node.inputs[0], node.inputs[1], bias], list(node.attributes.values()),
                        num_outputs=1, name=node.name)
         model.graph.insert_before(node, conv)
-        _replace(add.outputs[0], conv.outputs[0])
+        _replace(add.outputs[0], conv.outputs[0], fresh=True)
         n += 1
     return n
 
@@ -685,7 +691,7 @@ def _conv_affine(model: ir.Model, notes) -> int:
         bn = ir.Node("", "BatchNormalization", [node.outputs[0], *params], [ir.AttrFloat32("epsilon", 0.0)],
                      num_outputs=1, name=f"{_AFFINE_KEY}/{node.name or n}")
         g.insert_before(mul, bn)
-        _replace(out, bn.outputs[0])
+        _replace(out, bn.outputs[0], fresh=True)
         n += 1
     return n
 
