@@ -166,7 +166,8 @@ def _rule_class():
             if "attention_mask" not in inputs:
                 return result.fail("no attention_mask graph input", mask)
             if id(mask) not in self.mask_checked:  # what the rule matched as the mask, run (module docstring)
-                self.mask_checked[id(mask)] = check_mask(mask, dict(context.model.opset_imports), kv_heads, head_size)
+                self.mask_checked[id(mask)] = check_mask(mask, dict(context.model.opset_imports), kv_heads, head_size,
+                                                         np.float16 if dtype == ir.DataType.FLOAT16 else np.float32)
             if self.mask_checked[id(mask)]:
                 self.mask_failures.append(f"mask {mask.name}: {self.mask_checked[id(mask)]}")
                 return result.fail(self.mask_failures[-1], mask)
@@ -192,8 +193,9 @@ def _rule_class():
             if key not in self.caches:
                 angles = np.arange(self.max_positions, dtype=np.float32)[:, None] * m["inv_freq"].astype(np.float32)[None]
                 np_dtype = np.float16 if m["dtype"] == ir.DataType.FLOAT16 else np.float32
-                self.caches[key] = (op.initializer(ir.tensor(np.cos(angles).astype(np_dtype)), name="gqa_cos_cache"),
-                                    op.initializer(ir.tensor(np.sin(angles).astype(np_dtype)), name="gqa_sin_cache"))
+                n = len(self.caches)  # one pair per distinct inv_freq (and dtype)
+                self.caches[key] = (op.initializer(ir.tensor(np.cos(angles).astype(np_dtype)), name=f"gqa_cos_cache_{n}"),
+                                    op.initializer(ir.tensor(np.sin(angles).astype(np_dtype)), name=f"gqa_sin_cache_{n}"))
             cos_cache, sin_cache = self.caches[key]
             attrs = dict(num_heads=m["heads"], kv_num_heads=m["kv_heads"], scale=float(m["scale"]), do_rotary=1,
                          rotary_interleaved=m["interleaved"], local_window_size=-1)
@@ -298,7 +300,7 @@ def _mask_model(value: ir.Value, opsets: dict):
     return model, [v.name for v in inputs]
 
 
-def check_mask(value: ir.Value, opsets: dict, kv_heads: int, head_size: int) -> str | None:
+def check_mask(value: ir.Value, opsets: dict, kv_heads: int, head_size: int, dtype=np.float32) -> str | None:
     """None where the mask subgraph computing `value` is the plain causal + attention_mask mask
     (module docstring), else why not."""
     import onnxruntime as ort
@@ -319,7 +321,7 @@ def check_mask(value: ir.Value, opsets: dict, kv_heads: int, head_size: int) -> 
                  "position_ids": np.tile(np.arange(past, past + seq, dtype=np.int64), (batch, 1))}
         for name in names:
             if name.startswith("past_key_values."):
-                feeds[name] = np.zeros((batch, kv_heads, past, head_size), np.float32)
+                feeds[name] = np.zeros((batch, kv_heads, past, head_size), dtype)
         missing = [n for n in names if n not in feeds]
         if missing:
             return f"the mask reads {', '.join(missing)}"
@@ -357,8 +359,8 @@ def fuse(model_ir: ir.Model, *, max_positions: int, local_check: bool = True) ->
     from onnxscript.optimizer import optimize
     from onnxscript.rewriter.ort_fusions import shape_optimization
     from onnxscript.rewriter.ort_fusions.rotary_embedding import fuse_rotary_embedding
-    from onnxscript.rewriter.ort_fusions.sdpa import fuse_sdpa
     from onnxscript.rewriter import pattern
+    from onnxscript.rewriter.ort_fusions.sdpa import fuse_sdpa
 
     layers = sum(1 for v in model_ir.graph.inputs if v.name.startswith("past_key_values.") and v.name.endswith(".key"))
     result = Fusion(None, layers, nodes_before=_count(model_ir))
