@@ -83,7 +83,7 @@ def library_model(module, library: str, kind: str) -> LoadedModel:
         return LoadedModel(_Pending(module), kind, None, None, None, missing=missing)
     args = checked(module, library, _in_stored_dtype(module, args), free=getattr(args, "free", None))
     adapter = CallAdapter(module, (), args)
-    dynamic = batched_axes(args)
+    dynamic = {**documented_batch(module, args), **batched_axes(args)}
     notes = []
     if class_name in MASK_READ_AS_VALUES:
         dynamic = {}
@@ -124,6 +124,22 @@ def _in_stored_dtype(module, args: dict) -> dict:
     if dt in (torch.float16, torch.bfloat16):
         return {k: v.to(dt) if isinstance(v, torch.Tensor) and v.is_floating_point() else v for k, v in args.items()}
     return args
+
+
+def documented_batch(module, args: dict) -> dict[str, list[int]]:
+    """The batch axis of each tensor input whose documented shape starts with the batch (docs),
+    e.g. Whisper's input_features `(batch_size, ...)`."""
+    from .dims import BATCH_NAMES
+    from .docs import params
+
+    documented = params(module)
+    out = {}
+    for name, t in args.items():
+        doc = documented.get(name)
+        if isinstance(t, torch.Tensor) and doc is not None and doc.dims and doc.dims[0].lower() in BATCH_NAMES \
+                and t.dim() >= 1 and int(t.shape[0]) > 1:
+            out[name] = [0]
+    return out
 
 
 def batched_axes(args: dict) -> dict[str, list[int]]:
