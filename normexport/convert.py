@@ -69,7 +69,9 @@ def run_eager(module, inputs: tuple):
             return module(*inputs)
     except Exception as e:
         first = first_line(e, 200)
-        raise UsageError(f"the model rejected inputs of shape {shapes} ({first}): fix --input") from None
+        raise UsageError(f"the model rejected inputs of shape {shapes} ({first}): give inputs it takes with "
+                         "--input NAME:DIMS[:DTYPE], or record a real call with normexport.capture and pass it "
+                         "with --inputs FILE") from None
 
 
 #: the first opset whose Conv / Gemm / MatMul / Pow ... accept bfloat16; `--dtype bfloat16` exports
