@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from typing import Sequence
 
 import numpy as np
@@ -103,6 +104,7 @@ def _rule_class():
             self.mask_failures: list[str] = []
             self.caches: dict = {}
             self.attributes: list[dict] = []
+            self.presents: list[tuple[ir.Value, ir.Value]] = []
 
         def pattern(self, op, query_BSD, key_BSDkv, value_BSDkv, past_key, past_value, cos, sin, mask):
             q = op.Reshape(query_BSD, pattern.ANY_VALUE, _outputs=["query_BSHDh"])
@@ -114,8 +116,8 @@ def _rule_class():
             k = op.Transpose(pattern.OrValue([k, kn]), perm=[0, 2, 1, 3])
             k = op.RotaryEmbedding(k, cos, sin, _domain=_FUSION, _allow_other_attributes=True, _outputs=["key_rope"])
             v = op.Transpose(op.Reshape(value_BSDkv, pattern.ANY_VALUE), perm=[0, 2, 1, 3])
-            present_key = op.Concat(past_key, k, axis=-2)
-            present_value = op.Concat(past_value, v, axis=-2)
+            present_key = op.Concat(past_key, k, axis=-2, _outputs=["present_key"])
+            present_value = op.Concat(past_value, v, axis=-2, _outputs=["present_value"])
             k_rep = op.Reshape(op.Expand(op.Unsqueeze(present_key, [2]), pattern.ANY_VALUE), pattern.ANY_VALUE,
                                _outputs=["key_repeated"])
             v_rep = op.Reshape(op.Expand(op.Unsqueeze(present_value, [2]), pattern.ANY_VALUE), pattern.ANY_VALUE,
@@ -123,7 +125,7 @@ def _rule_class():
             attn = op.SDPA(q, pattern.OrValue([k_rep, present_key]), pattern.OrValue([v_rep, present_value]), mask,
                            key_format="BHSd", _domain=_FUSION, _allow_other_attributes=True, _outputs=["sdpa"])
             out = op.Reshape(op.Transpose(attn, perm=[0, 2, 1, 3]), pattern.ANY_VALUE, _outputs=["attention_BSD"])
-            return out, present_key, present_value
+            return out  # one output: onnxscript's multi-output matcher is quadratic in the graph (minutes at 22 layers)
 
         def check(self, context, query_BSD, key_BSDkv, value_BSDkv, past_key, past_value, cos, sin, mask,
                   query_BSHDh, key_BSHkvDh, query_rope, key_rope, sdpa, attention_BSD, key_repeated=None,
@@ -177,8 +179,8 @@ def _rule_class():
                                attention_mask=inputs["attention_mask"])
             return result
 
-        def rewrite(self, op, query_BSD, key_BSDkv, value_BSDkv, past_key, past_value, mask, query_norm=None,
-                    key_norm=None, **_):
+        def rewrite(self, op, query_BSD, key_BSDkv, value_BSDkv, past_key, past_value, mask, present_key,
+                    present_value, query_norm=None, key_norm=None, **_):
             m = self._match
             if query_norm is not None:  # Qwen 3's q / k norms over the head dim: kept, reshaped back
                 query_BSD = op.Reshape(query_norm, op.Constant(value_ints=[0, 0, -1]))
@@ -200,8 +202,11 @@ def _rule_class():
             attrs = dict(num_heads=m["heads"], kv_num_heads=m["kv_heads"], scale=float(m["scale"]), do_rotary=1,
                          rotary_interleaved=m["interleaved"], local_window_size=-1)
             self.attributes.append(attrs)
-            return op.GroupQueryAttention(query_BSD, key_BSDkv, value_BSDkv, past_key, past_value, seqlens, total,
-                                          cos_cache, sin_cache, **attrs, _domain=MS, _outputs=3)
+            out, new_key, new_value = op.GroupQueryAttention(query_BSD, key_BSDkv, value_BSDkv, past_key, past_value,
+                                                             seqlens, total, cos_cache, sin_cache, **attrs, _domain=MS,
+                                                             _outputs=3)
+            self.presents += [(present_key, new_key), (present_value, new_value)]  # rewired by _take_presents
+            return out
 
     return GroupQueryAttentionFusion
 
@@ -345,6 +350,38 @@ def check_mask(value: ir.Value, opsets: dict, kv_heads: int, head_size: int, dty
 
 # ---- the fusion ------------------------------------------------------------------------------------------
 
+_TERM = re.compile(r"^([A-Za-z_]\w*|\d+)$")
+
+
+def _canonical_dims(model: ir.Model) -> None:
+    """Symbolic dims that are sums of the same terms spelled in one order (the exporter writes both
+    `past_sequence + sequence` and `sequence + past_sequence`; onnxscript's shape checks compare
+    names): the terms sorted. Labels only: the same sizes."""
+    def canon(d):
+        name = getattr(d, "value", None)
+        if not isinstance(name, str) or "+" not in name:
+            return d
+        terms = [t.strip() for t in name.split("+")]
+        return ir.SymbolicDim(" + ".join(sorted(terms))) if all(_TERM.match(t) for t in terms) else d
+
+    values = list(model.graph.inputs) + [o for n in model.graph for o in n.outputs]
+    for v in values:
+        if v.shape is not None and any(isinstance(getattr(d, "value", None), str) and "+" in d.value for d in v.shape):
+            v.shape = ir.Shape([canon(d) for d in v.shape])
+
+
+def _take_presents(model: ir.Model, pairs) -> None:
+    """The cache GroupQueryAttention returns replaces the concatenated one (graph outputs by name)."""
+    outputs = model.graph.outputs
+    for old, new in pairs:
+        if old in outputs:
+            name = old.name
+            old.name = f"{name}_concatenated"
+            outputs[outputs.index(old)] = new
+            new.name = name
+        ir.convenience.replace_all_uses_with(old, new)
+
+
 def _count(model: ir.Model) -> int:
     return sum(1 for _ in model.graph)
 
@@ -373,11 +410,14 @@ def fuse(model_ir: ir.Model, *, max_positions: int, local_check: bool = True) ->
         optimize(model)
         shape_optimization.rules.apply_to_model(model)
         optimize(model)
+        _canonical_dims(model)
         rotary = fuse_rotary_embedding(model)
         sdpa = fuse_sdpa(model, apply_shape_inference=True)
+        _canonical_dims(model)
         rule = _rule_class()(max_positions)
         count = pattern.RewriteRuleSet([pattern.RewriteRule(
             rule.pattern, rule.rewrite, rule.check, name=rule.name, remove_nodes=rule.remove_nodes)]).apply_to_model(model)
+        _take_presents(model, rule.presents)
     except Exception as e:  # noqa: BLE001
         result.reason = f"onnxscript's fusions failed: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
         return result
