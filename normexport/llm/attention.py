@@ -38,7 +38,9 @@ count of ones (seqlens_k) and takes positions from it, not from position_ids (th
 unused): exact for unpadded batches (attention_mask all ones, position_ids = past + arange: what
 the generation check, onnxruntime-genai and optimum feed at batch 1 or equal lengths); a
 left-padded batch (zeros before the tokens) is not what the unfused graph computes. The cos / sin
-caches cover `max_positions` positions (the model's context length).
+caches cover `max_positions` positions (the model's context length): onnxruntime refuses a longer
+run. onnxruntime's CPU kernel takes head sizes that are multiples of 16 (others are not fused) and
+refuses batch > 1 with a prompt longer than 1 over a non-empty past (chunked prefill of a batch).
 
 past_present_share_buffer (onnxruntime-genai's one buffer of max_length positions as past and
 present): GroupQueryAttention writes the new positions at seqlens_k when its past and present
