@@ -175,7 +175,9 @@ def run(args) -> int:
     for note in getattr(loaded, "notes", ()):  # e.g. sizes the forward fixes (normexport.load)
         print(f"  note: {note}")
     fused = None  # issue 31: the attention as onnxruntime's GroupQueryAttention, where verified (normexport.llm.attention)
-    if task == llm.WITH_PAST and args.target == "ort" and model is not None:
+    if task == llm.WITH_PAST and args.target == "ort" and "attention" in off:
+        print(f"  attention: decomposed ({off['attention']})")
+    elif task == llm.WITH_PAST and args.target == "ort" and model is not None:
         from .llm import attention
 
         fused, decomposed = attention.for_convert(model_ir, module), (model_ir, model)

@@ -188,3 +188,15 @@ def test_failed_generation_keeps_decomposed_file(converted, tmp_path, monkeypatc
     assert report["attention"]["fused"] is False and report["passed"]
     genai = json.loads((tmp_path / "out" / "genai_config.json").read_text())
     assert genai["search"]["past_present_share_buffer"] is False
+
+
+def test_no_fuse_attention_keeps_it_decomposed(converted, tmp_path):
+    """--no-fuse attention (for left-padded batches, which GroupQueryAttention's seqlens_k cannot
+    express): the decomposed attention, said on the attention line and recorded in the report."""
+    folder = converted["llama"][0]
+    code, stdout = _convert(folder, tmp_path / "out", "--no-fuse", "attention", "--no-check")
+    assert code == 0, stdout
+    assert "  attention: decomposed (--no-fuse attention)" in stdout.splitlines(), stdout
+    ops = _ops(tmp_path / "out" / "model.onnx")
+    assert "com.microsoft::GroupQueryAttention" not in ops and ops.get("Softmax") == 2, ops
+    assert json.loads((tmp_path / "out" / "report.json").read_text())["fusion_off"] == {"attention": "--no-fuse attention"}

@@ -645,4 +645,4 @@ def line(f: Fusion, generation: str | None = None) -> str:
             f"{f.nodes_after} nodes; local check PASSED (fused vs decomposed in onnxruntime, prefill + "
             f"{f.local.get('decode_steps')} decode steps, max_abs_err {f.local.get('max_abs_err', 0):.3g})"
             + (f"; {generation}" if generation else "") + f"; {share}; exact for unpadded batches only "
-            "(seqlens_k = attention_mask.sum(-1) - 1; left padding differs)")
+            "(seqlens_k = attention_mask.sum(-1) - 1; left padding differs: --no-fuse attention keeps it decomposed)")

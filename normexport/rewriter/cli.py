@@ -38,7 +38,9 @@ def add_switches(parser: argparse.ArgumentParser) -> None:
                         help="keep the residual Add apart from the norm after it (no SkipRMSNorm / GatedAdaLNZero "
                              "for --target trt; replaces NORMEXPORT_RESIDUAL_FUSION=0)")
     parser.add_argument("--no-fuse", action="append", default=[], metavar="MODULE",
-                        help="turn a rewriter rule module off (repeatable, or a comma list): " + ", ".join(RULE_MODULES))
+                        help="turn a fusion off (repeatable, or a comma list): a rewriter rule module (" + ", ".join(RULE_MODULES)
+                        + "), or attention (convert --target ort of an LLM: GroupQueryAttention, exact for unpadded "
+                        "batches only)")
 
 
 def default_output(in_path: str, target: str) -> str:

@@ -18,6 +18,9 @@ from .rules import RULE_MODULES
 #: GatedAdaLNZero; `--no-residual-fusion` turns them off
 RESIDUAL_FUSION = ("skip_rms_norm_trt", "gated_adaln")
 FLAG = "--no-residual-fusion"
+#: fusions outside the rule modules that --no-fuse also names: `attention` (convert --target ort of an
+#: LLM with its KV cache: GroupQueryAttention, exact for unpadded batches only; normexport.llm.attention)
+OTHER_FUSIONS = ("attention",)
 #: deprecated: the variable that turned the residual fusion off before the flag
 ENV = "NORMEXPORT_RESIDUAL_FUSION"
 
@@ -28,8 +31,9 @@ def from_flags(no_residual_fusion: bool = False, no_fuse: Iterable[str] = ()) ->
     off = {m: FLAG for m in RESIDUAL_FUSION} if no_residual_fusion else {}
     for spec in no_fuse:
         for name in filter(None, (s.strip() for s in spec.split(","))):
-            if name not in RULE_MODULES:
-                raise UsageError(f"--no-fuse {name}: no such rule module; use one of {', '.join(RULE_MODULES)}")
+            if name not in RULE_MODULES + OTHER_FUSIONS:
+                raise UsageError(f"--no-fuse {name}: no such rule module; use one of "
+                                 f"{', '.join(RULE_MODULES + OTHER_FUSIONS)}")
             off.setdefault(name, f"--no-fuse {name}")
     return off
 
