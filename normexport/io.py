@@ -249,17 +249,17 @@ def _save_external(model: onnx.ModelProto, path: Path, data_name: str) -> None:
         load_external_data_for_model(model, str(path.parent))
 
 
-def write_json(obj, path: str | os.PathLike, flag: str = "output") -> Path:
-    path = check_writable(path, flag)
+def write_atomic(path: Path, write, flag: str = "output") -> None:
+    """`write(tmp_path)` into a temporary file beside `path`, given the umask's mode, then renamed to
+    `path`: no partial file is ever left behind; an OSError is a usage error naming `flag`."""
     try:
-        fd, tmp = tempfile.mkstemp(prefix=".normexport-", suffix=".json", dir=path.parent)
+        fd, tmp = tempfile.mkstemp(prefix=".normexport-", suffix="-" + path.name, dir=path.parent)
     except OSError as e:
         raise UsageError(f"cannot write '{path}' ({e.strerror or first_line(e, 160)}): choose another {flag} path") from None
+    os.close(fd)
     try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, indent=2, default=str)
-            f.write("\n")
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600: the report gets the umask's mode, as any file
+        write(Path(tmp))
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600: the file gets the umask's mode, as any file
         os.replace(tmp, path)
     except OSError as e:
         Path(tmp).unlink(missing_ok=True)
@@ -267,6 +267,11 @@ def write_json(obj, path: str | os.PathLike, flag: str = "output") -> Path:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_json(obj, path: str | os.PathLike, flag: str = "output") -> Path:
+    path = check_writable(path, flag)
+    write_atomic(path, lambda p: p.write_text(json.dumps(obj, indent=2, default=str) + "\n"), flag)
     return path
 
 

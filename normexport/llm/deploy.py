@@ -27,9 +27,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from pathlib import Path
 
+from .. import io as _io
 from ..errors import UsageError, first_line
 from .cache import INPUT_NAMES, KV
 
@@ -184,24 +184,8 @@ def genai_config(filename: str, graph: dict, cfg: dict, gen: dict) -> tuple[dict
 # ---- writing ---------------------------------------------------------------------------------------
 
 def _write_atomic(dest: Path, write) -> None:
-    """`write(tmp_path)` into a temporary file beside `dest`, then renamed to `dest`."""
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=".normexport-", suffix="-" + dest.name, dir=dest.parent)
-    except OSError as e:
-        raise UsageError(f"cannot write '{dest}' ({e.strerror or first_line(e, 160)}): choose another -o path") from None
-    os.close(fd)
-    try:
-        write(Path(tmp))
-        mask = os.umask(0)
-        os.umask(mask)
-        os.chmod(tmp, 0o666 & ~mask)
-        os.replace(tmp, dest)
-    except OSError as e:
-        Path(tmp).unlink(missing_ok=True)
-        raise UsageError(f"cannot write '{dest}' ({e.strerror or first_line(e, 160)}): choose another -o path") from None
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """`write(tmp_path)` into a temporary file beside `dest`, then renamed to `dest` (io.write_atomic)."""
+    _io.write_atomic(dest, write, "-o")
 
 
 def _write_json(obj: dict, dest: Path) -> None:
