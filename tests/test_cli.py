@@ -92,6 +92,9 @@ def test_rewrite_residual_fusion_off(cli, tmp_path, block):
     assert json.loads((tmp_path / "r.json").read_text())["residual_fusion"] is False
     code, out, err = cli("rewrite", path, "-o", tmp_path / "x.onnx", "--no-fuse", "rmsnorm")
     assert code == 2 and "--no-fuse rmsnorm: no such rule module" in err and not (tmp_path / "x.onnx").exists()
+    code, out, err = cli("rewrite", path, "-o", tmp_path / "x.onnx", "--no-fuse", "attention")
+    assert code == 2 and "--no-fuse attention: rewrite makes no attention fusion" in err, err
+    assert not (tmp_path / "x.onnx").exists()
 
 
 def test_convert_torchscript_with_dynamic_axes(cli, tmp_path, block):

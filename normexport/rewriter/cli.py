@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"{out_path}: output would overwrite the input; pass a different -o")
     if os.path.isdir(out_path):
         raise UsageError(f"{out_path}: is a folder; pass a file path with -o")
-    off = switches.from_flags(getattr(args, "no_residual_fusion", False), getattr(args, "no_fuse", ()))
+    off = switches.from_flags(getattr(args, "no_residual_fusion", False), getattr(args, "no_fuse", ()), "rewrite")
     report = rewrite_file(in_path, out_path, target=args.target, verify=not args.no_verify,
                           report_path=args.report, inputs=getattr(args, "inputs", None) or None, off=off)
     print(report.summary())

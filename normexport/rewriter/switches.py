@@ -25,15 +25,18 @@ OTHER_FUSIONS = ("attention",)
 ENV = "NORMEXPORT_RESIDUAL_FUSION"
 
 
-def from_flags(no_residual_fusion: bool = False, no_fuse: Iterable[str] = ()) -> dict[str, str]:
+def from_flags(no_residual_fusion: bool = False, no_fuse: Iterable[str] = (), command: str = "convert") -> dict[str, str]:
     """{rule module: the flag that turns it off} for the command-line flags; an unknown module name
-    is a usage error naming the modules there are."""
+    is a usage error naming the modules there are (`rewrite` has no OTHER_FUSIONS: they are convert's)."""
     off = {m: FLAG for m in RESIDUAL_FUSION} if no_residual_fusion else {}
     for spec in no_fuse:
         for name in filter(None, (s.strip() for s in spec.split(","))):
-            if name not in RULE_MODULES + OTHER_FUSIONS:
-                raise UsageError(f"--no-fuse {name}: no such rule module; use one of "
-                                 f"{', '.join(RULE_MODULES + OTHER_FUSIONS)}")
+            known = RULE_MODULES + (OTHER_FUSIONS if command == "convert" else ())
+            if name in OTHER_FUSIONS and name not in known:
+                raise UsageError(f"--no-fuse {name}: {command} makes no {name} fusion (convert --target ort of an "
+                                 f"LLM does); use one of {', '.join(known)}")
+            if name not in known:
+                raise UsageError(f"--no-fuse {name}: no such rule module; use one of {', '.join(known)}")
             off.setdefault(name, f"--no-fuse {name}")
     return off
 
