@@ -87,7 +87,8 @@ def run(args) -> int:
 
     # `-o DIR/`: the output is a folder, the file DIR/model.onnx (DESIGN §10's deployable folder)
     out = io.check_writable(deploy.output_path(args.output) or default_output(args.model, args.module))
-    off = switches.from_flags(getattr(args, "no_residual_fusion", False), getattr(args, "no_fuse", ()))
+    # the fusions turned off: the flags, and the deprecated NORMEXPORT_RESIDUAL_FUSION=0 (checked before loading)
+    off = switches.resolve(switches.from_flags(getattr(args, "no_residual_fusion", False), getattr(args, "no_fuse", ())))
     if args.report:
         io.check_writable(args.report, "--report")
     loaded = load.load(args.model, trust_pickle=args.trust_pickle, weights=args.weights, imports=args.imports)
@@ -229,7 +230,7 @@ def run(args) -> int:
         report = result.to_dict()
         passed = result.passed
     report.update({"model": args.model, "target": args.target, "output": str(out), "op_counts": counts,
-                   "residual_fusion": switches.residual_fusion(switches.resolve(off)), "fusion_off": switches.resolve(off),
+                   "residual_fusion": switches.residual_fusion(off), "fusion_off": off,
                    **sections})
     if fused is not None:
         report.update({"attention": fused.to_dict(), "op_counts": op_counts(model)})
