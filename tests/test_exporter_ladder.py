@@ -50,7 +50,9 @@ def test_ladder_order_and_what_each_rung_is_given(monkeypatch):
     axis (a planted failure) makes the second rung run with the axes torch.export can keep (here
     none: the model is a plain MLP, so keepable = all -> skipped) and the third fully static."""
     calls = []
-    real = nexport._torch_onnx_export
+    from normexport.exporter import rungs
+
+    real = rungs._torch_onnx_export
 
     def spy(module, args, names, output_names, dynamic_axes, opset, auto=False):
         calls.append(dynamic_axes)
@@ -58,7 +60,7 @@ def test_ladder_order_and_what_each_rung_is_given(monkeypatch):
             raise RuntimeError("planted: no dynamic axis")
         return real(module, args, names, output_names, dynamic_axes, opset, auto)
 
-    monkeypatch.setattr(nexport, "_torch_onnx_export", spy)
+    monkeypatch.setattr(rungs, "_torch_onnx_export", spy)
     m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.LayerNorm(8)).eval()
     report: dict = {}
     nexport.convert_module(m, (torch.randn(3, 8),), input_names=["x"], dynamic_axes={"x": [0]}, report=report)

@@ -1,0 +1,116 @@
+"""The exporter ladder (DESIGN §9): rungs tried in order, the first file that exports and that the
+judge accepts is kept.
+
+The judge is the caller's: `judge(model, kept_axes) -> (accepted, value)` gets each exported file
+(an onnx_ir model) with the axes it keeps dynamic, and returns whether to keep it and what the
+caller wants back for it (convert: its record after the rewrite and parity stages; the API: the
+rewritten model and its rewrite report). The ladder never looks at a file after handing it over.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from ..errors import ExportError, UsageError
+from . import rungs
+
+#: the rungs, in order: the first file that exports (and that the judge accepts) is kept
+LADDER = ("dynamic", "static axes", "static", "torchscript", "torchscript static")
+RUNG_TEXT = {"dynamic": "dynamo exporter", "static axes": "dynamo exporter with the axes it cannot keep static",
+             "static": "dynamo exporter with static shapes", "torchscript": "TorchScript exporter",
+             "torchscript static": "TorchScript exporter with static shapes"}
+
+Judge = Callable[[Any, dict], "tuple[bool, Any]"]
+
+
+def run(module, unswapped, args: tuple, *, names: list[str], output_names, dynamic_axes, opset: int, ts_opset: int,
+        target: str, auto_dynamic: bool, judge: Judge, report: dict) -> Any:
+    """Export `module` (prepared; `unswapped`: before the norm swaps, for the TorchScript rungs)
+    rung by rung (LADDER): the dynamo exporter with `dynamic_axes`; then with the axes it cannot
+    keep made static (torch.export's Dim.AUTO: the file's symbolic dims say which stayed); then
+    with static shapes; then the TorchScript-based exporter with the axes, then static. A rung
+    whose export raises (or whose file fails the ONNX checker or onnxruntime) gives way to the
+    next, so does a file the judge refuses. Returns the judge's value for the first file accepted
+    (when none is: for the first file, with "parity_failed" in the section) and sets
+    report["exporter"] ("name", "rung", "static_axes", "dynamo_error", "attempts", ...)."""
+    wanted = {n: sorted(set(a)) for n, a in (dynamic_axes or {}).items() if a}
+    attempts: list[dict] = []
+    first_failed = None  # (value, exporter section) of the first file that exported but was refused
+    for rung in LADDER:
+        if rung != "dynamic" and rung != "torchscript" and not wanted:
+            continue  # no dynamic axes: the first rung is already static
+        if rung == "static axes" and auto_dynamic:
+            continue  # the first rung already let torch.export make static what it could not keep
+        if rung == "static" and any(a.get("rung") == "static axes" and a.get("kept") == {} for a in attempts):
+            continue  # the previous rung already wrote a fully static file
+        if rung == "torchscript static" and not wanted:
+            continue
+        try:
+            if rung == "dynamic":
+                model = rungs.dynamo(module, args, names, output_names, dynamic_axes, opset, target=target,
+                                     auto=auto_dynamic, report=report)
+            elif rung == "static axes":
+                keep = rungs.keepable_axes(module, args, names, wanted)
+                if keep == wanted:  # torch.export keeps them all: the first rung's file again
+                    attempts.append({"rung": rung, "skipped": "torch.export keeps every dynamic axis"})
+                    continue
+                model = rungs.dynamo(module, args, names, output_names, keep, opset, target=target, fresh=True,
+                                     report=report)
+            elif rung == "static":
+                model = rungs.dynamo(module, args, names, output_names, None, opset, target=target, fresh=True,
+                                     report=report)
+            elif rung == "torchscript":
+                model = rungs.torchscript(unswapped, args, names, output_names, dynamic_axes, ts_opset, target=target)
+            else:
+                model = rungs.torchscript(unswapped, args, names, output_names, None, ts_opset, target=target)
+        except UsageError:
+            raise
+        except Exception as e:
+            if rung == "dynamic" and "unsupported type: tensor(bfloat16)" in str(e):
+                raise  # an op without a bfloat16 form at this opset: the opset is the fix, not another exporter
+            attempts.append({"rung": rung, "error": rungs.cause_summary(e)})
+            continue
+        kept = rungs.file_dynamic_axes(model)
+        static_axes = {n: [a for a in axes if a not in kept.get(n, [])] for n, axes in wanted.items()}
+        static_axes = {n: axes for n, axes in static_axes.items() if axes}
+        section = _section(rung, attempts, static_axes, ts_opset)
+        accepted, value = judge(model, kept)
+        del model  # the judge's value holds what the caller keeps
+        if accepted:
+            report["exporter"] = section
+            return value
+        attempts.append({"rung": rung, "parity": "failed", "kept": kept})
+        if first_failed is None:
+            first_failed = (value, section)
+        else:
+            del value
+    if first_failed is not None:  # every file refused: the first (most dynamic) one, said so
+        report["exporter"] = {**first_failed[1], "parity_failed": True, "attempts": attempts}
+        return first_failed[0]
+    causes = "; ".join(f"{RUNG_TEXT[a['rung']]}: {a['error']}" for a in attempts if "error" in a)
+    from ..prepare.complex import not_lowered  # why complex values were left in the model (§9)
+
+    causes += "".join(f"; {why}" for why in not_lowered(report.get("prepare")))
+    raise ExportError(f"torch.onnx cannot export the model: {causes}") from None
+
+
+def _section(rung: str, attempts: list[dict], static_axes: dict, ts_opset: int) -> dict:
+    """The report's "exporter" section: which rung wrote the file, which axes it made static and why
+    the rungs above it were not kept."""
+    name = "torchscript" if rung.startswith("torchscript") else "dynamo"
+    section: dict = {"name": name, "rung": rung, "static_axes": static_axes}
+    if static_axes:
+        section["static"] = True
+    if name == "torchscript":
+        section["opset"] = ts_opset
+    errors = [a for a in attempts if "error" in a]
+    dyn = next((a for a in attempts if a["rung"] == "dynamic"), None)
+    if dyn is not None:
+        section["dynamo_error"] = dyn.get("error") or "parity failed at other sizes"
+        section["dynamic_error"] = section["dynamo_error"]
+    ts = next((a for a in errors if a["rung"] == "torchscript"), None)
+    if ts is not None:
+        section["torchscript_error"] = ts["error"]
+    if attempts:
+        section["attempts"] = attempts
+    return section

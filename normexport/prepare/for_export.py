@@ -1,0 +1,45 @@
+"""The torch-side preparation before the exporter ladder (DESIGN §1, §9), in its order: transformers'
+MoE experts / attention switched to implementations the exporters take, BatchNorm folded, complex
+arithmetic lowered to real pairs, and (target trt) recognised norms swapped for the normexport
+modules. Each step verifies itself and reports into `report`."""
+
+from __future__ import annotations
+
+import torch
+
+
+def prepare_for_export(module, args: tuple, *, target: str, fold_bn: bool = True, swap_norms: bool = True,
+                       report: dict):
+    """(module to export, the same before the norm swaps: the TorchScript rungs trace that one).
+    `report` receives "implementations", "fold_batchnorm" (fold_bn) and "prepare" (complex
+    lowering, swaps)."""
+    unswapped = module
+    if isinstance(module, torch.nn.Module) and not isinstance(module, torch.fx.GraphModule):
+        from .implementations import exportable_implementations  # MoE experts, attention (§9)
+
+        module = exportable_implementations(module, args, report.setdefault("implementations", []), inplace=False)
+        if fold_bn:
+            from .fold_bn import fold_batchnorm
+
+            report["fold_batchnorm"] = []
+            module = fold_batchnorm(module, report["fold_batchnorm"], example_inputs=args)
+        from .complex import lower_complex  # complex arithmetic as real pairs, for both exporters (§9)
+
+        complex_report: list = []
+        module = lower_complex(module, args, complex_report)
+        if complex_report:
+            report["prepare"] = complex_report
+        unswapped = module
+        if swap_norms and target == "trt":  # other targets keep standard ops (the rewriter fuses them)
+            from .swap import prepare
+
+            report["prepare"] = complex_report
+            module = prepare(module, report["prepare"], example_inputs=args)
+    elif isinstance(module, torch.fx.GraphModule):  # a .pt2's program: its complex ops lowered when re-traced
+        from .complex import lower_complex
+
+        complex_report = []
+        module = unswapped = lower_complex(module, args, complex_report)
+        if complex_report:
+            report["prepare"] = complex_report
+    return module, unswapped
