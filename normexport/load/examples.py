@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from ..errors import UsageError
-from . import docs
+from . import docs, entries
 from ._util import short
 from .dims import Resolver, config_int
 
@@ -179,6 +179,8 @@ def _from_docs(p: str, documented: dict, resolver: Resolver, gen, config, made: 
     doc = documented.get(p)
     if doc is None:
         return None
+    if doc.kind == "dict":  # its keys are what the forward reads from it (entries, probe)
+        return entries.Keys()
     if doc.kind == "int":
         return _count_of(p, documented, made) or resolver.dim(p)[0]
     if doc.kind not in ("tensor", "list") or not doc.dims:
@@ -214,9 +216,26 @@ def _count_of(p: str, documented: dict, made: dict) -> int | None:
 
 
 def make_one(model, library: str, name: str, kwargs: dict):
-    """A value for one more parameter the eager check found the model needs (probe), or None."""
+    """A value for one more parameter the eager check found the model needs (probe), or None; a
+    dotted name `param.key` is one entry of a dict parameter (entries)."""
+    if "." in name:
+        param, key = name.split(".", 1)
+        return _entry(model, param, key, kwargs)
     out, _ = derive(model, library, given=kwargs, extra=[name])
     return out.get(name)
+
+
+def _entry(model, param: str, key: str, kwargs: dict):
+    """One entry of a dict parameter, at the batch and latent size of the other inputs; its free
+    axes (a guessed width the model's error may correct) noted on the Keys dict (entries)."""
+    batch = _batch_of(kwargs)
+    latents = next((v for n, v in kwargs.items() if n in ("sample", "hidden_states") and isinstance(v, torch.Tensor)
+                    and v.dim() >= 4), None)
+    side = int(latents.shape[-1]) if latents is not None else 8
+    value, free = entries.entry(key, model.config, batch, side, torch.Generator().manual_seed(0))
+    if isinstance(kwargs.get(param), entries.Keys):
+        kwargs[param].free[key] = free
+    return value
 
 
 def missing_message(cls_name: str, missing: dict[str, str]) -> str:
@@ -320,9 +339,6 @@ MASK_READ_AS_VALUES = ("Lumina2Transformer2DModel",)
 #: infers a static batch; the TorchScript tracer bakes it), so their files get a static batch
 BATCH_LOOP = {"MochiTransformer3DModel": "its attention processor (MochiAttnProcessor2_0) loops over the batch in "
                                         "python to drop each prompt's padding tokens"}
-#: micro-conditioning values of an SDXL-style UNet (original size, crop corner, target size: the
-#: pipeline's add_time_ids), when the config leaves room for them
-TIME_IDS = 6
 #: latent frames of a video example (a multiple of the temporal patch)
 FRAMES = 2
 
@@ -351,7 +367,7 @@ class _Sizes:
         self.video = "3D" in cls_name or c("patch_size_t") is not None or isinstance(patch, (list, tuple))
         self.frames = FRAMES * self.patch_t if self.video else 0
         self.text_dim = c("text_embed_dim", "text_dim", "cap_feat_dim", "joint_attention_dim", "caption_channels",
-                          "cross_attention_dim")
+                          "encoder_hid_dim", "cross_attention_dim")  # encoder_hid_dim: the encoder's, projected to cross_attention_dim
         if isinstance(self.text_dim, (list, tuple)):
             self.text_dim = self.text_dim[0]
         self.text_seq = int(c("max_text_seq_length", default=TEXT_SEQ)) if c("use_learned_positional_embeddings") \
@@ -426,16 +442,6 @@ class _Sizes:
             return [grid] * self.batch
         if p == "guidance" and c("guidance_embeds"):
             return torch.full((self.batch,), 3.5)
-        if p == "added_cond_kwargs" and c("addition_embed_type") == "text_time":
-            # SDXL-style micro-conditioning: time_ids (n values, each embedded to addition_time_embed_dim)
-            # and pooled text_embeds, concatenated to projection_class_embeddings_input_dim
-            dim, each = c("projection_class_embeddings_input_dim"), c("addition_time_embed_dim")
-            n = TIME_IDS if dim and each and dim > TIME_IDS * each else 1
-            if dim and each and dim > n * each:
-                return {"text_embeds": torch.randn(self.batch, int(dim) - n * int(each), generator=gen),
-                        "time_ids": torch.rand(self.batch, n, generator=gen) * self.size * 8}
-        if p == "added_cond_kwargs" and c("use_additional_conditions"):
-            return {"resolution": torch.full((self.batch, 2), float(self.size * 8)), "aspect_ratio": torch.ones(self.batch, 1)}
         if self.tokens_in and p in ("num_frames", "height", "width"):
             return {"num_frames": self.frames, "height": self.height, "width": self.width}[p]
         return None

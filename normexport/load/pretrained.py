@@ -153,6 +153,11 @@ def batched_axes(args: dict) -> dict[str, list[int]]:
         axes = [a for a in axes if a < t.dim() and int(t.shape[a]) > 1]
         if axes:
             out[name] = axes
+    batches = {int(args[n].shape[0]) for n in out}
+    for name, d in args.items():  # a dict parameter's entries (added_cond_kwargs): batch first, as entries makes them
+        if isinstance(d, dict) and len(batches) == 1:
+            out.update({f"{name}.{k}": [0] for k, t in d.items() if isinstance(t, torch.Tensor) and t.dim() >= 1
+                        and int(t.shape[0]) in batches and int(t.shape[0]) > 1})
     return out
 
 

@@ -25,6 +25,7 @@ from typing import Callable
 import torch
 
 from ..errors import UsageError, first_line
+from . import entries
 
 #: attempts before giving up (each is one eager forward of a tiny example)
 TRIES = 8
@@ -41,7 +42,7 @@ def settle(model, kwargs: dict, remake: Callable[[str, dict], object], given=(),
         try:
             with torch.no_grad():
                 model(**kwargs)
-            return kwargs
+            return entries.plain(kwargs)
         except Exception as e:  # noqa: BLE001 - read for the parameter it is about
             error = e
         fix = _alternative(model, error, kwargs, remake, given, free, unmade) if attempt < TRIES - 1 else None
@@ -89,6 +90,21 @@ def _alternative(model, error, kwargs, remake, given, free, unmade):
     """(new kwargs, what was done) for the parameter the error is about, or None."""
     msg = str(error)
     params = _parameters(model)
+    # a dict parameter short of keys the forward reads from it (entries): each is made
+    for name, value in kwargs.items():
+        if isinstance(value, entries.Keys) and (keys := entries.wanted(value, error)):
+            made = {k: remake(f"{name}.{k}", kwargs) for k in keys}
+            unmade += [f"{name}[{k!r}]" for k, v in made.items() if v is None]
+            made = {k: v for k, v in made.items() if v is not None}
+            if made:
+                return {**kwargs, name: value.grown(made)}, f"{name} with {', '.join(made)}"
+    # a width a projection did not take ("mat1 and mat2 shapes cannot be multiplied (2x40 and 32x16)"):
+    # the made tensor (or dict entry) of that width, else the only one of a guessed width, takes it
+    m = re.search(r"mat1 and mat2 shapes cannot be multiplied \((\d+)x(\d+) and (\d+)x(\d+)\)", msg)
+    if m:
+        fixed = _resize_width(kwargs, int(m.group(1)), int(m.group(2)), int(m.group(3)), given, free)
+        if fixed is not None:
+            return fixed
     # a pair the model takes only one of: drop the one we made
     m = re.search(r"(?:both|and not both|only one of)\W+(\w+)\W+(?:and|or)\W+(\w+)", msg, re.I)
     if m and m.group(1) in kwargs and m.group(2) in kwargs:
@@ -146,7 +162,48 @@ def _alternative(model, error, kwargs, remake, given, free, unmade):
                 shape[a], shape[b] = want, shape[a]
                 free[name] = (free[name] - {b}) | {a}
                 return {**kwargs, name: _like(t, shape)}, f"{name} {'x'.join(map(str, shape))} (axes {b}, {a} swapped)"
+    # last: a dict entry the forward read with a default of its own (made from another input, which
+    # did not fit): made as the entry its name says
+    for name, value in kwargs.items():
+        if isinstance(value, entries.Keys) and value.optional:
+            made = {k: remake(f"{name}.{k}", kwargs) for k in value.optional}
+            made = {k: v for k, v in made.items() if v is not None}
+            if made:
+                return {**kwargs, name: value.grown(made)}, f"{name} with {', '.join(made)}"
     return None
+
+
+def _resize_width(kwargs, rows: int, got: int, want: int, given, free):
+    """(kwargs, what) with the last axis of one made tensor or dict entry resized so that a
+    projection taking `want` features gets them; the candidates are those whose last axis is free
+    (a guess) and whose other axes make the `rows` of the projection's input: the one of width
+    `got`, else the only one (its width grown by want - got, when the features it feeds are
+    concatenated with others)."""
+    cands = []  # (parameter, key or None, tensor)
+    for n, v in kwargs.items():
+        if n in given:
+            continue
+        if isinstance(v, torch.Tensor) and v.dim() >= 2 and v.dim() - 1 in free.get(n, ()):
+            cands.append((n, None, v))
+        if isinstance(v, entries.Keys):
+            cands += [(n, k, t) for k, t in v.items() if isinstance(t, torch.Tensor) and t.dim() >= 2
+                      and t.dim() - 1 in v.free.get(k, ())]
+    cands = [c for c in cands if c[2].shape[:-1].numel() == rows]
+    exact = [c for c in cands if int(c[2].shape[-1]) == got]
+    if exact:
+        (n, k, t), width = exact[0], want
+    elif len(cands) == 1:
+        (n, k, t), width = cands[0], int(cands[0][2].shape[-1]) + want - got
+    else:
+        return None
+    if width <= 0 or width == int(t.shape[-1]):
+        return None
+    new = _like(t, list(t.shape[:-1]) + [width])
+    if k is None:
+        return {**kwargs, n: new}, f"{n} {'x'.join(map(str, new.shape))}"
+    grown = kwargs[n].grown({k: new})
+    grown.free[k] = set()  # settled by the model's own size
+    return {**kwargs, n: grown}, f"{n}[{k!r}] {'x'.join(map(str, new.shape))}"
 
 
 def _rank(v) -> int | None:
