@@ -55,6 +55,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+from pathlib import Path
 from typing import Sequence
 
 import numpy as np
@@ -64,6 +65,8 @@ import onnx_ir as ir
 SHARE_BUFFER_KEY = "normexport.past_present_share_buffer"
 MS = "com.microsoft"
 _FUSION = "ai.onnxruntime._fusion"
+#: the decomposed file's name in a workdir (normexport.llm.files.Workdir; the fused one has the output's)
+DECOMPOSED = "decomposed.onnx"
 
 
 @dataclasses.dataclass
@@ -80,6 +83,9 @@ class Fusion:
     share_buffer: bool = False
     share_buffer_reason: str | None = None
     attributes: dict = dataclasses.field(default_factory=dict)
+    #: with a workdir (fuse): the fused file and the decomposed one, written there and checked by path
+    path: Path | None = None
+    decomposed_path: Path | None = None
 
     def to_dict(self) -> dict:
         return {"fused": self.model is not None, "group_query_attention": self.fused, "layers": self.layers,
@@ -389,11 +395,18 @@ def _count(model: ir.Model) -> int:
 
 
 def _copy(model: ir.Model) -> ir.Model:
-    return ir.serde.deserialize_model(ir.serde.serialize_model(model))
+    """The graph copied, its weights shared (onnx-ir's clone: the same tensor objects, no bytes
+    copied; the fusion's passes replace values, never a tensor's contents)."""
+    return model.clone()
 
 
-def fuse(model_ir: ir.Model, *, max_positions: int, local_check: bool = True) -> Fusion:
-    """The fused copy of a KV-cache file (module docstring); `model_ir` itself is left as it is."""
+def fuse(model_ir: ir.Model, *, max_positions: int, local_check: bool = True, workdir=None) -> Fusion:
+    """The fused copy of a KV-cache file (module docstring); `model_ir` itself is left as it is.
+
+    `workdir` (normexport.llm.files.Workdir): the checks run from files, for a model of any size:
+    the decomposed file is written there as `DECOMPOSED` (the weights streamed once), the fused
+    one as the output's name sharing its data file (`Fusion.path`, `Fusion.decomposed_path`);
+    one onnxruntime session at a time. Without it the files are serialised in memory (up to 2 GiB)."""
     import onnx_ir.passes.common as common_passes
     from onnxscript.optimizer import optimize
     from onnxscript.rewriter.ort_fusions import shape_optimization
@@ -444,16 +457,30 @@ def fuse(model_ir: ir.Model, *, max_positions: int, local_check: bool = True) ->
     result.attributes = {k: a[k] for k in ("num_heads", "kv_num_heads", "scale", "do_rotary", "rotary_interleaved")}
     result.attributes["cos_sin_cache_positions"] = max_positions
     result.model = model
-    if local_check:
-        result.local = compare(model_ir, model)
-        if not result.local.get("passed"):
-            result.reason = f"local check failed: {result.local.get('reason')}"
-            result.model = None
+    if not local_check:
+        return result
+    files = None
+    if workdir is not None:
+        try:
+            files = (workdir.files.get(DECOMPOSED) or workdir.write(model_ir, DECOMPOSED),
+                     workdir.write(model, workdir.out.name))
+        except OSError as e:
+            result.model, result.reason = None, f"cannot write the files to check ({e.strerror or e})"
             return result
-        ok, why = share_buffer_check(model)
-        result.share_buffer, result.share_buffer_reason = ok, why
-        if ok:
-            model.metadata_props[SHARE_BUFFER_KEY] = "true"
+        result.decomposed_path, result.path = files
+    shared: dict = {}  # the fused file's session, reused by the share-buffer check
+    result.local = compare(model_ir, model, files=files, keep=shared)
+    if not result.local.get("passed"):
+        result.reason = f"local check failed: {result.local.get('reason')}"
+        result.model = None
+        return result
+    ok, why = share_buffer_check(model, session=shared.get("fused"))
+    shared.clear()
+    result.share_buffer, result.share_buffer_reason = ok, why
+    if ok:
+        model.metadata_props[SHARE_BUFFER_KEY] = "true"
+        if workdir is not None:  # the flag is in the file too (deploy reads the model's metadata)
+            result.path = workdir.write(model, workdir.out.name)
     return result
 
 
@@ -473,13 +500,15 @@ def _keep_interface(model: ir.Model, original: ir.Model) -> None:
 
 # ---- running the files -----------------------------------------------------------------------------------
 
-def _session(model: ir.Model):
+def _session(model: ir.Model, path: Path | None = None):
+    """An onnxruntime session of `model`: from its file where given (any size; external data read
+    from disk), else from the model serialised in memory."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
     so.log_severity_level = 3  # the fused file leaves position_ids unused: no warning for it
-    return ort.InferenceSession(ir.serde.serialize_model(model).SerializeToString(), so,
-                                providers=["CPUExecutionProvider"])
+    source = str(path) if path is not None else ir.serde.serialize_model(model).SerializeToString()
+    return ort.InferenceSession(source, so, providers=["CPUExecutionProvider"])
 
 
 def _np_dtype(model: ir.Model):
@@ -516,9 +545,11 @@ def _run_steps(sess, names: Sequence[str], dims, dtype, ids_steps, batch: int):
 
 
 def compare(unfused: ir.Model, fused: ir.Model, *, batch: int = 2, prompt: int = 5, decode: int = 3,
-            seed: int = 0) -> dict:
+            seed: int = 0, files: tuple[Path, Path] | None = None, keep: dict | None = None) -> dict:
     """The local check: both files in onnxruntime on the same random prefill + decode feeds (each its
-    own cache fed back); every logits and present.* within DESIGN §7's tolerance of the unfused file's."""
+    own cache fed back); every logits and present.* within DESIGN §7's tolerance of the unfused file's.
+    `files`: the two as written (unfused, fused), the sessions made from them (one at a time);
+    `keep`: receives the fused file's session as "fused" (for share_buffer_check)."""
     import torch
 
     from ..parity.tolerances import tolerance_for
@@ -530,10 +561,12 @@ def compare(unfused: ir.Model, fused: ir.Model, *, batch: int = 2, prompt: int =
         steps = [rng.integers(0, vocab, (batch, prompt)).astype(np.int64)]
         steps += [rng.integers(0, vocab, (batch, 1)).astype(np.int64) for _ in range(decode)]
         runs = []
-        for model in (unfused, fused):
-            sess = _session(model)
+        for k, model in enumerate((unfused, fused)):
+            sess = _session(model, files[k] if files else None)
             names = [i.name for i in sess.get_inputs()]
             runs.append((_run_steps(sess, names, dims, dtype, steps, batch), [o.name for o in sess.get_outputs()]))
+            if k == 1 and keep is not None:
+                keep["fused"] = sess
             del sess
     except Exception as e:  # noqa: BLE001
         return {"passed": False, "reason": f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"}
@@ -559,7 +592,7 @@ def compare(unfused: ir.Model, fused: ir.Model, *, batch: int = 2, prompt: int =
 
 
 def share_buffer_check(fused: ir.Model, *, batch: int = 1, prompt: int = 4, decode: int = 3,
-                       max_length: int = 16) -> tuple[bool, str | None]:
+                       max_length: int = 16, session=None) -> tuple[bool, str | None]:
     """(True, None) where the fused file run with one buffer of `max_length` positions as past and
     present (io binding, as onnxruntime-genai's past_present_share_buffer; attention_mask of
     `max_length`, ones over the tokens so far) gives the concatenating run's logits and cache."""
@@ -567,7 +600,7 @@ def share_buffer_check(fused: ir.Model, *, batch: int = 1, prompt: int = 4, deco
 
     try:
         dims, dtype = _cache_dims(fused), _np_dtype(fused)
-        sess = _session(fused)
+        sess = session if session is not None else _session(fused)  # `session`: the fused file's, made already
         names = [i.name for i in sess.get_inputs()]
         outs = [o.name for o in sess.get_outputs()]
         rng = np.random.default_rng(1)
@@ -623,15 +656,16 @@ def context_length(lm) -> int | None:
     return None
 
 
-def for_convert(model_ir: ir.Model, lm) -> Fusion:
+def for_convert(model_ir: ir.Model, lm, workdir=None) -> Fusion:
     """convert --target ort, KV-cache task: the fused copy of the exported file where it matches and
-    passes the local check (`Fusion.model`), else why not (`Fusion.reason`)."""
+    passes the local check (`Fusion.model`), else why not (`Fusion.reason`). `workdir`
+    (normexport.llm.files.Workdir): checked from files there, for a model of any size (`fuse`)."""
     positions = context_length(lm)
     if positions is None:
         layers = sum(1 for v in model_ir.graph.inputs if v.name.startswith("past_key_values.") and v.name.endswith(".key"))
         return Fusion(None, layers, nodes_before=_count(model_ir),
                       reason="no context length in the model's config (the cos / sin caches' size)")
-    return fuse(model_ir, max_positions=positions)
+    return fuse(model_ir, max_positions=positions, workdir=workdir)
 
 
 def line(f: Fusion, generation: str | None = None) -> str:

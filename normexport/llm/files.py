@@ -1,0 +1,118 @@
+"""The KV-cache file and its fused copy on disk, for checks by path (issue 31; DESIGN §8, §10).
+
+A model of any size is run in onnxruntime from a file: `Workdir` is a temporary folder beside the
+output holding the decomposed file and the fused one. Their weights are one data file, written
+once: the fused copy (onnx-ir `Model.clone()`: its initializers are the decomposed model's tensor
+objects) is written as a graph whose shared initializers point into the data file the first
+write made; only the tensors the fusion made (the cos / sin caches, a few constants) are inline.
+So the weights are streamed to disk once (io.save_ir's writer: tensor by tensor, 64 KiB aligned
+for memory mapping), never serialised whole, never held twice.
+
+The checked file then takes the output's place by renames (`place`): the output and
+`<output>.data` (the data file is named for the output from the start), no second write.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import onnx
+import onnx_ir as ir
+
+
+class Workdir:
+    """A temp folder beside `out` (same file system: `place` renames). Use as a context manager,
+    or call `close()`; whatever was not placed is removed."""
+
+    def __init__(self, out: str | os.PathLike):
+        self.out = Path(out)
+        self.dir = Path(tempfile.mkdtemp(prefix=".normexport-llm-", dir=self.out.parent))
+        self.data_name = self.out.name + ".data"
+        #: id(tensor) -> (tensor, TensorProto external_data entries) of what the data file holds
+        self._written: dict[int, tuple[object, dict[str, str]]] = {}
+        self.files: dict[str, Path] = {}
+
+    def __enter__(self) -> "Workdir":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    @property
+    def data_path(self) -> Path:
+        return self.dir / self.data_name
+
+    def write(self, model: ir.Model, name: str) -> Path:
+        """`model` as `name` in the folder (left as it was). The first write streams every weight
+        into the data file; a later one writes its graph alone where its initializers are tensors
+        the data file already holds (the same objects), the rest inline."""
+        path = self.dir / name
+        if not self._written:
+            ir.save(model, path, external_data=self.data_name, size_threshold_bytes=1024, alignment=65536,
+                    max_workers=2)
+            written = {t.name: {e.key: e.value for e in t.external_data}
+                       for t in onnx.load(str(path), load_external_data=False).graph.initializer
+                       if t.data_location == onnx.TensorProto.EXTERNAL}
+            for v in model.graph.initializers.values():
+                if v.const_value is not None and v.name in written:
+                    self._written[id(v.const_value)] = (v.const_value, written[v.name])
+            if not self._written:  # nothing external: later writes are whole files too
+                self._written[0] = (None, {})
+        else:
+            self._write_sharing(model, path)
+        self.files[name] = path
+        return path
+
+    def _write_sharing(self, model: ir.Model, path: Path) -> None:
+        swapped = []
+        try:
+            for v in model.graph.initializers.values():
+                t = v.const_value
+                hit = self._written.get(id(t)) if t is not None else None
+                if hit is None or hit[0] is not t:
+                    continue
+                info = hit[1]
+                ext = ir.ExternalTensor(info["location"], int(info.get("offset", 0) or 0),
+                                        int(info["length"]) if info.get("length") else None, t.dtype,
+                                        shape=t.shape, name=v.name, base_dir=self.dir)
+                swapped.append((v, t))
+                v.const_value = ext
+            proto = ir.serde.serialize_model(model)
+        finally:
+            for v, t in swapped:
+                v.const_value = t
+        tmp = path.with_name(path.name + ".tmp")
+        onnx.save_model(proto, str(tmp))
+        os.replace(tmp, path)
+
+    def place(self, name: str, out: str | os.PathLike | None = None, validate=None) -> Path:
+        """The file `name` takes `out`'s place (default: the output this folder was made for) with
+        the data file beside it as `<out>.data`, by renames; `validate(path)` (e.g.
+        io.check_onnx_path) runs on it first. Files get the umask's mode; an old `<out>.data`
+        is removed when the placed file has none."""
+        from ..io import _umask
+
+        out = Path(out) if out is not None else self.out
+        if out.name + ".data" != self.data_name:
+            raise ValueError(f"the data file is named for {self.out.name}, not {out.name}")
+        path = self.files[name]
+        if validate is not None:
+            validate(path)
+        mode = 0o666 & ~_umask()
+        os.chmod(path, mode)
+        data = self.data_path
+        if data.exists():
+            os.chmod(data, mode)
+            os.replace(data, out.parent / self.data_name)
+            self._written.clear()  # the data file is gone from the folder: nothing more shares it
+        elif (out.parent / self.data_name).exists():
+            (out.parent / self.data_name).unlink()
+        os.replace(path, out)
+        del self.files[name]
+        return out

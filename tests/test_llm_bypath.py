@@ -1,0 +1,185 @@
+"""The GroupQueryAttention fusion, its local check and the generation check run from files, for
+models of any size (issue 31 part B: normexport/llm/files.py Workdir, attention.fuse(workdir=...),
+parity.generate.check_generation_ir).
+
+A tiny LLaMA (head size 16, 4 query heads over 2 KV heads) exported decomposed by convert; the
+by-path route must give what the in-memory route gives (the same local-check numbers: the files
+are the same graphs), its files must share one data file written once, no protobuf holding the
+weights may be made on the way, and the generation check by path must PASS on the fused file
+against eager / float64 / transformers' generate (independent references) and FAIL on planted
+bugs (GroupQueryAttention's scale off by 10 %; a shared weight read from the wrong offset).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import pytest
+
+from test_llm_attention import COMMON, _folder, _lm
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """(folder, the decomposed file as convert writes it: --no-fuse attention)"""
+    from normexport.cli import main
+
+    root = tmp_path_factory.mktemp("bypath")
+    folder = _folder("llama", root)
+    out = root / "decomposed"
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        code = main(["convert", str(folder), "-o", f"{out}/", "--target", "ort", "--no-fuse", "attention", "--no-check"])
+    assert code == 0, buf.getvalue()
+    return folder, out / "model.onnx"
+
+
+def _weights(model: ir.Model) -> int:
+    return sum(v.const_value.nbytes for v in model.graph.initializers.values() if v.const_value is not None)
+
+
+@pytest.fixture
+def no_weight_protobuf(monkeypatch):
+    """Fails a test that serialises a protobuf holding at least half the model's weights."""
+    real = ir.serde.serialize_model
+    seen = []
+
+    def watched(model):
+        proto = real(model)
+        seen.append(proto.ByteSize())
+        return proto
+
+    monkeypatch.setattr(ir.serde, "serialize_model", watched)
+    return seen
+
+
+def test_fuse_by_path_matches_in_memory(exported, tmp_path, no_weight_protobuf):
+    from normexport.llm import attention
+    from normexport.llm.files import Workdir
+
+    _, path = exported
+    model_ir = ir.load(str(path))
+    weights = _weights(model_ir)
+    out = tmp_path / "model.onnx"
+    with Workdir(out) as wd:
+        f = attention.fuse(model_ir, max_positions=COMMON["max_position_embeddings"], workdir=wd)
+        assert f.model is not None, f.reason
+        by_path = list(no_weight_protobuf)
+        assert max(by_path) < weights / 2, (by_path, weights)  # never a protobuf of the weights
+        assert f.path == wd.dir / "model.onnx" and f.decomposed_path == wd.dir / attention.DECOMPOSED
+        assert f.local["passed"] and f.share_buffer, (f.local, f.share_buffer_reason)
+        # one data file: the fused file's graph refers to the decomposed file's data for every shared weight
+        fused_proto = onnx.load(str(f.path), load_external_data=False)
+        ext = [t for t in fused_proto.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
+        assert ext and {e.value for t in ext for e in t.external_data if e.key == "location"} == {"model.onnx.data"}
+        assert sorted(p.name for p in wd.dir.iterdir()) == ["decomposed.onnx", "model.onnx", "model.onnx.data"]
+        assert f.path.stat().st_size < weights / 2  # the graph file alone: the weights are not written twice
+        assert fused_proto.metadata_props and any(p.key == attention.SHARE_BUFFER_KEY for p in fused_proto.metadata_props)
+        # the in-memory route on the same model: the same fused graph, the same local-check numbers
+        mem = attention.fuse(model_ir, max_positions=COMMON["max_position_embeddings"])
+        assert mem.local["max_abs_err"] == f.local["max_abs_err"] and mem.nodes_after == f.nodes_after
+        # the file as onnxruntime loads it computes what the in-memory fused model computes
+        import onnxruntime as ort
+
+        feeds = {"input_ids": np.array([[5, 7, 9]], np.int64), "attention_mask": np.ones((1, 3), np.int64),
+                 "position_ids": np.arange(3, dtype=np.int64)[None]}
+        feeds.update({v.name: np.zeros((1, 2, 0, 16), np.float32) for v in model_ir.graph.inputs
+                      if v.name.startswith("past_key_values.")})
+        a = ort.InferenceSession(str(f.path), providers=["CPUExecutionProvider"]).run(None, feeds)
+        b = ort.InferenceSession(real_bytes(mem.model), providers=["CPUExecutionProvider"]).run(None, feeds)
+        for x, y in zip(a, b):
+            np.testing.assert_array_equal(x, y)
+        # placed: renamed into the output, checked first; the temp folder leaves nothing else
+        from normexport.io import check_onnx_path
+
+        placed = wd.place("model.onnx", validate=check_onnx_path)
+        assert placed == out and (tmp_path / "model.onnx.data").is_file()
+        assert onnx.load(str(out)).graph.initializer  # loads with its data beside it
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.onnx", "model.onnx.data"]
+
+
+def real_bytes(model: ir.Model) -> bytes:
+    return ir.to_proto(model).SerializeToString()
+
+
+def test_generation_check_by_path_passes_and_fails_on_planted_bug(exported, tmp_path, no_weight_protobuf):
+    from normexport.llm import attention
+    from normexport.llm.files import Workdir
+    from normexport.parity.generate import check_generation_ir
+
+    folder, path = exported
+    model_ir = ir.load(str(path))
+    lm = _lm(folder)
+    with Workdir(tmp_path / "model.onnx") as wd:
+        f = attention.fuse(model_ir, max_positions=COMMON["max_position_embeddings"], workdir=wd)
+        assert f.model is not None, f.reason
+        result = check_generation_ir(f.model, lm, wd, command="convert")
+        assert result.passed, result.table()
+        assert result.onnx_model == "model.onnx" and len(result.steps) == 16 and result.fp64_reference["available"]
+        assert result.library.get("passed"), result.library  # eager vs transformers' own generate
+        # the decomposed file, by path, passes too (convert's fallback when the fused one fails)
+        assert check_generation_ir(model_ir, lm, wd, name=attention.DECOMPOSED, command="convert").passed
+        # planted: GroupQueryAttention's scale off by 10 %: written beside (sharing the data file), it fails
+        for node in f.model.graph:
+            if node.op_type == "GroupQueryAttention":
+                node.attributes["scale"] = ir.AttrFloat32("scale", node.attributes["scale"].as_float() * 1.1)
+        bad = check_generation_ir(f.model, lm, wd, name="planted.onnx", command="convert")
+        assert not bad.passed and not any(s.row.passed for s in bad.steps), bad.table()
+    assert max(no_weight_protobuf) < _weights(model_ir) / 2
+
+
+def test_shared_weights_at_a_wrong_offset_fail_the_local_check(exported, tmp_path, monkeypatch):
+    """A planted bug in the sharing (the fused file's weights read 64 bytes off): the local check
+    (decomposed vs fused, both by path) fails and the fusion is not kept."""
+    from normexport.llm import attention, files
+    from normexport.llm.files import Workdir
+
+    real = ir.ExternalTensor
+
+    def shifted(location, offset, length, dtype, **kw):
+        return real(location, (offset or 0) + 64, length, dtype, **kw)
+
+    monkeypatch.setattr(files.ir, "ExternalTensor", shifted)
+    model_ir = ir.load(str(exported[1]))
+    with Workdir(tmp_path / "model.onnx") as wd:
+        f = attention.fuse(model_ir, max_positions=COMMON["max_position_embeddings"], workdir=wd)
+    assert f.model is None and f.reason.startswith("local check failed"), f.reason
+
+
+def test_float64_one_pass_equals_per_step(exported, monkeypatch):
+    """The float64 reference of a model too large for a float64 copy runs once over the whole path
+    (parity.generate._float64_one_pass): its per-step logits equal the per-step run's (float64, the
+    cache fed back) to 1e-9, and the generation check passes with it; a planted bug in the slicing
+    (each decode step given its neighbour's position) breaks that equality."""
+    from normexport.parity import generate, reference
+
+    folder, path = exported
+    lm = _lm(folder)
+    import torch
+
+    torch_prompt = torch.randint(0, COMMON["vocab_size"], (2, 6), generator=torch.Generator().manual_seed(3))
+    path_ids, _, _ = generate._eager(lm, torch_prompt, 5, torch.float32)
+    stepwise, why = generate._float64(lm, path_ids, 6)  # a float64 copy: per step
+    assert why is None and len(stepwise) == 5
+    monkeypatch.setattr(reference, "FP64_COPY_LIMIT_BYTES", 1)
+    called = []
+    real = generate._float64_one_pass
+    monkeypatch.setattr(generate, "_float64_one_pass", lambda *a: called.append(1) or real(*a))
+    once, why = generate._float64(lm, path_ids, 6)
+    assert why is None and called and len(once) == 5
+    for a, b in zip(stepwise, once):
+        assert a.shape == b.shape and float(np.abs(a - b).max()) < 1e-9
+    result = generate.check_generation(path, lm, command="convert")
+    assert result.passed and result.fp64_reference["available"], result.table()
+    # planted: decode step k given the float64 logits of position n + k instead of n + k - 1: not equal
+    # to the per-step run (the comparison above is the check of the one pass; the generation check's
+    # verdict scales its limit with eager's own error, so it is not where a wrong reference shows)
+    monkeypatch.setattr(generate, "_float64_one_pass", lambda run, lm, p, n: (lambda r: r and [r[0]] + r[2:] + [r[-1]])(
+        real(run, lm, p, n)))
+    shifted, _ = generate._float64(lm, path_ids, 6)
+    assert any(float(np.abs(a - b).max()) > 1e-3 for a, b in zip(stepwise, shifted))
