@@ -500,7 +500,7 @@ def test_convert_large_model_writes_external_data(cli, tmp_path, monkeypatch):
     """A model over the limits (DESIGN §8) stays an onnx-ir model: it is streamed to disk with
     external data, checked there by path, the whole-model parity left to `normexport check` with a
     line that says so; every fusion verified locally."""
-    from normexport import convert as nconvert
+    from normexport.convert import record as nconvert
     from normexport import io as nio
 
     monkeypatch.chdir(tmp_path)

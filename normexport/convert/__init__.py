@@ -1,0 +1,61 @@
+"""`normexport convert MODEL`: one pass of stages over one record (record.py), each a module that
+takes the record and returns it, none calling back up:
+
+    loading    where the file goes, the fusions turned off, the model loaded, a causal LM's task
+    inputs     the call exported (normexport.load), run once in eager; the opset the dtype needs
+    preparing  the torch-side steps (normexport.prepare.for_export)
+    exporting  the exporter ladder (normexport.exporter.ladder), given its judge: each file it
+               exports goes through rewriting (the ONNX rewrite passes) and checking.judge (parity)
+    attention  a causal LM's attention as onnxruntime's GroupQueryAttention (--target ort)
+    checking   the check shown, or run (greedy generation for a causal LM with its cache)
+    writing    the report, the file (atomically, only when checked), a causal LM's deployable folder
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from ..export import TARGETS
+from ..rewriter.cli import add_switches
+from . import attention, checking, exporting, inputs, loading, preparing, rewriting, writing
+from .loading import default_output  # noqa: F401 - the default output path, for callers
+from .record import Record
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", metavar="MODEL", help="x.pt2 | x.pt/x.pth (TorchScript, or pickle with --trust-pickle) | "
+                   "package.module:callable | a save_pretrained folder (transformers, diffusers)")
+    p.add_argument("-o", "--output", metavar="OUT.onnx", help="default: MODEL's stem + .onnx beside it; DIR/ (a "
+                   "trailing slash): a folder holding model.onnx (a causal LM's: with genai_config.json, its config and "
+                   "tokenizer files, for onnxruntime-genai and optimum)")
+    p.add_argument("--input", action="append", default=[], metavar="NAME:DIMS[:DTYPE]", help="e.g. x:2x16x64 (positional, forward order)")
+    p.add_argument("--inputs", metavar="FILE", help="example inputs: a torch.save'd (args, kwargs) of one call, e.g. "
+                   "recorded with `with normexport.capture(model, FILE): pipeline(...)` (loaded with weights_only=True)")
+    p.add_argument("--dynamic", action="append", default=[], metavar="NAME:AXES", help="dynamic axes of input NAME, e.g. x:0,1")
+    p.add_argument("--module", metavar="NAME", help="export only this submodule (e.g. model.layers.0), with the inputs "
+                   "it receives in a forward of the whole model")
+    p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
+                   help="import an installed module first (registers the pytree types a .pt2 names)")
+    p.add_argument("--target", choices=TARGETS, default="trt")
+    p.add_argument("--task", choices=("text-generation-with-past", "text-generation"), default=None,
+                   help="causal LMs (folder, factory, pickle): with the KV cache as inputs / outputs (default; "
+                        "checked by greedy generation) or the plain input_ids -> logits graph (DESIGN §10; the default "
+                        "for a model whose cache is not a KV cache)")
+    p.add_argument("--opset", type=int, default=None)
+    p.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default=None, help="cast the model and its float inputs")
+    p.add_argument("--weights", metavar="FILE", help="state dict for a module:callable MODEL (loaded with weights_only=True)")
+    p.add_argument("--trust-pickle", action="store_true", help="allow unpickling a pickled nn.Module (runs code from the file)")
+    p.add_argument("--no-check", action="store_true", help="skip the onnxruntime parity check")
+    p.add_argument("--report", metavar="FILE.json", help="write a JSON report")
+    add_switches(p)  # --no-residual-fusion, --no-fuse MODULE (the rewriter's rule switches)
+
+
+def run(args) -> int:
+    rec = Record(args=args)
+    for stage in (loading.run, inputs.run, preparing.run):
+        rec = stage(rec)
+    # the ladder's judge: each exported file rewritten, then (where convert checks it) its parity
+    rec = exporting.run(rec, judge=lambda candidate: checking.judge(rewriting.run(candidate)))
+    for stage in (attention.run, checking.run, writing.run):
+        rec = stage(rec)
+    return rec.exit_code

@@ -1,0 +1,41 @@
+"""Stage 1, load: where the file goes and which fusions are off (both refused before loading when
+wrong), the model loaded (normexport.load), and for a causal LM the graph it exports (--task)."""
+
+from __future__ import annotations
+
+from .. import io, llm, load
+from ..rewriter import switches
+from .record import Record
+
+
+def default_output(model: str, module: str | None = None):
+    from pathlib import Path
+
+    if load.is_factory(model):
+        mod, _, attr = model.partition(":")
+        path = Path.cwd() / f"{mod.rsplit('.', 1)[-1]}_{attr}.onnx"
+    else:
+        path = Path(model).with_suffix(".onnx")
+    return path.with_name(f"{path.stem}.{module}.onnx") if module else path
+
+
+def run(rec: Record) -> Record:
+    from ..llm import deploy
+
+    args = rec.args
+    # `-o DIR/`: the output is a folder, the file DIR/model.onnx (DESIGN §10's deployable folder)
+    rec.out = io.check_writable(deploy.output_path(args.output) or default_output(args.model, args.module))
+    # the fusions turned off: the flags, and the deprecated NORMEXPORT_RESIDUAL_FUSION=0 (checked before loading)
+    rec.off = switches.resolve(switches.from_flags(getattr(args, "no_residual_fusion", False),
+                                                   getattr(args, "no_fuse", ())))
+    if args.report:
+        io.check_writable(args.report, "--report")
+    loaded = load.load(args.model, trust_pickle=args.trust_pickle, weights=args.weights, imports=args.imports)
+    task, rec.loaded, rec.input_args, why = llm.resolve(loaded, getattr(args, "task", None), args.module, args.input)
+    rec.task = task
+    if task is not None:  # DESIGN §10: the first line says which graph a causal LM exports (and why, if not the cache)
+        print(f"task {task}" + (f" (default here: {why})" if why else
+                                " (default for causal-LM folders, factories and pickles; --task text-generation for "
+                                "input_ids -> logits)" if getattr(args, "task", None) is None and task == llm.WITH_PAST
+                                else ""))
+    return rec

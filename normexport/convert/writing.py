@@ -1,0 +1,52 @@
+"""Stage 7, write: the report (--report), the file written atomically (temp file, then rename;
+external data past 2 GiB, checked by path) only when its check passed, and for a causal LM with
+its cache the deployable folder's files beside it (genai_config.json, config and tokenizer files;
+DESIGN §10)."""
+
+from __future__ import annotations
+
+from .. import io, llm
+from ..export import op_counts
+from ..rewriter import switches
+from .record import Record
+
+
+def run(rec: Record) -> Record:
+    from .. import __version__
+
+    args, out = rec.args, rec.out
+    report: dict = (rec.result.to_dict() if rec.result is not None
+                    else {"normexport_version": __version__, "command": "convert"})
+    if rec.parity_note:
+        report["parity"] = rec.parity_note
+    model = rec.model if rec.model is not None else rec.model_ir
+    report.update({"model": args.model, "target": args.target, "output": str(out), "op_counts": op_counts(model),
+                   "residual_fusion": switches.residual_fusion(rec.off), "fusion_off": rec.off, **rec.sections})
+    if rec.rewrite is not None:
+        report["rewrite"] = rec.rewrite
+    if rec.fused is not None:
+        report["attention"] = rec.fused.to_dict()
+    if "inputs" not in report:
+        report["inputs"] = [{"name": n, "shape": list(t.shape), "dtype": str(t.dtype).replace("torch.", "")}
+                            for n, t in zip(rec.names, rec.inputs)]
+    if not rec.passed:
+        if args.report:
+            io.write_json(report, args.report, "--report")
+        print(f"parity FAILED or not checkable here: {out} not written (--no-check writes it without the check)")
+        rec.exit_code = 1
+        return rec
+    io.save_ir(rec.model_ir, out, validate=None if rec.model is not None else io.check_onnx_path)
+    if args.report:
+        try:
+            io.write_json(report, args.report, "--report")
+        except BaseException:  # no output file left behind when the command fails
+            for p in (out, out.with_name(out.name + ".data")):
+                p.unlink(missing_ok=True)
+            raise
+    print(f"wrote {out}")
+    if rec.task == llm.WITH_PAST:  # DESIGN §10: genai_config.json, the tokenizer and config files beside the file
+        from ..llm import deploy
+
+        for line in deploy.write(out, rec.model_ir, rec.module, args.model, rec.loaded.kind.removesuffix("-with-past")):
+            print(line)
+    return rec

@@ -1,0 +1,103 @@
+"""`normexport convert` as one pass of stages over one record (issue 28, Structure): each stage a
+module of normexport/convert/ that takes the record and returns it, none calling back up; the
+exporter ladder gets its judge as an argument and hands it one record per exported file."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import types
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import torch
+
+import normexport
+from normexport import convert
+from normexport.convert import checking, exporting, inputs, loading, preparing, record, rewriting, writing
+
+from test_import_cycles import ROOT, import_graph
+
+STAGES = ("loading", "inputs", "preparing", "exporting", "rewriting", "attention", "checking", "writing")
+
+
+def test_stages_never_call_back_up():
+    """A stage imports no other stage (only the record and the terminal summary), and nothing outside
+    normexport.convert imports it except the CLI: the pass is run by normexport/convert/__init__.py
+    alone."""
+    graph = import_graph(ROOT)
+    for s in STAGES:
+        deps = {d for d in graph[f"normexport.convert.{s}"] if d.startswith("normexport.convert")}
+        assert deps <= {"normexport.convert.record", "normexport.convert.summary"}, (s, deps)
+    users = sorted(m for m, deps in graph.items() if not m.startswith("normexport.convert")
+                   and any(d.startswith("normexport.convert") for d in deps))
+    assert users == ["normexport.cli"], users
+    # the exporter and the checks never reach convert (no judge is imported: it is given)
+    for m, deps in graph.items():
+        if m.startswith(("normexport.exporter", "normexport.export", "normexport.rewriter", "normexport.parity")):
+            assert not any(d.startswith("normexport.convert") for d in deps), (m, deps)
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    convert.add_arguments(p)
+    return p.parse_args(list(argv))
+
+
+def _ln_model():
+    torch.manual_seed(3)
+    m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.LayerNorm(8, eps=1e-3)).eval()
+    with torch.no_grad():
+        m[1].weight.uniform_(0.5, 1.5)
+        m[1].bias.uniform_(-0.5, 0.5)
+    return m
+
+
+def test_the_ladder_hands_each_file_to_the_judge_it_is_given(tmp_path, monkeypatch):
+    """Stage by stage on one record: a judge that refuses the first (dynamic) file makes the ladder
+    keep the next rung's record; each file came as a record of its own (the record the stage was
+    given is left as it was), rewritten by the rewrite stage, and the written file computes the
+    LayerNorm formula in float64."""
+    factories = types.ModuleType("stage_models")  # a factory module, MODEL = stage_models:ln
+    factories.ln = _ln_model
+    monkeypatch.setitem(sys.modules, "stage_models", factories)
+    out = tmp_path / "m.onnx"
+    rec = record.Record(args=_args("stage_models:ln", "--input", "x:3x5x8", "--dynamic", "x:0,1", "--target", "ort",
+                                   "-o", str(out)))
+    for stage in (loading.run, inputs.run, preparing.run):
+        rec = stage(rec)
+    assert rec.model_ir is None and rec.names == ["x"] and rec.dynamic == {"x": [0, 1]}
+    seen = []
+
+    def judge(cand):
+        seen.append(cand)
+        cand = checking.judge(rewriting.run(cand))
+        cand.passed = cand.passed and not cand.kept  # planted: refuse any file with a dynamic axis
+        return cand
+
+    given = rec
+    rec = exporting.run(rec, judge)
+    assert given.model_ir is None and given.rewrite is None, "the stage's own record was changed"
+    assert len(seen) == 2 and seen[0] is not seen[1] and rec is seen[1]
+    assert seen[0].kept == {"x": [0, 1]} and seen[1].kept == {}
+    assert rec.sections["exporter"]["rung"] == "static"
+    assert rec.sections["exporter"]["attempts"][0]["parity"] == "failed"
+    assert rec.rewrite is not None and seen[0].result is not None and seen[0].result.passed
+    rec = writing.run(checking.run(rec))
+    assert rec.exit_code == 0 and out.exists()
+    m = _ln_model()
+    x = np.random.default_rng(0).standard_normal((3, 5, 8))
+    h = x @ m[0].weight.detach().double().numpy().T + m[0].bias.detach().double().numpy()
+    ref = (h - h.mean(-1, keepdims=True)) / np.sqrt(h.var(-1, keepdims=True) + 1e-3)
+    ref = ref * m[1].weight.detach().double().numpy() + m[1].bias.detach().double().numpy()
+    sess = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    (got,) = sess.run(None, {"x": x.astype(np.float32)})
+    assert np.abs(got - ref).max() < 1e-5
+
+
+@pytest.mark.parametrize("no_check, task, expected", [(False, None, True), (True, None, False),
+                                                      (False, "text-generation-with-past", False)])
+def test_the_ladder_judges_parity_except_for_no_check_and_the_kv_cache(no_check, task, expected):
+    rec = record.Record(args=argparse.Namespace(no_check=no_check), task=task)
+    assert rec.ladder_check is expected
