@@ -29,6 +29,9 @@ Modules (one concern each):
 from __future__ import annotations
 
 from . import _verify  # noqa: F401  (normexport.rewriter._verify: tests and tools run models through it)
+from . import matcher_speed
+
+matcher_speed.install()  # onnxscript's multi-output patterns tried in O(nodes), not O(nodes^2) (matcher_speed.py)
 from .driver import TARGETS, rewrite, rewrite_ir
 from .files import rewrite_file
 from .opset import upgrade_opset
