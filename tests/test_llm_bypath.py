@@ -183,3 +183,69 @@ def test_float64_one_pass_equals_per_step(exported, monkeypatch):
         real(run, lm, p, n)))
     shifted, _ = generate._float64(lm, path_ids, 6)
     assert any(float(np.abs(a - b).max()) > 1e-3 for a, b in zip(stepwise, shifted))
+
+
+def test_fuse_and_check_places_the_fused_file(exported, tmp_path, capsys):
+    """bypath.fuse_and_check (what convert calls for a file of any size): fused, verified by
+    generation, placed by renames as the output; onnxruntime on the output gives the in-memory
+    fused model's logits."""
+    from normexport.io import check_onnx_path
+    from normexport.llm import attention, bypath
+
+    folder, path = exported
+    model_ir = ir.load(str(path))
+    out = tmp_path / "model.onnx"
+    checked = bypath.fuse_and_check(model_ir, _lm(folder), out)
+    try:
+        assert checked.passed and checked.name == "model.onnx" and checked.fusion.model is checked.model_ir
+        printed = capsys.readouterr().out
+        assert "2 com.microsoft.GroupQueryAttention" in printed and "generation check PASSED on the fused file" in printed
+        assert "PASSED: 16/16 steps' logits within limits" in printed, printed
+        checked.place(validate=check_onnx_path)
+    finally:
+        checked.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.onnx", "model.onnx.data"]
+    ops = [n.op_type for n in onnx.load(str(out)).graph.node]
+    assert ops.count("GroupQueryAttention") == 2 and "Softmax" not in ops
+    mem = attention.fuse(model_ir, max_positions=COMMON["max_position_embeddings"])
+    import onnxruntime as ort
+
+    feeds = {"input_ids": np.array([[5, 7, 9, 11]], np.int64), "attention_mask": np.ones((1, 4), np.int64),
+             "position_ids": np.arange(4, dtype=np.int64)[None]}
+    feeds.update({v.name: np.zeros((1, 2, 0, 16), np.float32) for v in model_ir.graph.inputs
+                  if v.name.startswith("past_key_values.")})
+    a = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"]).run(None, feeds)
+    b = ort.InferenceSession(real_bytes(mem.model), providers=["CPUExecutionProvider"]).run(None, feeds)
+    np.testing.assert_array_equal(a[0], b[0])
+
+
+def test_fuse_and_check_keeps_decomposed_when_generation_fails(exported, tmp_path, capsys, monkeypatch):
+    """A fused file that passes the local check but fails the generation check (planted: its scale
+    changed after the local check, the file rewritten): the decomposed file is checked and kept."""
+    from normexport.llm import attention, bypath
+
+    real = attention.for_convert
+
+    def planted(model_ir, lm, workdir=None):
+        f = real(model_ir, lm, workdir=workdir)
+        for node in f.model.graph:
+            if node.op_type == "GroupQueryAttention":
+                node.attributes["scale"] = ir.AttrFloat32("scale", 0.5)
+        workdir.write(f.model, workdir.out.name)
+        return f
+
+    monkeypatch.setattr(attention, "for_convert", planted)
+    folder, path = exported
+    model_ir = ir.load(str(path))
+    out = tmp_path / "model.onnx"
+    checked = bypath.fuse_and_check(model_ir, _lm(folder), out)
+    try:
+        printed = capsys.readouterr().out
+        assert checked.passed and checked.name == attention.DECOMPOSED and checked.model_ir is model_ir
+        assert checked.fusion.model is None and "FAILED the generation check" in checked.fusion.reason
+        assert printed.count("generation check:") == 2 and "FAILED: " in printed and "PASSED: 16/16" in printed
+        checked.place()
+    finally:
+        checked.close()
+    ops = [n.op_type for n in onnx.load(str(out)).graph.node]
+    assert "GroupQueryAttention" not in ops and ops.count("Softmax") == 2
