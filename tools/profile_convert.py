@@ -1,0 +1,177 @@
+"""Where `normexport convert` spends its time (issue 31 item 3): the command run in-process with a
+wall-clock timer around each phase's function (no cProfile: its overhead on torch.export and the
+onnxscript matchers is several-fold), nested phases shown under their parent.
+
+    python tools/profile_convert.py --json OUT.json -- convert FOLDER --target ort [...]
+
+Each phase is "module:function"; its seconds are inclusive (a phase run inside another is counted in
+both, listed indented under it); "other" is the command's wall time outside every top-level phase
+(imports, the argument checks, the lines printed)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+import time
+
+#: (label, module, attribute path) of the functions timed, roughly in the order they run
+PHASES = [
+    ("load: folder, weights (from_pretrained)", "normexport.load", "load"),
+    ("load: task / cache layout (llm.resolve)", "normexport.llm", "resolve"),
+    ("load: inputs (call_for)", "normexport.load", "call_for"),
+    ("prepare: exportable implementations (swaps + their checks)", "normexport.prepare.implementations", "exportable_implementations"),
+    ("prepare: norm swaps (+ checks)", "normexport.prepare.swap", "prepare"),
+    ("prepare: complex lowering", "normexport.prepare.complex", "lower_complex"),
+    ("prepare: fold batchnorm", "normexport.prepare.fold_bn", "fold_batchnorm"),
+    ("torch.onnx.export (whole)", "torch.onnx", "export"),
+    ("torch.export (trace)", "torch.export", "export"),
+    ("torch.export decompositions", "torch.onnx._internal.exporter._core", "_prepare_exported_program_for_export"),
+    ("ONNX translation", "torch.onnx._internal.exporter._core", "_exported_program_to_onnx_program"),
+    ("onnxscript optimize (in torch.onnx.export)", "torch.onnx._internal.exporter._onnx_program", "ONNXProgram.optimize"),
+    ("export fixes", "normexport.export_fixes", "apply_all"),
+    ("validate (checker + ort, small files)", "normexport.exporter.rungs", "_validate_ir"),
+    ("rewrite + local verification", "normexport.rewriter.driver", "rewrite_ir"),
+    ("rewrite: canonicalisation", "normexport.rewriter.canonical", "canonicalize"),
+    ("GroupQueryAttention fusion (+ mask, local, share-buffer checks)", "normexport.llm.attention", "fuse"),
+    ("  fusion: local check (fused vs decomposed in ort)", "normexport.llm.attention", "compare"),
+    ("  fusion: share-buffer check", "normexport.llm.attention", "share_buffer_check"),
+    ("  fusion: mask checks", "normexport.llm.attention", "check_mask"),
+    ("files for the checks (workdir write)", "normexport.llm.files", "Workdir.write"),
+    ("generation check", "normexport.parity.generate", "check_generation"),
+    ("  generation: eager", "normexport.parity.generate", "_eager"),
+    ("  generation: transformers generate", "normexport.parity.generate", "_library_generate"),
+    ("  generation: float64 reference", "normexport.parity.generate", "_float64"),
+    ("  generation: onnxruntime", "normexport.parity.generate", "_runtime"),
+    ("serialise whole model (serde)", "onnx_ir.serde", "serialize_model"),
+    ("write (io.save_ir)", "normexport.io", "save_ir"),
+    ("place checked file (Workdir.place)", "normexport.llm.files", "Workdir.place"),
+    ("onnx checker by path", "normexport.io", "check_onnx_path"),
+    ("deployable folder (deploy.write)", "normexport.llm.deploy", "write"),
+]
+
+times: dict[str, float] = {}
+calls: dict[str, int] = {}
+stack: list[str] = []
+top: dict[str, float] = {}
+
+
+def _wrap(label, fn):
+    def timed(*a, **k):
+        t = time.perf_counter()
+        stack.append(label)
+        try:
+            return fn(*a, **k)
+        finally:
+            stack.pop()
+            dt = time.perf_counter() - t
+            times[label] = times.get(label, 0.0) + dt
+            calls[label] = calls.get(label, 0) + 1
+            if not stack:
+                top[label] = top.get(label, 0.0) + dt
+    timed.__wrapped__ = fn
+    return timed
+
+
+def install() -> None:
+    for label, modname, attr in PHASES:
+        try:
+            mod = importlib.import_module(modname)
+        except Exception:  # noqa: BLE001 - a module this version lacks
+            continue
+        owner, name = mod, attr
+        if "." in attr:
+            cls, name = attr.split(".")
+            owner = getattr(mod, cls, None)
+        fn = getattr(owner, name, None) if owner is not None else None
+        if fn is None:
+            continue
+        w = _wrap(label, fn)
+        setattr(owner, name, w)
+        if owner is mod:  # `from module import fn` elsewhere: those names too
+            for m in list(sys.modules.values()):
+                d = getattr(m, "__dict__", None)
+                if d is None:
+                    continue
+                for k, v in list(d.items()):
+                    if v is fn:
+                        d[k] = w
+
+
+def wire_bypath() -> None:
+    """convert's stages with issue 31 part B wired in, as the lead is asked to wire it: a causal LM
+    with its cache whose file is over convert's in-memory limit (rec.model is None) gets the
+    attention fusion (--target ort, not turned off) and the generation check from files
+    (normexport.llm.bypath.fuse_and_check), and the checked file is placed by renames instead of
+    written again (Checked.place)."""
+    from normexport import io, llm
+    from normexport.convert import attention as att_stage, checking, writing
+    from normexport.llm import bypath
+
+    state: dict = {}
+    att_run, check_run, write_run = att_stage.run, checking.run, writing.run
+
+    def attention_run(rec):
+        if rec.task != llm.WITH_PAST or rec.model is not None:
+            return att_run(rec)
+        fuse = rec.args.target == "ort" and "attention" not in rec.off
+        if rec.args.target == "ort" and not fuse:
+            print(f"  attention: decomposed ({rec.off['attention']})")
+        checked = bypath.fuse_and_check(rec.model_ir, rec.module, rec.out, fuse=fuse, check=not rec.args.no_check)
+        state[id(rec)] = checked
+        rec.fused, rec.model_ir = checked.fusion, checked.model_ir
+        rec.result, rec.checked, rec.passed = checked.generation, checked.generation is not None, checked.passed
+        return rec
+
+    def checking_run(rec):
+        return rec if id(rec) in state else check_run(rec)
+
+    def writing_run(rec):
+        checked = state.pop(id(rec), None)
+        if checked is None:
+            return write_run(rec)
+        real = io.save_ir
+        io.save_ir = lambda model, out, validate=None, **kw: checked.place(validate=validate)
+        try:
+            return write_run(rec)
+        finally:
+            io.save_ir = real
+            checked.close()
+
+    att_stage.run, checking.run, writing.run = attention_run, checking_run, writing_run
+    import normexport.convert as conv
+
+    conv.attention, conv.checking, conv.writing = att_stage, checking, writing
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--json", help="write {phase: seconds} here")
+    ap.add_argument("--bypath", action="store_true", help="with issue 31 part B wired into convert's stages (wire_bypath)")
+    ap.add_argument("command", nargs=argparse.REMAINDER)
+    args = ap.parse_args(argv)
+    cmd = args.command[1:] if args.command[:1] == ["--"] else args.command
+    t0 = time.perf_counter()
+    import normexport.cli  # noqa: F401 - the imports, timed as such
+    import normexport.convert  # noqa: F401
+    t_import = time.perf_counter() - t0
+    if args.bypath:
+        wire_bypath()
+    install()
+    t = time.perf_counter()
+    rc = normexport.cli.main(cmd)
+    total = time.perf_counter() - t
+    phases = {label: round(times[label], 2) for label, _, _ in PHASES if label in times}
+    out = {"command": cmd, "rc": rc, "total_s": round(total + t_import, 1), "imports_s": round(t_import, 1),
+           "phases_s": phases, "calls": {k: calls[k] for k in phases},
+           "other_s": round(total - sum(top.values()), 1), "top_level_s": {k: round(v, 2) for k, v in top.items()}}
+    print(json.dumps(out, indent=1))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
