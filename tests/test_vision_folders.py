@@ -80,11 +80,12 @@ def test_vision_model_without_channels_names_the_shape_and_both_ways():
 
 def test_input_is_taken_when_nothing_can_be_derived(folders, monkeypatch):
     """The issue's refusal: a folder whose images cannot be derived (here the config's channels
-    hidden from derive) said "pass --input pixel_values" and then refused exactly that, because the
+    and the stem conv's hidden from derive) said "pass --input pixel_values" and then refused exactly that, because the
     folder failed to load before --input applied. Loading defers the message to the call."""
     from normexport.load import examples
 
     monkeypatch.setattr(examples, "_image_sizes", lambda config: (None, 32))
+    monkeypatch.setattr(examples, "_first_conv_channels", lambda model: None)  # nor from the stem conv
     loaded = normexport.load(str(folders / "resnet"))
     assert loaded.example_inputs is None and "pixel_values" in loaded.missing
     with pytest.raises(normexport.errors.UsageError, match=r"pixel_values \[2xCHANNELSx32x32\].*--inputs"):

@@ -44,6 +44,9 @@ class Keys(dict):
         self.optional: list[str] = []  # read with a default of the forward's own (`d.get("text_embeds", states)`)
         self.free: dict[str, set[int]] = {}  # axes of a made entry that the model's error may resize
 
+    def __bool__(self):  # given, even while empty (`d = d or {"resolution": None}` would drop it)
+        return True
+
     def _note(self, key):
         if isinstance(key, str) and not super().__contains__(key) and key not in self.absent:
             self.absent.append(key)

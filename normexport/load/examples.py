@@ -286,6 +286,7 @@ def _transformers_kwargs(model, config, required, gen, batch=BATCH, given=None, 
     if name == "pixel_values":
         channels, side = _image_sizes(config)
         channels = channels or folder.get("num_channels")  # the processor's image_mean has one value per channel
+        channels = channels or _first_conv_channels(model)  # what the model's own first convolution takes
         height = width = side
         if not _config_image_size(config) and folder.get("height"):  # the size only the processor config gives
             height, width = folder["height"], folder["width"]
@@ -306,6 +307,13 @@ def _transformers_kwargs(model, config, required, gen, batch=BATCH, given=None, 
         if isinstance(start, int) and 0 <= start < vocab:
             out["decoder_input_ids"][:, 0] = start
     return out, missing
+
+
+def _first_conv_channels(model) -> int | None:
+    """The input channels of the model's first 2-D convolution (in module order: the stem that
+    takes the image), when neither the config nor the folder names them."""
+    conv = next((m for m in model.modules() if isinstance(m, torch.nn.Conv2d)), None)
+    return int(conv.in_channels) if conv is not None else None
 
 
 #: image side when neither the config nor the folder names one (CNNs take any size; 64 survives 32x downsampling)

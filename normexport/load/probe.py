@@ -29,6 +29,8 @@ from . import entries
 
 #: attempts before giving up (each is one eager forward of a tiny example)
 TRIES = 8
+#: the factor a counted axis (samples, frames) grows by when the model finds it too short
+GROW = 16
 
 
 def settle(model, kwargs: dict, remake: Callable[[str, dict], object], given=(), free: dict | None = None) -> dict:
@@ -105,6 +107,17 @@ def _alternative(model, error, kwargs, remake, given, free, unmade):
         fixed = _resize_width(kwargs, int(m.group(1)), int(m.group(2)), int(m.group(3)), given, free)
         if fixed is not None:
             return fixed
+    # an input too short for the model's convolutions ("Kernel size can't be greater than actual input
+    # size"): the only made tensor with an axis that only counts (samples, frames) grows on it
+    if re.search(r"Kernel size can't be greater than actual input size|Output size is too small|"
+                 r"input size .* is too small|smaller than (?:the )?kernel", msg, re.I):
+        counted = [n for n, v in kwargs.items() if n not in given and isinstance(v, torch.Tensor) and free.get(n)]
+        if len(counted) == 1:
+            n = counted[0]
+            shape = list(kwargs[n].shape)
+            for a in free[n]:
+                shape[a] *= GROW
+            return {**kwargs, n: _like(kwargs[n], shape)}, f"{n} {'x'.join(map(str, shape))}"
     # a pair the model takes only one of: drop the one we made
     m = re.search(r"(?:both|and not both|only one of)\W+(\w+)\W+(?:and|or)\W+(\w+)", msg, re.I)
     if m and m.group(1) in kwargs and m.group(2) in kwargs:
