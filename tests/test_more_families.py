@@ -74,6 +74,18 @@ MODELS = {
         encoder_ffn_dim=32, decoder_ffn_dim=32, num_queries=4, num_labels=3, architectures=["DetrForObjectDetection"])),
         {"pixel_values": (2, 3, 64, 64)}),
     "PPOCRV5MobileDetForObjectDetection": (_ppocr, {"pixel_values": (2, 3, 64, 64)}),
+    # random masking unless `noise` ("to control randomness") is given: two eager calls disagree, so it
+    # is made, one value per patch ((16 / 4)^2)
+    "ViTMAEModel": (lambda: T.ViTMAEModel(T.ViTMAEConfig(
+        hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32, image_size=16, patch_size=4,
+        architectures=["ViTMAEModel"])), {"pixel_values": (2, 3, 16, 16), "noise": (2, 16)}),
+    "RTDetrForObjectDetection": (lambda: T.RTDetrForObjectDetection(T.RTDetrConfig(
+        backbone_config=T.RTDetrResNetConfig(embedding_size=8, hidden_sizes=[8, 16, 16], depths=[1, 1, 1],
+                                             out_features=["stage1", "stage2", "stage3"]),
+        encoder_in_channels=[8, 16, 16], d_model=16, encoder_hidden_dim=16, encoder_layers=1, decoder_layers=1,
+        encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, num_queries=4,
+        num_labels=3, decoder_in_channels=[16, 16, 16], num_feature_levels=3, decoder_n_points=2,
+        architectures=["RTDetrForObjectDetection"])), {"pixel_values": (2, 3, 64, 64)}),
 }
 
 
@@ -98,7 +110,8 @@ def test_inputs_made_and_accepted(folders, name):
 
 
 @pytest.mark.parametrize("name, fused", [("PixArtTransformer2DModel+sizes", "normexport::AdaLNZero"),
-                                         ("Wav2Vec2Model", "LayerNormalization"), ("Dinov2Model", "LayerNormalization")])
+                                         ("Wav2Vec2Model", "LayerNormalization"), ("Dinov2Model", "LayerNormalization"),
+                                         ("ViTMAEModel", "LayerNormalization")])
 def test_converts_from_its_folder(cli, folders, tmp_path, name, fused):
     stdout, rep, errs = convert(cli, folders / name, tmp_path / "m.onnx")
     assert rep["op_counts"].get(fused, 0) > 0 and "ReduceMean" not in rep["op_counts"], rep["op_counts"]

@@ -97,7 +97,7 @@ def derive(model, library: str, given: dict | None = None, extra=()) -> tuple[di
     wanted = list(dict.fromkeys(required + [p for p in extra if p in signature]))
     if library == "transformers":
         out, missing = _transformers_kwargs(model, config, required, gen, batch, given, folder)
-        resolver = Resolver(config, folder, batch, free_size=SEQ)
+        resolver = Resolver(config, folder, batch, known=_patch_grid(config, {**out, **given}), free_size=SEQ)
         made = Made({**out, **given})
         for p in wanted:
             if p not in made and p not in missing:
@@ -307,6 +307,21 @@ def _transformers_kwargs(model, config, required, gen, batch=BATCH, given=None, 
         if isinstance(start, int) and 0 <= start < vocab:
             out["decoder_input_ids"][:, 0] = start
     return out, missing
+
+
+def _patch_grid(config, made: dict) -> dict[str, int]:
+    """A patch model's sequence: images [B, C, H, W] made with the config's patch_size give
+    (H / p) x (W / p) patches, the `sequence_length` / `num_patches` its other inputs are documented
+    with (ViTMAE's noise, a masked-patch mask)."""
+    images = made.get("pixel_values")
+    patch = config_int(config, "patch_size")
+    if not isinstance(images, torch.Tensor) or images.dim() != 4 or not patch:
+        return {}
+    h, w = int(images.shape[-2]), int(images.shape[-1])
+    if h % patch or w % patch:
+        return {}
+    n = (h // patch) * (w // patch)
+    return {"sequence_length": n, "num_patches": n}
 
 
 def _first_conv_channels(model) -> int | None:

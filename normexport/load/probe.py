@@ -43,8 +43,17 @@ def settle(model, kwargs: dict, remake: Callable[[str, dict], object], given=(),
     for attempt in range(TRIES):
         try:
             with torch.no_grad():
-                model(**kwargs)
-            return entries.plain(kwargs)
+                first = model(**kwargs)
+                if _same(first, model(**kwargs)):
+                    return entries.plain(kwargs)
+            # two calls disagree: the forward draws random numbers (ViTMAE's masking) unless a
+            # parameter documented to control the randomness is given
+            chosen = _randomness(model, kwargs, remake)
+            if chosen is None:
+                return entries.plain(kwargs)  # the parity check will say the file cannot match it
+            kwargs, what = chosen
+            tried.append(what)
+            continue
         except Exception as e:  # noqa: BLE001 - read for the parameter it is about
             error = e
         fix = _alternative(model, error, kwargs, remake, given, free, unmade) if attempt < TRIES - 1 else None
@@ -53,6 +62,30 @@ def settle(model, kwargs: dict, remake: Callable[[str, dict], object], given=(),
         kwargs, what = fix
         tried.append(what)
     raise UsageError(refusal(model, error, kwargs, given, tried, unmade))
+
+
+def _same(a, b) -> bool:
+    """Two outputs of the forward are the same values (nested tuples / dicts / ModelOutputs of tensors)."""
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        return a.shape == b.shape and bool(torch.equal(a, b) or (a.is_floating_point() and torch.isnan(a).any()))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return True
+
+
+def _randomness(model, kwargs: dict, remake):
+    """(kwargs, what) with the optional parameters the forward's documentation says control its
+    randomness ("used to control randomness": ViTMAE's `noise`) made, or None when there is none."""
+    from . import docs
+
+    names = [n for n, d in docs.params(model).items() if n not in kwargs and re.search(r"\brandom", d.doc, re.I)]
+    made = {n: remake(n, kwargs) for n in names}
+    made = {n: v for n, v in made.items() if v is not None}
+    if not made:
+        return None
+    return {**kwargs, **made}, f"with {', '.join(made)} (the forward draws random numbers without it)"
 
 
 def refusal(model, error: BaseException, kwargs: dict, given=(), tried=(), unmade=()) -> str:
