@@ -185,18 +185,32 @@ def test_float64_one_pass_equals_per_step(exported, monkeypatch):
     assert any(float(np.abs(a - b).max()) > 1e-3 for a, b in zip(stepwise, shifted))
 
 
-def test_fuse_and_check_places_the_fused_file(exported, tmp_path, capsys):
+def test_fuse_and_check_places_the_fused_file(exported, tmp_path, capsys, monkeypatch):
     """bypath.fuse_and_check (what convert calls for a file of any size): fused, verified by
-    generation, placed by renames as the output; onnxruntime on the output gives the in-memory
-    fused model's logits."""
+    generation (on the session the local check made of the fused file: one session per file),
+    placed by renames as the output; onnxruntime on the output gives the in-memory fused model's
+    logits."""
     from normexport.io import check_onnx_path
     from normexport.llm import attention, bypath
+
+    import onnxruntime as ort
 
     folder, path = exported
     model_ir = ir.load(str(path))
     out = tmp_path / "model.onnx"
+    made = []  # the sessions made from files: the decomposed one and the fused one, each once
+    real_session = ort.InferenceSession
+
+    def counted(source, *a, **k):
+        if isinstance(source, str):
+            made.append(Path(source).name)
+        return real_session(source, *a, **k)
+
+    monkeypatch.setattr(ort, "InferenceSession", counted)
     checked = bypath.fuse_and_check(model_ir, _lm(folder), out)
+    monkeypatch.setattr(ort, "InferenceSession", real_session)
     try:
+        assert sorted(made) == ["decomposed.onnx", "model.onnx"], made
         assert checked.passed and checked.name == "model.onnx" and checked.fusion.model is checked.model_ir
         printed = capsys.readouterr().out
         assert "2 com.microsoft.GroupQueryAttention" in printed and "generation check PASSED on the fused file" in printed
@@ -226,12 +240,13 @@ def test_fuse_and_check_keeps_decomposed_when_generation_fails(exported, tmp_pat
 
     real = attention.for_convert
 
-    def planted(model_ir, lm, workdir=None):
-        f = real(model_ir, lm, workdir=workdir)
+    def planted(model_ir, lm, workdir=None, sessions=None):
+        f = real(model_ir, lm, workdir=workdir, sessions=sessions)
         for node in f.model.graph:
             if node.op_type == "GroupQueryAttention":
                 node.attributes["scale"] = ir.AttrFloat32("scale", 0.5)
         workdir.write(f.model, workdir.out.name)
+        sessions.pop("fused")  # the session of the file before the plant
         return f
 
     monkeypatch.setattr(attention, "for_convert", planted)

@@ -400,13 +400,16 @@ def _copy(model: ir.Model) -> ir.Model:
     return model.clone()
 
 
-def fuse(model_ir: ir.Model, *, max_positions: int, local_check: bool = True, workdir=None) -> Fusion:
+def fuse(model_ir: ir.Model, *, max_positions: int, local_check: bool = True, workdir=None,
+         sessions: dict | None = None) -> Fusion:
     """The fused copy of a KV-cache file (module docstring); `model_ir` itself is left as it is.
 
     `workdir` (normexport.llm.files.Workdir): the checks run from files, for a model of any size:
     the decomposed file is written there as `DECOMPOSED` (the weights streamed once), the fused
     one as the output's name sharing its data file (`Fusion.path`, `Fusion.decomposed_path`);
-    one onnxruntime session at a time. Without it the files are serialised in memory (up to 2 GiB)."""
+    one onnxruntime session at a time. Without it the files are serialised in memory (up to 2 GiB).
+    `sessions` (a dict): receives the fused file's onnxruntime session as "fused" where the fusion is
+    kept, for the generation check to run on (one session of the file made, not two)."""
     import onnx_ir.passes.common as common_passes
     from onnxscript.optimizer import optimize
     from onnxscript.rewriter.ort_fusions import shape_optimization
@@ -475,6 +478,8 @@ def fuse(model_ir: ir.Model, *, max_positions: int, local_check: bool = True, wo
         result.model = None
         return result
     ok, why = share_buffer_check(model, session=shared.get("fused"))
+    if sessions is not None and "fused" in shared:
+        sessions["fused"] = shared["fused"]
     shared.clear()
     result.share_buffer, result.share_buffer_reason = ok, why
     if ok:
@@ -656,7 +661,7 @@ def context_length(lm) -> int | None:
     return None
 
 
-def for_convert(model_ir: ir.Model, lm, workdir=None) -> Fusion:
+def for_convert(model_ir: ir.Model, lm, workdir=None, sessions: dict | None = None) -> Fusion:
     """convert --target ort, KV-cache task: the fused copy of the exported file where it matches and
     passes the local check (`Fusion.model`), else why not (`Fusion.reason`). `workdir`
     (normexport.llm.files.Workdir): checked from files there, for a model of any size (`fuse`)."""
@@ -665,7 +670,7 @@ def for_convert(model_ir: ir.Model, lm, workdir=None) -> Fusion:
         layers = sum(1 for v in model_ir.graph.inputs if v.name.startswith("past_key_values.") and v.name.endswith(".key"))
         return Fusion(None, layers, nodes_before=_count(model_ir),
                       reason="no context length in the model's config (the cos / sin caches' size)")
-    return fuse(model_ir, max_positions=positions, workdir=workdir)
+    return fuse(model_ir, max_positions=positions, workdir=workdir, sessions=sessions)
 
 
 def line(f: Fusion, generation: str | None = None) -> str:

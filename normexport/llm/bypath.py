@@ -68,21 +68,25 @@ def fuse_and_check(model_ir: ir.Model, lm, out, *, fuse: bool = True, check: boo
     try:
         result = Checked(wd, model_ir, attention.DECOMPOSED)
         fused = None
+        sessions: dict = {}  # the fused file's session from the local check, run again by the generation check
         if fuse:
-            fused = result.fusion = attention.for_convert(model_ir, lm, workdir=wd)
+            fused = result.fusion = attention.for_convert(model_ir, lm, workdir=wd, sessions=sessions)
             if fused.model is None or not check:
                 print(attention.line(fused, None if check else "generation check not run (--no-check)"))
             if fused.model is not None:
                 result.model_ir, result.name = fused.model, out_name(wd)
         if not check:
+            sessions.clear()
             if result.name not in wd.files:
                 wd.write(result.model_ir, result.name)
             return result
 
-        def generation(model, name):
-            return check_generation_ir(model, lm, wd, name=name, command="convert", plain_export=plain_export)
+        def generation(model, name, session=None):
+            return check_generation_ir(model, lm, wd, name=name, command="convert", plain_export=plain_export,
+                                       session=session)
 
-        gen = generation(result.model_ir, result.name)
+        gen = generation(result.model_ir, result.name, sessions.pop("fused", None) if fused and fused.model else None)
+        sessions.clear()
         if fused is not None and fused.model is not None:  # the generation check is the fusion's verification
             if not gen.passed:  # never silent: the failed check shown, the decomposed file checked and kept
                 print(gen.table())

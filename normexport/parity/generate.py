@@ -201,12 +201,14 @@ def _margin(logits_last: torch.Tensor) -> float:
 def check_generation(onnx_model, reference, *, tokens: int = DEFAULT_TOKENS, batch: int = DEFAULT_BATCH,
                      prompt_length: int = DEFAULT_PROMPT, seed: int = 0, rtol: float | None = None,
                      atol: float | None = None, backend: str = "ort", command: str = "check",
-                     plain_export: Callable | bool | None = None) -> GenerationReport:
+                     plain_export: Callable | bool | None = None, session=None) -> GenerationReport:
     """Greedy generation of `tokens` tokens through `onnx_model` (path or ModelProto) vs `reference`
     (a normexport.llm.FlatCacheLM: CacheLM or ProgramLM, or a function returning one: then it is
     released before the runtime loads the file). `plain_export`: () -> onnx.ModelProto of the plain
     torch.onnx export of the same FlatCacheLM, or True (built here from the reference), built only when a step fails the
-    2x-eager rule; a model over 2 GiB of weights is released instead (no plain-export rule)."""
+    2x-eager rule; a model over 2 GiB of weights is released instead (no plain-export rule).
+    `session`: an onnxruntime session already made of this very file (CPU; e.g. by the attention
+    fusion's local check), run instead of a new one (backend "ort" only)."""
     if tokens < 1:
         raise UsageError(f"--tokens must be >= 1, got {tokens}")
     if batch < 1 or prompt_length < 1:
@@ -250,7 +252,9 @@ def check_generation(onnx_model, reference, *, tokens: int = DEFAULT_TOKENS, bat
             gc.collect()
         # 3. the runtime
         try:
-            got, widened = _runtime(source, backend, path, prompt_length, dtype)
+            got, widened = _runtime(source, backend, path, prompt_length, dtype,
+                                    session=session if backend == "ort" else None)
+            session = None
             report.widened = widened
         except Exception as e:  # noqa: BLE001
             report.error = f"{type(e).__name__}: {_short(e)}"
@@ -435,12 +439,30 @@ def _float64_one_pass(run, lm, path: torch.Tensor, n: int):
     return [logits[:, :n]] + [logits[:, n + k - 1:n + k] for k in range(1, total - n)]
 
 
-def _runtime(source, backend: str, path: torch.Tensor, n: int, dtype):
+class _SessionRunner:
+    """runners._OrtBackend's run over a session made elsewhere of the same file."""
+
+    widened = False
+
+    def __init__(self, session):
+        self.session = session
+        self.names = [i.name for i in session.get_inputs()]
+
+    def run(self, inputs):
+        import onnxruntime as ort
+
+        ro = ort.RunOptions()
+        ro.log_severity_level = 4
+        return self.session.run(None, runners._ort_feed(self.session, self.names, inputs), ro)
+
+
+def _runtime(source, backend: str, path: torch.Tensor, n: int, dtype, session=None):
     """Per-step logits of the file in the runtime along `path`, its own cache fed back."""
     provider = {"ort": "CPUExecutionProvider", "ort-cuda": "CUDAExecutionProvider"}.get(backend)
     if provider is None:
         raise UsageError(f"the generation check runs in onnxruntime (--backend ort or ort-cuda), not '{backend}'")
-    runner = runners._OrtBackend(source, provider)
+    runner = _SessionRunner(session) if session is not None else runners._OrtBackend(source, provider)
+    session = None
     try:
         return _run_loop(runner.run, source.proto, path, n, dtype), runner.widened
     finally:
