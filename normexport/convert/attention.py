@@ -27,6 +27,12 @@ def run(rec: Record) -> Record:
 
     rec.fused, rec.decomposed = attention.for_convert(rec.model_ir, rec.module), (rec.model_ir, rec.model)
     if rec.fused.model is not None:
+        from ..llm import packing  # q / k / v and gate / up projections packed, checked against the fused file
+
+        rec.packing = packing.for_convert(rec.fused.model)
+        print(packing.line(rec.packing))
+        if rec.packing.model is not None:
+            rec.fused.model = rec.packing.model
         rec.model_ir, rec.model = rec.fused.model, ir.serde.serialize_model(rec.fused.model)
     if rec.fused.model is None or args.no_check:
         print(attention.line(rec.fused, "generation check not run (--no-check)" if args.no_check else None))

@@ -51,6 +51,7 @@ class Record:
     parity_note: str | None = None  # why the whole-model check did not run here
     fused: Any = None  # the attention fusion (normexport.llm.attention.Fusion), with the file it replaced
     decomposed: tuple | None = None
+    packing: Any = None  # the packed projections (normexport.llm.packing.Packing)
     exit_code: int = 0
 
     @property

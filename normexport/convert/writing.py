@@ -26,6 +26,8 @@ def run(rec: Record) -> Record:
         report["rewrite"] = rec.rewrite
     if rec.fused is not None:
         report["attention"] = rec.fused.to_dict()
+    if rec.packing is not None:
+        report["packing"] = rec.packing.to_dict()
     if "inputs" not in report:
         report["inputs"] = [{"name": n, "shape": list(t.shape), "dtype": str(t.dtype).replace("torch.", "")}
                             for n, t in zip(rec.names, rec.inputs)]
