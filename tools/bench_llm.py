@@ -46,7 +46,7 @@ EXPORTERS = ("normexport", "normexport-decomposed", "optimum", "genai")
 #: `convert` with the GroupQueryAttention fusion off in-process (normexport.llm.attention; no flag turns it off):
 #: the decomposed attention of the same export, the before / after of issue 31 item 2
 DECOMPOSED = ("import sys\nfrom normexport.llm import attention\n"
-              "attention.for_convert = lambda m, lm: attention.Fusion(None, 0, reason='off for tools/bench_llm.py')\n"
+              "attention.for_convert = lambda m, lm, **kw: attention.Fusion(None, 0, reason='off for tools/bench_llm.py')\n"
               "from normexport.cli import main\nsys.exit(main(['convert', *sys.argv[1:]]))")
 
 
