@@ -86,6 +86,31 @@ MODELS = {
         encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, num_queries=4,
         num_labels=3, decoder_in_channels=[16, 16, 16], num_feature_levels=3, decoder_n_points=2,
         architectures=["RTDetrForObjectDetection"])), {"pixel_values": (2, 3, 64, 64)}),
+    "HubertModel": (lambda: T.HubertModel(T.HubertConfig(
+        hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32, conv_dim=(8, 8),
+        conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=8, num_conv_pos_embedding_groups=2,
+        architectures=["HubertModel"])), {"input_values": (2, 128)}),
+    "ASTForAudioClassification": (lambda: T.ASTForAudioClassification(T.ASTConfig(
+        hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32, patch_size=4, num_mel_bins=16,
+        max_length=32, frequency_stride=4, time_stride=4, num_labels=3, architectures=["ASTForAudioClassification"])),
+        {"input_values": (2, 32, 16)}),
+    "CLIPModel": (lambda: T.CLIPModel(T.CLIPConfig(
+        text_config=dict(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                         max_position_embeddings=16),
+        vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=16,
+                           patch_size=4), projection_dim=8, architectures=["CLIPModel"])),
+        {"input_ids": (2, 8), "pixel_values": (2, 3, 16, 16)}),
+    "DPTForDepthEstimation": (lambda: T.DPTForDepthEstimation(T.DPTConfig(
+        hidden_size=16, num_hidden_layers=4, num_attention_heads=2, intermediate_size=32, image_size=32, patch_size=8,
+        backbone_out_indices=[0, 1, 2, 3], neck_hidden_sizes=[8, 8, 16, 16], fusion_hidden_size=16, head_hidden_size=8,
+        reassemble_factors=[4, 2, 1, 0.5], architectures=["DPTForDepthEstimation"])), {"pixel_values": (2, 3, 32, 32)}),
+    "YolosForObjectDetection": (lambda: T.YolosForObjectDetection(T.YolosConfig(
+        hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32, image_size=[32, 32],
+        patch_size=8, num_detection_tokens=4, num_labels=3, architectures=["YolosForObjectDetection"])),
+        {"pixel_values": (2, 3, 32, 32)}),
+    "Swinv2Model": (lambda: T.Swinv2Model(T.Swinv2Config(
+        image_size=32, patch_size=4, embed_dim=8, depths=[1, 1], num_heads=[1, 2], window_size=4,
+        architectures=["Swinv2Model"])), {"pixel_values": (2, 3, 32, 32)}),
 }
 
 

@@ -111,4 +111,5 @@ class Resolver:
 
 def _counts(key: str) -> bool:
     """A dim that counts tokens, frames or positions: any small size fits it."""
-    return bool(re.search(r"(seq|sequence|length|len|tokens|frames|num_patches|positions|steps|time)", key))
+    return bool(re.search(r"(seq|sequence|length|len|tokens|frames|num_patches|positions|steps|time)", key)) \
+        or key.startswith("num_")  # a count no config key names (SVD's num_additional_ids): the eager check sizes it

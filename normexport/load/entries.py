@@ -28,7 +28,14 @@ from .dims import config_int
 #: only the projection after it fixes the total (the values are embedded one by one): SDXL-style
 #: `time_ids` are the pipeline's micro-conditioning (original size, crop corner, target size);
 #: PixArt-style `resolution` is (height, width), `aspect_ratio` one value
-VALUE_COUNTS = (("time_ids", 6), ("resolution", 2), ("aspect_ratio", 1))
+#: CogView-style `original_size` / `target_size` / `crop_coords` are (height, width) / (top, left) pairs
+VALUE_COUNTS = (("time_ids", 6), ("resolution", 2), ("aspect_ratio", 1), ("original_size", 2), ("target_size", 2),
+                ("crop_coords", 2), ("crops_coords_top_left", 2))
+
+
+def value_count(name: str) -> int | None:
+    """The count of conditioning values a parameter or entry named `name` holds (VALUE_COUNTS), else None."""
+    return next((n for key, n in VALUE_COUNTS if name == key or name.endswith("_" + key)), None)
 #: a first width for an embedding no config key names (the eager check corrects it)
 GUESS = 8
 #: names of entries that are images (a ControlNet-style hint): [batch, 3, 8 x latent side, 8 x latent side]
@@ -88,7 +95,7 @@ def wanted(value: "Keys", error: BaseException) -> list[str]:
 def entry(key: str, config, batch: int, latent_side: int, gen) -> tuple[torch.Tensor, set[int]]:
     """(a tensor for one dict entry, its free axes) from what its name says."""
     words = set(key.lower().split("_"))
-    count = next((n for name, n in VALUE_COUNTS if key == name or key.endswith("_" + name)), None)
+    count = value_count(key)
     if count is not None:
         return torch.rand(batch, count, generator=gen) * latent_side * 8, set()
     if words & {"hint"} or (words & set(IMAGE_WORDS) and not words & {"embeds", "embeddings", "embed", "emb"}):

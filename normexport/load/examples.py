@@ -122,12 +122,20 @@ def derive(model, library: str, given: dict | None = None, extra=()) -> tuple[di
             out[p] = given[p]
             continue
         value = sizes.make(p, signature[p], gen, required=p in wanted)
+        if p in ("hidden_states", "sample") and isinstance(value, torch.Tensor) and (doc := documented.get(p)) \
+                is not None and doc.kind == "tensor" and doc.dims and len(doc.dims) != value.dim():
+            # the library documents another latent layout than the generic one (StableAudio's 1-D
+            # latents [B, C, L], SVD's [B, F, C, H, W]): its documented shape, where the config resolves it
+            documented_value = _from_docs(p, documented, resolver, gen, config, out)
+            value = value if documented_value is None else documented_value
         if value is None and p in wanted:
             value = _from_docs(p, documented, resolver, gen, config, out)
         if value is None and p in wanted and (role := _role(documented.get(p))) is not None:
             value = sizes.make(role, signature[p], gen, required=True)
             if documented[p].kind == "list" and isinstance(value, torch.Tensor):  # one per batch item
                 value = list(value.unbind(0))
+        if value is None and p in wanted and (n := entries.value_count(p)) is not None:
+            value = torch.rand(batch, n, generator=gen) * sizes.size * 8  # micro-conditioning values
         if value is not None:
             out[p] = value
     missing = [p for p in wanted if p not in out]
@@ -437,7 +445,7 @@ class _Sizes:
     def make(self, p: str, prm, gen, required: bool):
         c = lambda *n, default=None: _cfg(self.config, *n, default=default)  # noqa: E731
         annotation = str(prm.annotation)
-        if p == "hidden_states":
+        if p in ("hidden_states", "sample"):  # the latents (an autoencoder's: its images)
             return torch.randn(*self.hidden_shape(), generator=gen)
         if p == "timestep":
             if self.packed or ("Long" not in annotation and "int" not in annotation):

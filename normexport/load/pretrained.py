@@ -145,9 +145,13 @@ def documented_batch(module, args: dict) -> dict[str, list[int]]:
 def batched_axes(args: dict) -> dict[str, list[int]]:
     """Dynamic axes of a folder model's inputs by parameter: the batch of every batched input (and
     the sequence of token ids); an axis of size 1 stays static (torch.export specializes it)."""
+    from .entries import value_count
+
     out = {}
     for name, t in args.items():
-        if name not in BATCHED or not isinstance(t, torch.Tensor):
+        # batched by name: the latents, text and mask inputs, and the micro-conditioning values
+        # (original_size, crop_coords: entries.value_count), made batch first
+        if (name not in BATCHED and value_count(name) is None) or not isinstance(t, torch.Tensor):
             continue
         axes = [0, 1] if name in ("input_ids", "attention_mask", "decoder_input_ids") else [0]
         axes = [a for a in axes if a < t.dim() and int(t.shape[a]) > 1]

@@ -239,7 +239,13 @@ def _resize_width(kwargs, rows: int, got: int, want: int, given, free):
     if exact:
         (n, k, t), width = exact[0], want
     elif len(cands) == 1:
-        (n, k, t), width = cands[0], int(cands[0][2].shape[-1]) + want - got
+        (n, k, t) = cands[0]
+        have = int(t.shape[-1])
+        each = got // have if got % have == 0 else 0
+        if not re.search(r"embed|states|features", k or n) and each > 1 and want % each == 0:
+            width = want // each  # values embedded one by one (SVD's added_time_ids: n x addition_time_embed_dim)
+        else:
+            width = have + want - got  # features concatenated with others (SDXL's text_embeds beside time ids)
     else:
         return None
     if width <= 0 or width == int(t.shape[-1]):
