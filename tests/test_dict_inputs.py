@@ -27,6 +27,10 @@ CONFIGS = {
     "image": dict(addition_embed_type="image", encoder_hid_dim=10, encoder_hid_dim_type="image_proj"),
     # Kandinsky 2.1: image_embeds read twice, text_embeds read with a default that does not fit
     "text_image": dict(addition_embed_type="text_image", encoder_hid_dim=10, encoder_hid_dim_type="text_image_proj"),
+    # Kandinsky 2.2 ControlNet: image_embeds and a hint image, whose embedding is concatenated to the latents
+    # (in_channels 8 = 4 latent + 4 from the hint)
+    "image_hint": dict(addition_embed_type="image_hint", encoder_hid_dim=10, encoder_hid_dim_type="image_proj",
+                       in_channels=8),
 }
 
 
@@ -35,7 +39,7 @@ def folders(tmp_path_factory):
     d = tmp_path_factory.mktemp("dict_inputs")
     for name, extra in CONFIGS.items():
         torch.manual_seed(0)
-        m = diffusers.UNet2DConditionModel(**UNET, **extra)
+        m = diffusers.UNet2DConditionModel(**{**UNET, **extra})
         _perturb_norms(m)
         m.eval().save_pretrained(d / name)
     return d
@@ -49,13 +53,14 @@ def _shapes(loaded) -> dict:
     ("text_time", {"added_cond_kwargs.text_embeds": (2, 10), "added_cond_kwargs.time_ids": (2, 6)}),
     ("image", {"added_cond_kwargs.image_embeds": (2, 10)}),
     ("text_image", {"added_cond_kwargs.image_embeds": (2, 12), "added_cond_kwargs.text_embeds": (2, 12)}),
+    ("image_hint", {"added_cond_kwargs.image_embeds": (2, 10), "added_cond_kwargs.hint": (2, 3, 64, 64)}),
 ])
 def test_dict_entries_are_the_keys_the_forward_reads(folders, kind, entries):
     """The keys are found by calling the forward, their widths from the model's projections."""
     loaded = normexport.load(str(folders / kind))
     shapes = _shapes(loaded)
     assert {n: s for n, s in shapes.items() if n.startswith("added_cond_kwargs.")} == entries, shapes
-    assert shapes["sample"] == (2, 4, 8, 8)
+    assert shapes["sample"] == (2, 4, 8, 8)  # image_hint: the 4 channels the hint's embedding leaves
     # the batch of the entries is dynamic with the others'
     assert all(loaded.dynamic_axes.get(n) == [0] for n in entries), loaded.dynamic_axes
 

@@ -181,6 +181,18 @@ def _alternative(model, error, kwargs, remake, given, free, unmade):
             return {**kwargs, n: grown}, f"{n} with one more axis"
     # a size or layout the model did not expect
     name = _about(error, kwargs)
+    c = re.search(r"to have (\d+) channels, but got (\d+) channels", msg)
+    if c and name is None:
+        # the convolution takes the latents concatenated with something the forward made (a
+        # ControlNet-style hint): the made latents keep the channels the rest leaves
+        extra = int(c.group(2)) - int(c.group(1))
+        latents = [n for n in ("sample", "hidden_states") if n in kwargs and n not in given
+                   and isinstance(kwargs[n], torch.Tensor) and kwargs[n].dim() >= 4]
+        if latents and extra > 0 and int(kwargs[latents[0]].shape[1]) > extra:
+            n = latents[0]
+            shape = list(kwargs[n].shape)
+            shape[1] -= extra
+            return {**kwargs, n: _like(kwargs[n], shape)}, f"{n} {'x'.join(map(str, shape))}"
     if name is not None and name not in given and isinstance(kwargs[name], torch.Tensor):
         t = kwargs[name]
         c = re.search(r"to have (\d+) channels, but got (\d+) channels", msg)
