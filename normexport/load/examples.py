@@ -83,7 +83,9 @@ def derive(model, library: str, given: dict | None = None, extra=()) -> tuple[di
     annotation and documented shape (docs), the config's sizes (channels, image and patch size,
     frames, RoPE axes, text dims) and the folder's processor files (folder_files, set by
     pretrained as `_normexport_folder_sizes`); per-family layouts only where neither the signature
-    nor the documentation can tell (CogVideoX's [B, F, C, H, W] latents, LTX-Video's packed tokens)."""
+    nor the documentation can tell (CogVideoX's [B, F, C, H, W] latents, LTX-Video's packed tokens).
+    A dict parameter (added_cond_kwargs) is an empty entries.Keys: the eager check (probe) fills
+    it with the keys the forward reads from it."""
     given = dict(given or {})
     batch = _batch_of(given)
     gen = torch.Generator().manual_seed(0)
