@@ -71,7 +71,7 @@ def test_fuse_by_path_matches_in_memory(exported, tmp_path, no_weight_protobuf):
         assert f.model is not None, f.reason
         by_path = list(no_weight_protobuf)
         assert max(by_path) < weights / 2, (by_path, weights)  # never a protobuf of the weights
-        assert f.path == wd.dir / "model.onnx" and f.decomposed_path == wd.dir / attention.DECOMPOSED
+        assert f.path == wd.dir / "model.onnx" and f.decomposed_path == wd.dir / wd.decomposed == wd.dir / attention.DECOMPOSED
         assert f.local["passed"] and f.share_buffer, (f.local, f.share_buffer_reason)
         # one data file: the fused file's graph refers to the decomposed file's data for every shared weight
         fused_proto = onnx.load(str(f.path), load_external_data=False)
@@ -123,7 +123,7 @@ def test_generation_check_by_path_passes_and_fails_on_planted_bug(exported, tmp_
         assert result.onnx_model == "model.onnx" and len(result.steps) == 16 and result.fp64_reference["available"]
         assert result.library.get("passed"), result.library  # eager vs transformers' own generate
         # the decomposed file, by path, passes too (convert's fallback when the fused one fails)
-        assert check_generation_ir(model_ir, lm, wd, name=attention.DECOMPOSED, command="convert").passed
+        assert check_generation_ir(model_ir, lm, wd, name=wd.decomposed, command="convert").passed
         # planted: GroupQueryAttention's scale off by 10 %: written beside (sharing the data file), it fails
         for node in f.model.graph:
             if node.op_type == "GroupQueryAttention":
@@ -256,7 +256,7 @@ def test_fuse_and_check_keeps_decomposed_when_generation_fails(exported, tmp_pat
     checked = bypath.fuse_and_check(model_ir, _lm(folder), out)
     try:
         printed = capsys.readouterr().out
-        assert checked.passed and checked.name == attention.DECOMPOSED and checked.model_ir is model_ir
+        assert checked.passed and checked.name == checked.workdir.decomposed and checked.model_ir is model_ir
         assert checked.fusion.model is None and "FAILED the generation check" in checked.fusion.reason
         assert printed.count("generation check:") == 2 and "FAILED: " in printed and "PASSED: 16/16" in printed
         checked.place()
@@ -264,3 +264,20 @@ def test_fuse_and_check_keeps_decomposed_when_generation_fails(exported, tmp_pat
         checked.close()
     ops = [n.op_type for n in onnx.load(str(out)).graph.node]
     assert "GroupQueryAttention" not in ops and ops.count("Softmax") == 2
+
+
+def test_output_named_like_the_decomposed_file(exported, tmp_path):
+    """-o decomposed.onnx: the fused file (the output's name) must not overwrite the decomposed one,
+    or the local check would compare the fused file with itself (planted: Workdir.decomposed the
+    output's name -> the same file, a zero error, and this test fails)."""
+    from normexport.llm import attention
+    from normexport.llm.files import Workdir
+
+    model_ir = ir.load(str(exported[1]))
+    with Workdir(tmp_path / "decomposed.onnx") as wd:
+        f = attention.fuse(model_ir, max_positions=COMMON["max_position_embeddings"], workdir=wd)
+        assert f.model is not None and f.path != f.decomposed_path and f.decomposed_path.exists()
+        assert [n.op_type for n in onnx.load(str(f.decomposed_path), load_external_data=False).graph.node].count(
+            "GroupQueryAttention") == 0
+    mem = attention.fuse(model_ir, max_positions=COMMON["max_position_embeddings"])
+    assert f.local["max_abs_err"] == mem.local["max_abs_err"] > 0

@@ -65,7 +65,8 @@ import onnx_ir as ir
 SHARE_BUFFER_KEY = "normexport.past_present_share_buffer"
 MS = "com.microsoft"
 _FUSION = "ai.onnxruntime._fusion"
-#: the decomposed file's name in a workdir (normexport.llm.files.Workdir; the fused one has the output's)
+#: the decomposed file's name in a workdir (normexport.llm.files.Workdir.decomposed: this, unless the
+#: output has this name; the fused one has the output's)
 DECOMPOSED = "decomposed.onnx"
 
 
@@ -405,7 +406,7 @@ def fuse(model_ir: ir.Model, *, max_positions: int, local_check: bool = True, wo
     """The fused copy of a KV-cache file (module docstring); `model_ir` itself is left as it is.
 
     `workdir` (normexport.llm.files.Workdir): the checks run from files, for a model of any size:
-    the decomposed file is written there as `DECOMPOSED` (the weights streamed once), the fused
+    the decomposed file is written there as `workdir.decomposed` (the weights streamed once), the fused
     one as the output's name sharing its data file (`Fusion.path`, `Fusion.decomposed_path`);
     one onnxruntime session at a time. Without it the files are serialised in memory (up to 2 GiB).
     `sessions` (a dict): receives the fused file's onnxruntime session as "fused" where the fusion is
@@ -465,7 +466,7 @@ def fuse(model_ir: ir.Model, *, max_positions: int, local_check: bool = True, wo
     files = None
     if workdir is not None:
         try:
-            files = (workdir.files.get(DECOMPOSED) or workdir.write(model_ir, DECOMPOSED),
+            files = (workdir.files.get(workdir.decomposed) or workdir.write(model_ir, workdir.decomposed),
                      workdir.write(model, workdir.out.name))
         except OSError as e:
             result.model, result.reason = None, f"cannot write the files to check ({e.strerror or e})"

@@ -66,7 +66,7 @@ def fuse_and_check(model_ir: ir.Model, lm, out, *, fuse: bool = True, check: boo
 
     wd = Workdir(out)
     try:
-        result = Checked(wd, model_ir, attention.DECOMPOSED)
+        result = Checked(wd, model_ir, wd.decomposed)
         fused = None
         sessions: dict = {}  # the fused file's session from the local check, run again by the generation check
         if fuse:
@@ -91,8 +91,8 @@ def fuse_and_check(model_ir: ir.Model, lm, out, *, fuse: bool = True, check: boo
             if not gen.passed:  # never silent: the failed check shown, the decomposed file checked and kept
                 print(gen.table())
                 fused.model, fused.reason = None, "the fused file FAILED the generation check (table above)"
-                result.model_ir, result.name = model_ir, attention.DECOMPOSED
-                gen = generation(model_ir, attention.DECOMPOSED)
+                result.model_ir, result.name = model_ir, wd.decomposed
+                gen = generation(model_ir, wd.decomposed)
             print(attention.line(fused, "generation check PASSED on the fused file" if fused.model else None))
         print(gen.table())
         result.generation = gen

@@ -31,6 +31,8 @@ class Workdir:
         self.out = Path(out)
         self.dir = Path(tempfile.mkdtemp(prefix=".normexport-llm-", dir=self.out.parent))
         self.data_name = self.out.name + ".data"
+        #: the decomposed file's name here: never the output's (the fused file takes that one)
+        self.decomposed = "decomposed.onnx" if self.out.name != "decomposed.onnx" else "decomposed.0.onnx"
         #: id(tensor) -> (tensor, TensorProto external_data entries) of what the data file holds
         self._written: dict[int, tuple[object, dict[str, str]]] = {}
         self.files: dict[str, Path] = {}

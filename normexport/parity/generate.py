@@ -290,7 +290,7 @@ def check_generation_ir(model_ir, reference, workdir, *, name: str | None = None
                         **kwargs) -> GenerationReport:
     """check_generation of an onnx-ir model of any size, run from its file in `workdir`
     (normexport.llm.files.Workdir): `name` where the model is written there already (e.g. the
-    fused file attention.fuse wrote, or attention.DECOMPOSED), else it is written now as the
+    fused file attention.fuse wrote, or workdir.decomposed), else it is written now as the
     output's name (its weights streamed to the data file, or shared with the file written first).
     onnxruntime loads it by path: no protobuf of the weights in memory; the float64 reference of
     a model over 4 GiB in float64 upcasts one module at a time. `label`: the file's name in the
