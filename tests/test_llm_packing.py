@@ -127,3 +127,50 @@ def test_a_planted_packing_bug_is_not_applied(llama_folder, tmp_path, monkeypatc
     m = onnx.load(str(tmp_path / "model.onnx"))
     assert sum(n.op_type == "GroupQueryAttention" for n in m.graph.node) == 2
     assert not any(n.op_type == "Split" for n in m.graph.node)
+
+
+def _by_path(monkeypatch):
+    """convert's in-memory limit lowered so that the tiny model takes the path of a file over 2 GiB."""
+    from normexport import io as nio
+    from normexport.convert import record
+
+    monkeypatch.setattr(nio, "EXTERNAL_BYTES", 1000)
+    monkeypatch.setattr(record, "PARITY_LIMIT", 1000)
+    return record
+
+
+def test_over_the_limit_packed_fused_and_checked_from_files(llama_folder, tmp_path, monkeypatch):
+    """A file over convert's in-memory limit: packed before the fusion, fused and checked by greedy
+    generation from files beside the output; the weights are written once (the data file holds
+    exactly what the graph references, no unpacked copies) and no temp folder is left."""
+    _by_path(monkeypatch)
+    out = tmp_path / "o"
+    out.mkdir()
+    code, stdout = _convert(llama_folder, out)
+    assert code == 0, stdout
+    assert "before the attention fusion" in stdout and "generation check PASSED on the fused file" in stdout, stdout
+    assert "PASSED: 16/16 steps' logits within limits" in stdout and "parity: not run here" not in stdout, stdout
+    m = onnx.load(str(out / "model.onnx"), load_external_data=False)
+    gqa = [n for n in m.graph.node if n.op_type == "GroupQueryAttention"]
+    assert len(gqa) == 2 and all(n.input[1] == "" for n in gqa)
+    ext = [{e.key: e.value for e in t.external_data} for t in m.graph.initializer
+           if t.data_location == onnx.TensorProto.EXTERNAL]
+    used = sum(int(e["length"]) for e in ext)
+    data = (out / "model.onnx.data").stat().st_size
+    assert used <= data < used + 65536 * (len(ext) + 1), (used, data)  # alignment padding only
+    assert not list(out.glob(".normexport-*")) and not list(tmp_path.glob(".normexport-*"))
+    report = json.loads((out / "report.json").read_text())
+    assert report["attention"]["fused"] and report["packing"]["groups"] == 4
+
+
+def test_over_the_memory_share_the_check_is_left_to_check(llama_folder, tmp_path, monkeypatch):
+    """Too large to run beside the eager model (available memory planted small): decomposed, the
+    whole-model check left to `normexport check`, both said."""
+    record = _by_path(monkeypatch)
+    monkeypatch.setattr(record, "available_memory", lambda: 1000)
+    out = tmp_path / "o"
+    out.mkdir()
+    code, stdout = _convert(llama_folder, out)
+    assert code == 0, stdout
+    assert "attention: decomposed (GroupQueryAttention is fused only where convert runs the file" in stdout, stdout
+    assert "parity: not run here" in stdout, stdout

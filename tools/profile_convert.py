@@ -99,56 +99,9 @@ def install() -> None:
                         d[k] = w
 
 
-def wire_bypath() -> None:
-    """convert's stages with issue 31 part B wired in, as the lead is asked to wire it: a causal LM
-    with its cache whose file is over convert's in-memory limit (rec.model is None) gets the
-    attention fusion (--target ort, not turned off) and the generation check from files
-    (normexport.llm.bypath.fuse_and_check), and the checked file is placed by renames instead of
-    written again (Checked.place)."""
-    from normexport import io, llm
-    from normexport.convert import attention as att_stage, checking, writing
-    from normexport.llm import bypath
-
-    state: dict = {}
-    att_run, check_run, write_run = att_stage.run, checking.run, writing.run
-
-    def attention_run(rec):
-        if rec.task != llm.WITH_PAST or rec.model is not None:
-            return att_run(rec)
-        fuse = rec.args.target == "ort" and "attention" not in rec.off
-        if rec.args.target == "ort" and not fuse:
-            print(f"  attention: decomposed ({rec.off['attention']})")
-        checked = bypath.fuse_and_check(rec.model_ir, rec.module, rec.out, fuse=fuse, check=not rec.args.no_check)
-        state[id(rec)] = checked
-        rec.fused, rec.model_ir = checked.fusion, checked.model_ir
-        rec.result, rec.checked, rec.passed = checked.generation, checked.generation is not None, checked.passed
-        return rec
-
-    def checking_run(rec):
-        return rec if id(rec) in state else check_run(rec)
-
-    def writing_run(rec):
-        checked = state.pop(id(rec), None)
-        if checked is None:
-            return write_run(rec)
-        real = io.save_ir
-        io.save_ir = lambda model, out, validate=None, **kw: checked.place(validate=validate)
-        try:
-            return write_run(rec)
-        finally:
-            io.save_ir = real
-            checked.close()
-
-    att_stage.run, checking.run, writing.run = attention_run, checking_run, writing_run
-    import normexport.convert as conv
-
-    conv.attention, conv.checking, conv.writing = att_stage, checking, writing
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", help="write {phase: seconds} here")
-    ap.add_argument("--bypath", action="store_true", help="with issue 31 part B wired into convert's stages (wire_bypath)")
     ap.add_argument("command", nargs=argparse.REMAINDER)
     args = ap.parse_args(argv)
     cmd = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -156,8 +109,6 @@ def main(argv=None) -> int:
     import normexport.cli  # noqa: F401 - the imports, timed as such
     import normexport.convert  # noqa: F401
     t_import = time.perf_counter() - t0
-    if args.bypath:
-        wire_bypath()
     install()
     t = time.perf_counter()
     rc = normexport.cli.main(cmd)

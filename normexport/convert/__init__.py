@@ -56,6 +56,10 @@ def run(args) -> int:
         rec = stage(rec)
     # the ladder's judge: each exported file rewritten, then (where convert checks it) its parity
     rec = exporting.run(rec, judge=lambda candidate: checking.judge(rewriting.run(candidate)))
-    for stage in (attention.run, checking.run, writing.run):
-        rec = stage(rec)
+    try:
+        for stage in (attention.run, checking.run, writing.run):
+            rec = stage(rec)
+    finally:
+        if rec.bypath is not None:  # the temp folder of a file checked from files: never left behind
+            rec.bypath.close()
     return rec.exit_code

@@ -14,14 +14,16 @@ from .record import Record
 
 def run(rec: Record) -> Record:
     args = rec.args
+    if rec.task == llm.WITH_PAST and rec.model is None and _fits_by_path(rec):
+        return _by_path(rec)
     if rec.task != llm.WITH_PAST or args.target != "ort":
         return rec
     if "attention" in rec.off:
         print(f"  attention: decomposed ({rec.off['attention']})")
         return rec
     if rec.model is None:
-        print(f"  attention: decomposed (GroupQueryAttention is fused only where convert runs the file: up to "
-              f"{record.PARITY_LIMIT / 2**30:.0f} GiB of weights)")
+        print(f"  attention: decomposed (GroupQueryAttention is fused only where convert runs the file: its "
+              f"weights at most {record.BYPATH_MEMORY_SHARE:.0%} of the memory available)")
         return rec
     from ..llm import attention
 
@@ -36,4 +38,41 @@ def run(rec: Record) -> Record:
         rec.model_ir, rec.model = rec.fused.model, ir.serde.serialize_model(rec.fused.model)
     if rec.fused.model is None or args.no_check:
         print(attention.line(rec.fused, "generation check not run (--no-check)" if args.no_check else None))
+    return rec
+
+
+def _fits_by_path(rec: Record) -> bool:
+    """A file over PARITY_LIMIT runs from files when its weights fit beside the eager model."""
+    from ..rewriter.driver import weight_bytes
+
+    free = record.available_memory()
+    return free is not None and weight_bytes(rec.model_ir) <= record.BYPATH_MEMORY_SHARE * free
+
+
+def _by_path(rec: Record) -> Record:
+    """A causal LM over PARITY_LIMIT (normexport.llm.bypath): the decomposed file written once into a
+    temp folder beside the output, fused (--target ort) and checked by greedy generation from files
+    there, one onnxruntime session at a time; the check is this stage's (its tables printed here);
+    the write stage places the kept file by renames."""
+    from ..llm import bypath
+
+    args = rec.args
+    fuse = args.target == "ort" and "attention" not in rec.off
+    if args.target == "ort" and not fuse:
+        print(f"  attention: decomposed ({rec.off['attention']})")
+    model_ir = rec.model_ir
+    if fuse:  # q / k / v and gate / up packed before the decomposed file is written (its weights written once,
+        from ..llm import packing  # packed): verified with the fusion by the local and generation checks
+
+        model_ir = model_ir.clone()
+        groups = packing.pack_siblings(model_ir)
+        rec.packing = packing.Packing(model_ir, groups, nodes_before=sum(1 for _ in rec.model_ir.graph),
+                                      nodes_after=sum(1 for _ in model_ir.graph),
+                                      reason="checked with the attention fusion (file over the in-memory limit)")
+        print(packing.line_by_path(rec.packing))
+    checked = rec.bypath = bypath.fuse_and_check(model_ir, rec.module, rec.out, fuse=fuse, check=not args.no_check)
+    if rec.packing is not None and checked.fusion is not None:
+        rec.packing.packed_qkv = checked.fusion.packed_qkv
+    rec.fused, rec.model_ir = checked.fusion, checked.model_ir
+    rec.result, rec.checked, rec.passed = checked.generation, checked.generation is not None, checked.passed
     return rec

@@ -14,6 +14,24 @@ from typing import Any
 #: (read at call time: tests lower it)
 PARITY_LIMIT = 2 << 30
 
+#: a causal LM with its cache over PARITY_LIMIT is fused and checked by greedy generation from files
+#: (one onnxruntime session at a time beside the eager model) when its weights take at most this
+#: share of the memory available then; larger ones say so and leave the check to `normexport check`
+BYPATH_MEMORY_SHARE = 0.6
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available now (Linux MemAvailable), None where unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
 #: the first opset whose Conv / Gemm / MatMul / Pow ... accept bfloat16; `--dtype bfloat16` exports
 #: at it unless --opset says otherwise
 BF16_OPSET = 22
@@ -52,6 +70,7 @@ class Record:
     fused: Any = None  # the attention fusion (normexport.llm.attention.Fusion), with the file it replaced
     decomposed: tuple | None = None
     packing: Any = None  # the packed projections (normexport.llm.packing.Packing)
+    bypath: Any = None  # a causal LM over PARITY_LIMIT checked from files (normexport.llm.bypath.Checked)
     exit_code: int = 0
 
     @property

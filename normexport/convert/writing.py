@@ -31,13 +31,20 @@ def run(rec: Record) -> Record:
     if "inputs" not in report:
         report["inputs"] = [{"name": n, "shape": list(t.shape), "dtype": str(t.dtype).replace("torch.", "")}
                             for n, t in zip(rec.names, rec.inputs)]
-    if not rec.passed:
-        if args.report:
-            io.write_json(report, args.report, "--report")
-        print(f"parity FAILED or not checkable here: {out} not written (--no-check writes it without the check)")
-        rec.exit_code = 1
-        return rec
-    io.save_ir(rec.model_ir, out, validate=None if rec.model is not None else io.check_onnx_path)
+    try:
+        if not rec.passed:
+            if args.report:
+                io.write_json(report, args.report, "--report")
+            print(f"parity FAILED or not checkable here: {out} not written (--no-check writes it without the check)")
+            rec.exit_code = 1
+            return rec
+        if rec.bypath is not None:  # checked from files beside the output: the kept one takes its place by renames
+            rec.bypath.place(validate=io.check_onnx_path)
+        else:
+            io.save_ir(rec.model_ir, out, validate=None if rec.model is not None else io.check_onnx_path)
+    finally:
+        if rec.bypath is not None:
+            rec.bypath.close()
     if args.report:
         try:
             io.write_json(report, args.report, "--report")

@@ -84,6 +84,7 @@ class Fusion:
     share_buffer: bool = False
     share_buffer_reason: str | None = None
     attributes: dict = dataclasses.field(default_factory=dict)
+    packed_qkv: int = 0  # GroupQueryAttention nodes given the packed q / k / v projection
     #: with a workdir (fuse): the fused file and the decomposed one, written there and checked by path
     path: Path | None = None
     decomposed_path: Path | None = None
@@ -218,6 +219,32 @@ def _rule_class():
             return out
 
     return GroupQueryAttentionFusion
+
+
+def packed_qkv(model: ir.Model) -> int:
+    """GroupQueryAttention nodes whose query / key / value are exactly the outputs of one Split (the
+    packed q / k / v projections, in that order) take the Split's input as packed query and no key /
+    value. Returns how many; a Split left with no use is removed."""
+    graph = model.graph
+    count = 0
+    for node in list(graph):
+        if node.op_type != "GroupQueryAttention" or len(node.inputs) < 3:
+            continue
+        q, k, v = node.inputs[:3]
+        split = q.producer() if q is not None else None
+        if (split is None or split.op_type != "Split" or len(split.outputs) != 3
+                or list(split.outputs) != [q, k, v]):
+            continue
+        node.replace_input_with(0, split.inputs[0])
+        node.replace_input_with(1, None)
+        node.replace_input_with(2, None)
+        if not any(o.uses() for o in split.outputs) and not any(o in graph.outputs for o in split.outputs):
+            sizes = split.inputs[1] if len(split.inputs) > 1 else None
+            graph.remove(split, safe=True)
+            if sizes is not None and sizes.is_initializer() and not sizes.uses():
+                graph.initializers.pop(sizes.name, None)
+        count += 1
+    return count
 
 
 def _const(value: ir.Value | None, graph) -> np.ndarray | None:
@@ -456,6 +483,7 @@ def fuse(model_ir: ir.Model, *, max_positions: int, local_check: bool = True, wo
         result.reason = f"after cleanup: {got} GroupQueryAttention, {len(left)} intermediate fusion op(s) left"
         return result
     _keep_interface(model, model_ir)
+    result.packed_qkv = packed_qkv(model)  # q / k / v projections packed before the fusion: the packed query
     result.nodes_after = _count(model)
     a = rule.attributes[0]
     result.attributes = {k: a[k] for k in ("num_heads", "kv_num_heads", "scale", "do_rotary", "rotary_interleaved")}

@@ -2,8 +2,8 @@
 with constant weights (an LLM's q / k / v projections, its gate / up projections) become one
 MatMul over the weights concatenated, split back (`pack_siblings`); a GroupQueryAttention whose
 query, key and value are the three outputs of such a split, in order, takes the packed tensor as
-its query with no key / value (`packed_qkv`: onnxruntime's packed-QKV form, as onnxruntime-genai's
-builder writes it).
+its query with no key / value (normexport.llm.attention.packed_qkv: onnxruntime's packed-QKV form,
+as onnxruntime-genai's builder writes it).
 
 Both are exact in real arithmetic (each output column is the same dot product); the caller checks
 the packed file against the unpacked one in onnxruntime (normexport.llm.attention.compare) and by
@@ -102,32 +102,6 @@ def _pack(graph: ir.Graph, members: list[ir.Node]) -> dict:
     return {"matmuls": names, "split": sizes}
 
 
-def packed_qkv(model: ir.Model) -> int:
-    """GroupQueryAttention nodes whose query / key / value are exactly the outputs of one Split (the
-    packed q / k / v projections, in that order) take the Split's input as packed query and no key /
-    value. Returns how many; a Split left with no use is removed."""
-    graph = model.graph
-    count = 0
-    for node in list(graph):
-        if node.op_type != "GroupQueryAttention" or len(node.inputs) < 3:
-            continue
-        q, k, v = node.inputs[:3]
-        split = q.producer() if q is not None else None
-        if (split is None or split.op_type != "Split" or len(split.outputs) != 3
-                or list(split.outputs) != [q, k, v]):
-            continue
-        node.replace_input_with(0, split.inputs[0])
-        node.replace_input_with(1, None)
-        node.replace_input_with(2, None)
-        if not any(o.uses() for o in split.outputs) and not any(o in graph.outputs for o in split.outputs):
-            sizes = split.inputs[1] if len(split.inputs) > 1 else None
-            graph.remove(split, safe=True)
-            if sizes is not None and sizes.is_initializer() and not sizes.uses():
-                graph.initializers.pop(sizes.name, None)
-        count += 1
-    return count
-
-
 @dataclasses.dataclass
 class Packing:
     """The outcome of `for_convert`: `model` is the packed copy (None where not packed) and `reason` why not."""
@@ -159,7 +133,7 @@ def for_convert(model: ir.Model) -> Packing:
     if not groups:
         return Packing(None, nodes_before=before, nodes_after=before,
                        reason="no MatMuls read one input with constant weights")
-    qkv = packed_qkv(packed)
+    qkv = attention.packed_qkv(packed)
     result = Packing(packed, groups, qkv, before, sum(1 for _ in packed.graph))
     result.local = attention.compare(model, packed)
     if not result.local.get("passed"):
@@ -182,3 +156,13 @@ def line(p: Packing) -> str:
             f"{qkv}, {p.nodes_before} -> {p.nodes_after} nodes; local check PASSED (packed vs unpacked in "
             f"onnxruntime, prefill + {p.local.get('decode_steps')} decode steps, max_abs_err "
             f"{p.local.get('max_abs_err', 0):.3g})" + (f"; {p.reason}" if p.reason else ""))
+
+
+def line_by_path(p: Packing) -> str:
+    """convert's line for a file over the in-memory limit: packed before the attention fusion, verified
+    with it (its local check: fused vs decomposed, both packed; and the generation check against eager)."""
+    if not p.groups:
+        return "  projections: not packed (no MatMuls read one input with constant weights)"
+    return (f"  projections: {len(p.groups)} group(s) of MatMuls on one input packed into one MatMul + Split each "
+            f"before the attention fusion, {p.nodes_before} -> {p.nodes_after} nodes; verified by the generation "
+            "check against eager (file over the in-memory limit: no separate packed-vs-unpacked run)")
