@@ -5,7 +5,7 @@ onnxruntime-genai's builder needs one), exported three ways, each in its own pro
 and peak RSS from /usr/bin/time -v):
 
   normexport   python -m normexport convert DIR --target ort --no-check
-  normexport-decomposed   the same with the GroupQueryAttention fusion off (in-process; the decomposed attention)
+  normexport-decomposed   the same with --no-fuse attention (the decomposed attention, projections unpacked)
   optimum      optimum-cli export onnx --model DIR --task text-generation-with-past  (optimum-onnx)
   genai        python -m onnxruntime_genai.models.builder -i DIR -o OUT -p fp32 -e cpu
 
@@ -43,12 +43,6 @@ PRESETS = {
                  num_key_value_heads=2, max_position_embeddings=256),
 }
 EXPORTERS = ("normexport", "normexport-decomposed", "optimum", "genai")
-#: `convert` with the GroupQueryAttention fusion off in-process (normexport.llm.attention; no flag turns it off):
-#: the decomposed attention of the same export, the before / after of issue 31 item 2
-DECOMPOSED = ("import sys\nfrom normexport.llm import attention\n"
-              "attention.for_convert = lambda m, lm, **kw: attention.Fusion(None, 0, reason='off for tools/bench_llm.py')\n"
-              "from normexport.cli import main\nsys.exit(main(['convert', *sys.argv[1:]]))")
-
 
 def make_folder(preset: str, out: Path) -> Path:
     if (out / "config.json").exists():
@@ -144,8 +138,8 @@ def export(name: str, folder: Path, work: Path) -> tuple[dict, Path | None]:
     env = dict(os.environ)
     if name in ("normexport", "normexport-decomposed"):
         onnx_path = out / "model.onnx"
-        cmd = [sys.executable, *(["-m", "normexport", "convert"] if name == "normexport" else ["-c", DECOMPOSED]),
-               str(folder), "-o", str(onnx_path), "--target", "ort", "--no-check"]
+        cmd = [sys.executable, "-m", "normexport", "convert", str(folder), "-o", str(onnx_path), "--target", "ort",
+               "--no-check", *(["--no-fuse", "attention"] if name == "normexport-decomposed" else [])]
     elif name == "optimum":
         # optimum-onnx 0.1.0 needs transformers < 4.58 (the project runs 5.x) and optimum ~= 2.1.0 (2.3 imports
         # huggingface_hub.resolve_revision, which the hub that transformers 4.57 takes lacks): those, in their own folders, first
