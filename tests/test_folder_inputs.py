@@ -30,7 +30,7 @@ def folders(tmp_path_factory):
     torch.manual_seed(0)
     models = {
         "unet": diffusers.UNet2DConditionModel(**UNET),
-        # SDXL: added_cond_kwargs={"text_embeds", "time_ids"}, sizes from the config
+        # SDXL: added_cond_kwargs={"text_embeds", "time_ids"}: the keys the forward reads, widths from its error
         "sdxl": diffusers.UNet2DConditionModel(**UNET, addition_embed_type="text_time", addition_time_embed_dim=4,
                                                projection_class_embeddings_input_dim=6 * 4 + 8),
         "whisper": transformers.WhisperForConditionalGeneration(transformers.WhisperConfig(
@@ -68,8 +68,8 @@ def test_unet_sample_from_its_documented_shape(cli, folders, tmp_path):
 
 
 def test_sdxl_unet_dict_parameter(cli, folders, tmp_path):
-    """added_cond_kwargs is a dict[str, Tensor]: its entries are ONNX inputs, their sizes from
-    projection_class_embeddings_input_dim and addition_time_embed_dim."""
+    """added_cond_kwargs is a dict[str, Tensor]: its entries are ONNX inputs, the keys those the forward
+    reads from it, the widths fixed by the model's own 'mat1 and mat2' error (normexport.load.entries)."""
     loaded = normexport.load(str(folders / "sdxl"))
     shapes = _shapes(loaded)
     assert shapes["added_cond_kwargs.text_embeds"] == (2, 8) and shapes["added_cond_kwargs.time_ids"] == (2, 6), shapes
