@@ -5,8 +5,9 @@ output holding the decomposed file and the fused one. Their weights are one data
 once: the fused copy (onnx-ir `Model.clone()`: its initializers are the decomposed model's tensor
 objects) is written as a graph whose shared initializers point into the data file the first
 write made; only the tensors the fusion made (the cos / sin caches, a few constants) are inline.
-So the weights are streamed to disk once (io.save_ir's writer: tensor by tensor, 64 KiB aligned
-for memory mapping), never serialised whole, never held twice.
+So the weights are streamed to disk once (io.save_ir's writer: tensor by tensor, those over 1 MiB
+64 KiB aligned for memory mapping; transposed and packed weights by row slabs, `io.streamed`),
+never serialised whole, never held twice.
 
 The checked file then takes the output's place by renames (`place`): the output and
 `<output>.data` (the data file is named for the output from the start), no second write.
@@ -56,8 +57,11 @@ class Workdir:
         the data file already holds (the same objects), the rest inline."""
         path = self.dir / name
         if not self._written:
-            ir.save(model, path, external_data=self.data_name, size_threshold_bytes=1024, alignment=65536,
-                    max_workers=2)
+            from ..io import streamed
+
+            with streamed(model):  # non-C-order and packed weights streamed, not element by element
+                ir.save(model, path, external_data=self.data_name, size_threshold_bytes=1024, alignment=65536,
+                        max_workers=2)
             written = {t.name: {e.key: e.value for e in t.external_data}
                        for t in onnx.load(str(path), load_external_data=False).graph.initializer
                        if t.data_location == onnx.TensorProto.EXTERNAL}
