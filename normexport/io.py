@@ -364,20 +364,19 @@ def _matrix(t, ndim: int | None = 2) -> np.ndarray | None:
     return a
 
 
+#: attribute of an onnx-ir LazyTensor that is the concatenation of 2-D tensors along axis 1 (llm.packing):
+#: the tensors, which the writer streams in place instead of building the concatenation
+CONCAT_MEMBERS = "normexport_concat_members"
+
+
 def _parts(t) -> list[np.ndarray] | None:
     """The matrices whose concatenation along axis 1 is `t`, when streaming helps; else None.
-    A packed projection (llm.packing's lazy np.concatenate) gives its members, read in place."""
+    A packed projection (a LazyTensor with CONCAT_MEMBERS, llm.packing) gives its members, read in place."""
     import onnx_ir as ir
 
     if isinstance(t, ir.LazyTensor):
-        func = getattr(t, "_func", None)
-        code = getattr(func, "__code__", None)
-        if (code is None or getattr(func, "__module__", None) != "normexport.llm.packing"
-                or not func.__qualname__.endswith("_concat.<locals>.build") or len(t.shape) != 2):
-            return None
-        try:
-            members = dict(zip(code.co_freevars, (c.cell_contents for c in func.__closure__ or ()))).get("tensors")
-        except ValueError:  # an empty cell
+        members = getattr(t, CONCAT_MEMBERS, None)  # set by llm.packing on the weights it concatenates
+        if members is None or len(t.shape) != 2:
             return None
         if not members:
             return None

@@ -19,6 +19,8 @@ from collections import defaultdict
 import numpy as np
 import onnx_ir as ir
 
+from ..io import CONCAT_MEMBERS
+
 
 def _weight(node: ir.Node) -> ir.Value | None:
     """The constant 2-D weight of a plain MatMul (an initializer of the main graph), else None."""
@@ -38,7 +40,9 @@ def _concat(tensors: list) -> ir.LazyTensor:
     def build():
         return ir.Tensor(np.concatenate([t.numpy() for t in tensors], axis=1), dtype=dtype)
 
-    return ir.LazyTensor(build, dtype=dtype, shape=ir.Shape([k, n]))
+    lazy = ir.LazyTensor(build, dtype=dtype, shape=ir.Shape([k, n]))
+    setattr(lazy, CONCAT_MEMBERS, list(tensors))  # the writer streams the members in place (normexport.io)
+    return lazy
 
 
 def pack_siblings(model: ir.Model, *, min_group: int = 2) -> list[dict]:
