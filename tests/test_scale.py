@@ -91,14 +91,17 @@ def big_folder(tmp_path_factory):
 
 
 def test_over_2gib_convert_rewrite_check_build(big_folder, tmp_path):
-    """convert (streamed to external data, whole-model parity left to check with a line saying so),
+    """convert (streamed to external data; a causal LM within the memory rule is checked by greedy
+    generation from its files, normexport.llm.bypath),
     rewrite of the plain torch.onnx export (5 of 5 RMSNorms fused, 4 with their residual Add, each verified locally), check of
     the converted file against the folder (bf16 widened in onnxruntime, float64 reference module by
     module), build in TensorRT (for RTX, CPU build) from the function bodies."""
     conv = tmp_path / "conv.onnx"
     code, out, err = _cli("convert", big_folder, "-o", conv)
     assert code == 0, err
-    assert "parity: not run here" in out and _rmsnorms(conv) == 5 and _residual_fused(conv) == 4, out
+    assert "parity: not run here" not in out and "generation check: conv.onnx vs LlamaForCausalLM" in out, out
+    assert "PASSED: 16/16 steps" in out and _rmsnorms(conv) == 5 and _residual_fused(conv) == 4, out
+    assert not list(tmp_path.glob(".normexport-*")), list(tmp_path.iterdir())  # the check's temp folder removed
     data = conv.with_name("conv.onnx.data")
     assert data.stat().st_size > 2 << 30 and conv.stat().st_size < 1 << 20
     onnx.checker.check_model(str(conv), full_check=True)
