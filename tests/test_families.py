@@ -94,7 +94,7 @@ def test_pt2_falls_back_to_torchscript_exporter(cli, tmp_path, monkeypatch):
     """T5EncoderModel .pt2 with the dynamo export failing (forced: whether torch's dynamo exporter
     fails on T5 varies): the ExportedProgram's module goes through the TorchScript exporter (it
     refused train() before), the rewriter fuses every T5LayerNorm, parity passes."""
-    import normexport.export as export
+    from normexport.exporter import rungs
 
     torch.manual_seed(0)
     enc = transformers.T5EncoderModel(transformers.T5Config(vocab_size=64, d_model=32, d_kv=8, d_ff=64, num_layers=2,
@@ -105,7 +105,7 @@ def test_pt2_falls_back_to_torchscript_exporter(cli, tmp_path, monkeypatch):
     def dynamo_fails(*a, **k):
         raise ValueError("Cannot view a tensor with shape (forced for the test)")
 
-    monkeypatch.setattr(export, "_torch_onnx_export", dynamo_fails)
+    monkeypatch.setattr(rungs, "_torch_onnx_export", dynamo_fails)
     out = tmp_path / "m.onnx"
     stdout, rep, errs = _convert(cli, path, out)
     assert rep["exporter"]["name"] == "torchscript" and "forced for the test" in rep["exporter"]["dynamo_error"]
@@ -156,13 +156,15 @@ def test_folder_families_convert_fused(cli, tmp_path, family):
 
 def test_missing_inputs_error_lists_every_required_input(cli, tmp_path, monkeypatch):
     """A class whose main input is not `hidden_states` (UNet2DConditionModel takes `sample`), its
-    documentation hidden (since issue 28 `sample` is made from its documented shape or role,
-    tests/test_folder_inputs.py): one line naming what cannot be made and every required input
-    with the shape the config implies."""
+    documentation hidden and `sample` left unmade (since issue 28 it is made from its documented
+    shape, its role, or like the latents: tests/test_folder_inputs.py): one line naming what cannot
+    be made and every required input with the shape the config implies."""
     from normexport.load import examples
 
     monkeypatch.setattr(examples, "_from_docs", lambda *a, **k: None)
     monkeypatch.setattr(examples, "_role", lambda documented: None)
+    real_make = examples._Sizes.make  # `sample` is made like the latents since issue 28: made unmakeable here
+    monkeypatch.setattr(examples._Sizes, "make", lambda self, p, *a, **k: None if p == "sample" else real_make(self, p, *a, **k))
     torch.manual_seed(0)
     unet = diffusers.UNet2DConditionModel(sample_size=8, in_channels=4, out_channels=4, layers_per_block=1,
                                           block_out_channels=(8, 16), norm_num_groups=4, cross_attention_dim=16,

@@ -246,12 +246,12 @@ def test_fallback_exporter_when_dynamo_fails(cli, files, monkeypatch, tmp_path):
     rewriter fuses what it left decomposed; table and report name the exporter and the cause."""
     import json
 
-    import normexport.export as export
+    from normexport.exporter import rungs
 
     def dynamo_fails(*args, **kwargs):
         raise RuntimeError("Cannot view a tensor with shape [1, 16, 4, 16] (simulated dynamo failure)")
 
-    monkeypatch.setattr(export, "_torch_onnx_export", dynamo_fails)
+    monkeypatch.setattr(rungs, "_torch_onnx_export", dynamo_fails)
     d, _ = files
     out = _convert(cli, d / "dit", "-o", tmp_path / "d.onnx", "--report", tmp_path / "r.json")
     assert "torchscript exporter" in out and "the dynamo exporter failed (" in out
