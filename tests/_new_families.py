@@ -72,3 +72,24 @@ def _perturb_norms(m) -> None:
         for n, p in m.named_parameters():
             if "norm" in n and p.dim() == 1:
                 p.add_(torch.randn(p.shape, generator=g) * 0.2)
+
+
+def save_folders(models: dict, root):
+    """{name: (factory, expected shapes)} -> one save_pretrained folder per name under `root` (seeded,
+    norm weights perturbed so that a wrong fusion cannot pass by accident)."""
+    for name, (make, _) in models.items():
+        torch.manual_seed(0)
+        m = make()
+        _perturb_norms(m)
+        m.eval().save_pretrained(root / name)
+    return root
+
+
+def made_shapes(folder, want: dict):
+    """(the loaded folder, {input: shape} of its example inputs), after checking `want`'s shapes."""
+    import normexport
+
+    loaded = normexport.load(str(folder))
+    shapes = {n: tuple(t.shape) for n, t in zip(loaded.input_names, loaded.example_inputs)}
+    assert {n: shapes.get(n) for n in want} == want, shapes
+    return loaded, shapes

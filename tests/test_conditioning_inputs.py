@@ -8,11 +8,9 @@ configs, random weights; converted ones checked against float64 (no --no-check).
 from __future__ import annotations
 
 import pytest
-import torch
 
-import normexport
 
-from _new_families import _perturb_norms, convert
+from _new_families import convert, made_shapes, save_folders
 
 D = pytest.importorskip("diffusers")
 
@@ -58,21 +56,12 @@ MODELS = {
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
-    d = tmp_path_factory.mktemp("conditioning")
-    for name, (make, _) in MODELS.items():
-        torch.manual_seed(0)
-        m = make()
-        _perturb_norms(m)
-        m.eval().save_pretrained(d / name)
-    return d
+    return save_folders(MODELS, tmp_path_factory.mktemp("conditioning"))
 
 
 @pytest.mark.parametrize("name", list(MODELS))
 def test_inputs_made_and_accepted(folders, name):
-    loaded = normexport.load(str(folders / name))
-    shapes = {n: tuple(t.shape) for n, t in zip(loaded.input_names, loaded.example_inputs)}
-    want = MODELS[name][1]
-    assert {n: shapes.get(n) for n in want} == want, shapes
+    loaded, shapes = made_shapes(folders / name, MODELS[name][1])
     batched = [n for n, s in shapes.items() if s and s[0] == 2]
     assert all(loaded.dynamic_axes.get(n) == [0] for n in batched), (loaded.dynamic_axes, shapes)
 

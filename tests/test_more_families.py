@@ -8,11 +8,9 @@ checked against float64 with the batch dynamic."""
 from __future__ import annotations
 
 import pytest
-import torch
 
-import normexport
 
-from _new_families import _perturb_norms, convert
+from _new_families import convert, made_shapes, save_folders
 
 transformers = pytest.importorskip("transformers")
 diffusers = pytest.importorskip("diffusers")
@@ -116,21 +114,12 @@ MODELS = {
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
-    d = tmp_path_factory.mktemp("more_families")
-    for name, (make, _) in MODELS.items():
-        torch.manual_seed(0)
-        m = make()
-        _perturb_norms(m)
-        m.eval().save_pretrained(d / name)
-    return d
+    return save_folders(MODELS, tmp_path_factory.mktemp("more_families"))
 
 
 @pytest.mark.parametrize("name", list(MODELS))
 def test_inputs_made_and_accepted(folders, name):
-    loaded = normexport.load(str(folders / name))
-    shapes = {n: tuple(t.shape) for n, t in zip(loaded.input_names, loaded.example_inputs)}
-    want = MODELS[name][1]
-    assert {n: shapes.get(n) for n in want} == want, shapes
+    loaded, shapes = made_shapes(folders / name, MODELS[name][1])
     assert all(axes and axes[0] == 0 for axes in loaded.dynamic_axes.values()) and loaded.dynamic_axes, loaded.dynamic_axes
 
 
