@@ -22,6 +22,17 @@ TARGETS = ("trt", "ort", "onnx")
 DEFAULT_OPSET = 20
 
 
+def checked_opset(target: str, opset: int | None) -> int:
+    """The opset an export of `target` runs at (DEFAULT_OPSET where none is asked); an unknown
+    target or an opset the torch.onnx exporter cannot write is a usage error naming the fix."""
+    if target not in TARGETS:
+        raise UsageError(f"unknown target '{target}': use one of {', '.join(TARGETS)}")
+    opset = opset or DEFAULT_OPSET
+    if opset < ops.MIN_OPSET:
+        raise UsageError(f"--opset {opset} is too old for the torch.onnx exporter: use {ops.MIN_OPSET} or newer")
+    return opset
+
+
 def convert_module(module, args: tuple, **kwargs) -> onnx.ModelProto:
     """convert_module_ir as one ModelProto (for models that fit one protobuf; the CLI keeps the
     onnx-ir model and streams it to disk instead)."""
@@ -52,11 +63,7 @@ def convert_module_ir(module, args: tuple, *, target: str = "trt", opset: int | 
     "dynamo" | "torchscript", "rung", "static_axes" {input: [axes made static]}, "dynamo_error"
     when the first rung was not kept, "attempts") and "rewrite". `rewrite_off`: rule modules the
     command line turned off (rewriter/switches.py)."""
-    if target not in TARGETS:
-        raise UsageError(f"unknown target '{target}': use one of {', '.join(TARGETS)}")
-    asked_opset, opset = opset, opset or DEFAULT_OPSET
-    if opset < ops.MIN_OPSET:
-        raise UsageError(f"--opset {opset} is too old for the torch.onnx exporter: use {ops.MIN_OPSET} or newer")
+    asked_opset, opset = opset, checked_opset(target, opset)
     from .exporter import ladder
     from .prepare.for_export import prepare_for_export
 

@@ -4,19 +4,14 @@ each verified where it happens and reported."""
 
 from __future__ import annotations
 
-from ..errors import UsageError
-from ..export import DEFAULT_OPSET, TARGETS, to_exportable
-from .. import ops
+from ..export import checked_opset, to_exportable
 from ..prepare.for_export import prepare_for_export
 from .record import Record
 
 
 def run(rec: Record) -> Record:
     target = rec.args.target
-    if target not in TARGETS:
-        raise UsageError(f"unknown target '{target}': use one of {', '.join(TARGETS)}")
-    if (rec.opset or DEFAULT_OPSET) < ops.MIN_OPSET:
-        raise UsageError(f"--opset {rec.opset} is too old for the torch.onnx exporter: use {ops.MIN_OPSET} or newer")
+    checked_opset(target, rec.opset)  # refused before any preparation
     rec.exportable, rec.unswapped = prepare_for_export(to_exportable(rec.module, rec.inputs), rec.inputs,
                                                        target=target, report=rec.sections)
     return rec
