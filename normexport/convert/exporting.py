@@ -28,11 +28,16 @@ def run(rec: Record, judge: Callable[[Record], Record]) -> Record:
         cand = judge(cand)
         return cand.passed, cand
 
+    plan = None
+    if rec.task == llm.WITH_PAST:  # a decoder of identical blocks: traced 3 blocks deep, grown (exporter.depth)
+        from ..llm import shallow
+
+        plan = shallow.plan(rec.exportable, rec.inputs, rec.names, rec.output_names, rec.dynamic)
     try:
         rec = ladder.run(rec.exportable, rec.unswapped, rec.inputs, names=rec.names, output_names=rec.output_names,
                          dynamic_axes=rec.dynamic, opset=rec.opset or DEFAULT_OPSET,
                          ts_opset=rec.opset or TORCHSCRIPT_OPSET, target=args.target,
-                         auto_dynamic=bool(args.module), judge=on_file, report=rec.sections)
+                         auto_dynamic=bool(args.module), judge=on_file, report=rec.sections, plan=plan)
         if rec.task == llm.WITH_PAST:
             llm.name_dims(rec.model_ir, rec.module.layout.layers)
             rec.model = None  # renamed dims: serialised again below

@@ -16,11 +16,35 @@ def lines(rec, counts: dict[str, int]) -> list[str]:
     ex = rec.sections.get("exporter", {})
     out = [f"exported {what} -> {rec.out.name} (target {args.target}, {_rung_text(ex)}): " + _fused_summary(counts)]
     out += _exporter_lines(ex, rec.names, rec.inputs)
+    out += _depth_lines(rec.sections.get("depth"), _eager_check(rec))
     out += (implementation_lines(rec.sections.get("implementations") or [])
             + complex_lines(rec.sections.get("prepare") or []) + swap_lines(rec.sections.get("prepare") or []))
     out += _rewrite_lines(rec.rewrite)
     out += [f"  note: {note}" for note in getattr(rec.loaded, "notes", ())]  # e.g. sizes the forward fixes (load)
     return out
+
+
+def _eager_check(rec) -> str:
+    """Where the grown file is checked against eager: the generation check, else (--no-check) the
+    attention fusion's local check for a float32 model, else nowhere (said)."""
+    import torch
+
+    if not rec.args.no_check:
+        return "checked against eager by the generation check below"
+    if rec.args.target == "ort" and "attention" not in rec.off and \
+            getattr(getattr(rec.module, "layout", None), "dtype", None) == torch.float32:
+        return "checked against eager by the attention fusion's local check where the fusion runs (attention line below)"
+    return "NOT checked against eager (--no-check)"
+
+
+def _depth_lines(d: dict | None, check: str = "") -> list[str]:
+    """The stack of identical blocks traced shallow and grown (normexport.exporter.depth), or why not."""
+    if not d:
+        return []
+    if d.get("grown"):
+        return [f"  depth: {d['stack']} traced {d['traced']} blocks deep, blocks {d['traced']}-{d['blocks'] - 1} "
+                f"copied from block {d['traced'] - 1} with their own weights; {check}"]
+    return [f"  depth: {d['stack']} exported whole (not grown from a shallow trace: {d['reason']})"]
 
 
 def _rung_text(ex: dict) -> str:

@@ -24,7 +24,7 @@ Judge = Callable[[Any, dict], "tuple[bool, Any]"]
 
 
 def run(module, unswapped, args: tuple, *, names: list[str], output_names, dynamic_axes, opset: int, ts_opset: int,
-        target: str, auto_dynamic: bool, judge: Judge, report: dict) -> Any:
+        target: str, auto_dynamic: bool, judge: Judge, report: dict, plan=None) -> Any:
     """Export `module` (prepared; `unswapped`: before the norm swaps, for the TorchScript rungs)
     rung by rung (LADDER): the dynamo exporter with `dynamic_axes`; then with the axes it cannot
     keep made static (torch.export's Dim.AUTO: the file's symbolic dims say which stayed); then
@@ -32,7 +32,8 @@ def run(module, unswapped, args: tuple, *, names: list[str], output_names, dynam
     whose export raises (or whose file fails the ONNX checker or onnxruntime) gives way to the
     next, so does a file the judge refuses. Returns the judge's value for the first file accepted
     (when none is: for the first file, with "parity_failed" in the section) and sets
-    report["exporter"] ("name", "rung", "static_axes", "dynamo_error", "attempts", ...)."""
+    report["exporter"] ("name", "rung", "static_axes", "dynamo_error", "attempts", ...). `plan`
+    (exporter.depth.Plan): the first rung exports the module's stack of blocks shallow and grows it."""
     wanted = {n: sorted(set(a)) for n, a in (dynamic_axes or {}).items() if a}
     attempts: list[dict] = []
     first_failed = None  # (value, exporter section) of the first file that exported but was refused
@@ -48,7 +49,7 @@ def run(module, unswapped, args: tuple, *, names: list[str], output_names, dynam
         try:
             if rung == "dynamic":
                 model = rungs.dynamo(module, args, names, output_names, dynamic_axes, opset, target=target,
-                                     auto=auto_dynamic, report=report)
+                                     auto=auto_dynamic, report=report, plan=plan)
             elif rung == "static axes":
                 keep = rungs.keepable_axes(module, args, names, wanted)
                 if keep == wanted:  # torch.export keeps them all: the first rung's file again

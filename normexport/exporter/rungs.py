@@ -112,8 +112,9 @@ def gc_paused():
 TORCHSCRIPT_OPSET = 17
 
 
-def _torch_onnx_export(module, args, names, output_names, dynamic_axes, opset, auto=False):
-    """The dynamo exporter's onnx_ir model (its initializers wrap the module's tensors)."""
+def _torch_onnx_export(module, args, names, output_names, dynamic_axes, opset, auto=False, optimize=True):
+    """The dynamo exporter's onnx_ir model (its initializers wrap the module's tensors); `optimize`:
+    onnxscript's optimizer run on it (constant folding, ...), as torch.onnx does by default."""
     shapes = dynamic_shapes_for(args, names, dynamic_axes, auto)
     if shapes is not None and isinstance(module, CallAdapter):
         shapes = (shapes,)  # forward(*tensors): one entry, the tuple of the tensors' shapes
@@ -123,7 +124,7 @@ def _torch_onnx_export(module, args, names, output_names, dynamic_axes, opset, a
         program = torch.onnx.export(
             module, args, dynamo=True, opset_version=opset, input_names=names, output_names=output_names,
             dynamic_shapes=shapes,
-            custom_translation_table=ops.TRANSLATION_TABLE, optimize=True, verbose=False,
+            custom_translation_table=ops.TRANSLATION_TABLE, optimize=optimize, verbose=False,
         )
     return program.model
 
@@ -285,13 +286,29 @@ def inline_custom_ops(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def dynamo(module, args: tuple, names: list[str], output_names, dynamic_axes, opset: int, *, target: str,
-           auto: bool = False, fresh: bool = False, report: dict | None = None):
+           auto: bool = False, fresh: bool = False, report: dict | None = None, plan=None):
     """The dynamo exporter's file (an onnx_ir model whose initializers wrap the module's tensors),
     fixed, with the normexport functions (inlined for targets other than trt) and validated.
     `fresh`: clones of the inputs (torch.export leaves dynamic-dim marks on the tensors it traced);
-    `auto`: torch.export may make static the axes it cannot keep (Dim.AUTO)."""
+    `auto`: torch.export may make static the axes it cannot keep (Dim.AUTO); `plan`
+    (exporter.depth.Plan): the module's stack of identical blocks exported shallow and grown, the
+    whole module exported where it cannot be (report["depth"] says which and why)."""
     xs = tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args) if fresh else args
-    model = _torch_onnx_export(module, xs, names, output_names, dynamic_axes, opset, auto)
+    model = None
+    if plan is not None:
+        from . import depth
+
+        try:
+            model = plan.export(module, lambda m, a, n, o, d: _torch_onnx_export(m, a, n, o, d, opset, auto,
+                                                                                 optimize=False))
+            if report is not None:
+                report["depth"] = {"grown": True, "stack": plan.stack.path, "blocks": plan.stack.depth,
+                                   "traced": depth.SHALLOW}
+        except depth.NotGrowable as e:
+            if report is not None:
+                report["depth"] = {"grown": False, "stack": plan.stack.path, "reason": str(e)}
+    if model is None:
+        model = _torch_onnx_export(module, xs, names, output_names, dynamic_axes, opset, auto)
     fixed = export_fixes.apply_all(model)  # exact: valid in every dtype, runnable in onnxruntime
     if fixed and report is not None:
         report["export_fixes"] = fixed

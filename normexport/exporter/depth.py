@@ -1,0 +1,410 @@
+"""Export a deep stack of identical blocks once, shallow, and grow the file to full depth (issue 31
+item 3: torch.export's trace and decompositions grow with the number of layers; a 22-layer LLaMA
+spends ~35 s there on 2 cores, a 3-layer copy of it ~5 s).
+
+    stack = find_stack(module)               # the longest nn.ModuleList of identical blocks, or None
+    with shallow(stack, 3):                  # the list (and the config's layer count) cut to 3 blocks
+        small = export(...)                  # the dynamo exporter's file, not optimized
+    full = grow(small, stack, weights=..., io_layer=...)   # blocks 3 .. n-1 copied from block 2
+
+What makes a stack growable (checked, else the caller exports the whole model):
+- torch side (`find_stack`): every block has the same class, the same parameter / buffer names,
+  shapes and dtypes, and the same plain attributes in every submodule (but one that is each block's
+  own index: `layer_idx`). A block whose behaviour depends on its index through anything
+  else (a sliding-window layer every sixth block, `layer_types`) differs in an attribute and the
+  stack is not grown.
+- file side (`grow`): the nodes of blocks 1 and 2 (by the exporter's name scopes; constants are
+  shared values) are the same ops with the same attributes in the same order, block 2 reading from
+  block 1 what block 1 reads from block 0 (an output of the same op); every other input is the same
+  value for both (shared) or the same per-block input / weight with the block's index in its name.
+  (Block 0 may differ: the exporter computes some shared sizes inside it.)
+Copies read the per-block weights from the full model by name (`weights`), per-block graph inputs
+and outputs are named by `io_layer`. The grown file is then optimized as torch.onnx would have and
+checked against eager by the caller (convert: the attention fusion's local check, the generation
+check)."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import re
+from typing import Callable
+
+import onnx_ir as ir
+import torch
+from torch import nn
+
+#: a stack is grown from a shallow export only from this many blocks (below: the whole trace is cheap)
+MIN_BLOCKS = 6
+#: blocks kept in the shallow export: block 0, block 1 (the template) and block 2 (checked against it)
+SHALLOW = 3
+
+_SKIP_ATTRS = {"_parameters", "_buffers", "_modules", "training", "_non_persistent_buffers_set"}
+_SCOPES = "pkg.torch.onnx.name_scopes"
+
+
+class NotGrowable(Exception):
+    """The shallow file cannot be grown (the reason); the caller exports the whole model."""
+
+
+@dataclasses.dataclass
+class Stack:
+    """A ModuleList of `len(blocks)` identical blocks at `path` (its qualified name in the module
+    exported), owned by `owner` as attribute `attr`; `counts`: (object, attribute) of the config
+    entries that hold the block count, `lists`: those holding one entry per block."""
+
+    path: str
+    owner: nn.Module
+    attr: str
+    blocks: nn.ModuleList
+    counts: list = dataclasses.field(default_factory=list)
+    lists: list = dataclasses.field(default_factory=list)
+
+    @property
+    def depth(self) -> int:
+        return len(self.blocks)
+
+
+def find_stack(module: nn.Module, min_blocks: int = MIN_BLOCKS) -> Stack | None:
+    """The longest ModuleList of at least `min_blocks` identical blocks (module docstring) whose
+    count the model's config states, or None."""
+    best = None
+    for name, m in module.named_modules():
+        if not isinstance(m, nn.ModuleList) or len(m) < min_blocks or (best and len(m) <= best.depth):
+            continue
+        if not _uniform(m):
+            continue
+        owner_name, _, attr = name.rpartition(".")
+        owner = module.get_submodule(owner_name) if owner_name else module
+        best = Stack(name, owner, attr, m)
+    if best is None:
+        return None
+    for cfg in _configs(module):
+        for key, value in vars(cfg).items():
+            if isinstance(value, int) and not isinstance(value, bool) and value == best.depth and "layer" in key:
+                best.counts.append((cfg, key))
+            elif isinstance(value, (list, tuple)) and len(value) == best.depth and "layer" in key:
+                if len(set(map(repr, value))) > 1:
+                    return None  # per-block settings that differ (layer_types mixing sliding and full)
+                best.lists.append((cfg, key))
+    return best if best.counts else None
+
+
+def _configs(module: nn.Module) -> list:
+    seen, out = set(), []
+    for m in module.modules():
+        cfg = getattr(m, "config", None)
+        if cfg is not None and hasattr(cfg, "__dict__") and id(cfg) not in seen:
+            seen.add(id(cfg))
+            out.append(cfg)
+            sub = getattr(cfg, "get_text_config", None)
+            text = sub() if callable(sub) else None
+            if text is not None and id(text) not in seen:
+                seen.add(id(text))
+                out.append(text)
+    return out
+
+
+def _signature(block: nn.Module):
+    """What must be equal between two blocks: per submodule its class, tensors' names / shapes /
+    dtypes and plain attributes (objects by identity: the shared config is equal, per-block
+    objects are not)."""
+    sig = []
+    for name, sub in block.named_modules():
+        tensors = [(n, tuple(t.shape), t.dtype) for n, t in list(sub._parameters.items()) + list(sub._buffers.items())
+                   if t is not None]
+        sig.append((name, type(sub), tuple(tensors)))
+        for k, v in sorted(vars(sub).items()):
+            if k in _SKIP_ATTRS or k.startswith("_forward") or k.startswith("_backward") or k.startswith("_state_dict") \
+                    or k.startswith("_load_state_dict") or isinstance(v, (nn.Module, torch.Tensor)):
+                continue
+            if not isinstance(v, (int, float, str, bool, type(None), tuple, list)):
+                v = ("object", id(v))
+            sig.append((name, k, repr(v)))
+    return sig
+
+
+def _uniform(blocks: nn.ModuleList) -> bool:
+    """Every block's signature equal, but for entries that are each block's own index (layer_idx)."""
+    sigs = [_signature(b) for b in blocks]
+    if any(len(s) != len(sigs[0]) for s in sigs):
+        return False
+    for entries in zip(*sigs):
+        if all(e == entries[0] for e in entries):
+            continue
+        if all(len(e) == 3 and e[:2] == entries[0][:2] and e[2] == repr(i) for i, e in enumerate(entries)):
+            continue  # the block's index
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def shallow(stack: Stack, keep: int = SHALLOW):
+    """The stack cut to its first `keep` blocks (and the config's counts / per-block lists with it)
+    inside the block; all restored on the way out."""
+    saved_counts = [(c, k, getattr(c, k)) for c, k in stack.counts]
+    saved_lists = [(c, k, getattr(c, k)) for c, k in stack.lists]
+    setattr(stack.owner, stack.attr, nn.ModuleList(list(stack.blocks)[:keep]))
+    try:
+        for c, k, _ in saved_counts:
+            setattr(c, k, keep)
+        for c, k, v in saved_lists:
+            setattr(c, k, type(v)(list(v)[:keep]))
+        yield
+    finally:
+        setattr(stack.owner, stack.attr, stack.blocks)
+        for c, k, v in saved_counts + saved_lists:
+            setattr(c, k, v)
+
+
+# ---- the file side -----------------------------------------------------------------------------------------
+
+def _block_of(node: ir.Node, pattern: re.Pattern) -> int | None:
+    m = pattern.search(node.metadata_props.get(_SCOPES, ""))
+    return int(m.group(1)) if m else None
+
+
+def grow(model: ir.Model, stack: Stack, *, weights: Callable[[str], torch.Tensor],
+         io_layer: Callable[[str], tuple[int, Callable[[int], str]] | None]) -> int:
+    """Grow `model` (the dynamo exporter's file of the stack cut to SHALLOW blocks, in place) to
+    `stack.depth` blocks; returns the number of blocks added. `weights(name)`: the full model's
+    tensor of that qualified name; `io_layer(name)`: (block, name_of(block)) of a per-block graph
+    input / output (the cache's past_key_values.i.key), None for the others. NotGrowable says why
+    the file is not grown (then `model` is unchanged)."""
+    from torch.onnx._internal.exporter._core import TorchTensor
+
+    graph = model.graph
+    pattern = re.compile(re.escape(stack.path) + r"\.(\d+)(?:['.]|$)")
+    nodes = list(graph)
+    blocks: dict[int, list[ir.Node]] = {}
+    for n in nodes:
+        b = _block_of(n, pattern)
+        if b is not None and not _is_constant(n):  # constants: shared values (the exporter reuses them across blocks)
+            blocks.setdefault(b, []).append(n)
+    if sorted(blocks) != list(range(SHALLOW)):
+        raise NotGrowable(f"the file's blocks by name scope are {sorted(blocks)}, not 0..{SHALLOW - 1}")
+    _attach_readers(nodes, blocks, pattern, io_layer)
+    b0, b1, b2 = (blocks[i] for i in range(SHALLOW))
+    if len(b1) != len(b2):
+        raise NotGrowable(f"blocks 1 / 2 have {len(b1)} / {len(b2)} nodes")
+    if any(any(isinstance(a.value, (ir.Graph, list)) and a.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS)
+               for a in n.attributes.values()) for n in b2):
+        raise NotGrowable("a block holds a subgraph (If / Loop)")
+    index = [{n: k for k, n in enumerate(b)} for b in (b0, b1, b2)]
+    weight_re = re.compile(re.escape(stack.path) + r"\.(\d+)\.")
+    graph_inputs = {v.name: v for v in graph.inputs}
+    initializers = graph.initializers
+
+    def role(v_prev, v_this, prev: int):
+        """How block prev+1 reads v_this where block prev reads v_prev (block 2 vs block 1)."""
+        if v_this is v_prev:
+            return ("shared",)
+        if v_this is None or v_prev is None:
+            raise NotGrowable("an optional input present in one block only")
+        p_prev, p_this = v_prev.producer(), v_this.producer()
+        if p_this is not None and p_prev is not None and _is_constant(p_this) and _is_constant(p_prev):
+            if {k: repr(a.value) for k, a in p_this.attributes.items()} == \
+                    {k: repr(a.value) for k, a in p_prev.attributes.items()}:
+                return ("shared",)  # equal constants: the copies read block 2's
+            raise NotGrowable(f"blocks {prev} and {prev + 1} read different constants")
+        if p_this is not None and p_prev is not None and p_this not in index[prev + 1] and p_this not in index[prev] \
+                and p_prev not in index[prev] and p_prev not in index[prev - 1] and p_this.op_type == p_prev.op_type \
+                and _sizes_only(v_this) and _sizes_only(v_prev):
+            return ("shared",)  # a size read from each block's own cache input: the same in every call
+        if p_this is not None and p_prev is not None:
+            if p_this in index[prev + 1] and p_prev in index[prev] and index[prev + 1][p_this] == index[prev][p_prev] \
+                    and v_this.index() == v_prev.index():
+                return ("own", index[prev + 1][p_this], v_this.index())
+            if p_this in index[prev] and p_prev in index[prev - 1] and p_this.op_type == p_prev.op_type \
+                    and v_this.index() == v_prev.index():  # the block before's output (blocks 0 and 1 may
+                return ("previous", index[prev][p_this], v_this.index())  # differ in the exporter's shared sizes)
+            raise NotGrowable(f"{v_this.name} / {v_prev.name}: blocks {prev} and {prev + 1} read different values")
+        if v_this.name in initializers and v_prev.name in initializers:
+            m_this, m_prev = weight_re.match(v_this.name), weight_re.match(v_prev.name)
+            if m_this and m_prev and int(m_this.group(1)) == prev + 1 and int(m_prev.group(1)) == prev \
+                    and v_this.name[m_this.end():] == v_prev.name[m_prev.end():]:
+                return ("weight", v_this.name[m_this.end():])
+            raise NotGrowable(f"initializers {v_prev.name} / {v_this.name} are not one weight of blocks {prev} / {prev + 1}")
+        if v_this.name in graph_inputs and v_prev.name in graph_inputs:
+            a, b = io_layer(v_this.name), io_layer(v_prev.name)
+            if a and b and a[0] == prev + 1 and b[0] == prev and b[1](prev + 1) == v_this.name:
+                return ("input", a[1])
+        raise NotGrowable(f"{v_prev.name} / {v_this.name}: not one role in blocks {prev} and {prev + 1}")
+
+    roles = []  # per node of block 2, per input: its role
+    for n1, n2 in zip(b1, b2):
+        if (n1.op_type, n1.domain, n1.overload, len(n1.inputs), len(n1.outputs)) != \
+                (n2.op_type, n2.domain, n2.overload, len(n2.inputs), len(n2.outputs)):
+            raise NotGrowable(f"blocks 1 and 2 differ at {n1.op_type} / {n2.op_type}")
+        if {k: repr(a.value) for k, a in n1.attributes.items()} != {k: repr(a.value) for k, a in n2.attributes.items()}:
+            raise NotGrowable(f"blocks 1 and 2 differ in the attributes of a {n2.op_type}")
+        roles.append([role(v1, v2, 1) for v1, v2 in zip(n1.inputs, n2.inputs)])
+    # block 2's values read outside the blocks: per-block graph outputs, and the stack's output
+    outputs = {v.name: v for v in graph.outputs}
+    tail = []  # (node index, output index, consumers outside the blocks / graph output position)
+    for k, n in enumerate(b2):
+        for v in n.outputs:
+            users = [(u, i) for u, i in v.uses() if u not in index[2]]
+            out_pos = [i for i, o in enumerate(graph.outputs) if o is v]
+            if out_pos and io_layer(v.name) is None:
+                raise NotGrowable(f"graph output {v.name} comes from block 2 and names no block")
+            if users or (out_pos and io_layer(v.name) is None):
+                tail.append((k, v.index(), users))
+    per_block_outputs = [(k, v.index(), io_layer(v.name)[1]) for k, n in enumerate(b2) for v in n.outputs
+                         if v.name in outputs and io_layer(v.name) is not None]
+
+    # every weight the copies read, found (and its shape checked) before the graph changes
+    tensors = {}
+    for n2, rs in zip(b2, roles):
+        for v, r in zip(n2.inputs, rs):
+            if r[0] != "weight":
+                continue
+            for b in range(SHALLOW, stack.depth):
+                name = f"{stack.path}.{b}.{r[1]}"
+                try:
+                    t = weights(name)
+                except KeyError:
+                    raise NotGrowable(f"the model has no weight {name}") from None
+                if v.const_value is None or tuple(t.shape) != tuple(v.const_value.shape) or \
+                        TorchTensor(t[:0]).dtype != v.const_value.dtype:
+                    raise NotGrowable(f"{name} is not shaped as block 2's {v.name}")
+                tensors[name] = t
+    # ---- grow: blocks 3 .. depth-1, each a copy of block 2 reading the block before it
+    prev_nodes = b2
+    new_inputs, new_outputs, new_inits = [], [], []
+    added = 0
+    for b in range(SHALLOW, stack.depth):
+        copies: list[ir.Node] = []
+        for k, (n2, rs) in enumerate(zip(b2, roles)):
+            ins = []
+            for v, r in zip(n2.inputs, rs):
+                if r[0] == "shared":
+                    ins.append(v)
+                elif r[0] == "own":
+                    ins.append(copies[r[1]].outputs[r[2]])
+                elif r[0] == "previous":
+                    ins.append(prev_nodes[r[1]].outputs[r[2]])
+                elif r[0] == "weight":
+                    name = f"{stack.path}.{b}.{r[1]}"
+                    init = initializers.get(name)
+                    if init is None:
+                        init = ir.Value(name=name, shape=v.shape, type=v.type,
+                                        const_value=TorchTensor(tensors[name], name=name))
+                        new_inits.append(init)
+                        initializers[name] = init
+                    ins.append(init)
+                else:  # a per-block graph input
+                    name = r[1](b)
+                    gi = graph_inputs.get(name)
+                    if gi is None:
+                        gi = graph_inputs[name] = ir.Value(name=name, shape=v.shape, type=v.type)
+                        new_inputs.append(gi)
+                    ins.append(gi)
+            attrs = list(n2.attributes.values())
+            scopes = n2.metadata_props.get(_SCOPES)
+            meta = {_SCOPES: pattern.sub(lambda m: f"{stack.path}.{b}" + m.group(0)[len(stack.path) + 1 + len(m.group(1)):],
+                                         scopes)} if scopes else {}
+            node = ir.Node(n2.domain, n2.op_type, ins, attrs, overload=n2.overload, num_outputs=len(n2.outputs),
+                           version=n2.version,
+                           name=f"{n2.name}__b{b}" if n2.name else None, metadata_props=meta)
+            for o_new, o2 in zip(node.outputs, n2.outputs):
+                o_new.name = f"{o2.name}__b{b}" if o2.name else None
+                o_new.shape, o_new.type = o2.shape, o2.type
+            copies.append(node)
+        graph.extend(copies)  # appended in order: every copy reads earlier nodes
+        for k, j, name_of in per_block_outputs:
+            v = copies[k].outputs[j]
+            v.name = name_of(b)
+            new_outputs.append(v)
+        prev_nodes = copies
+        added += 1
+    # the stack's output: what read block 2 outside the blocks now reads the last block
+    for k, j, users in tail:
+        v_last = prev_nodes[k].outputs[j]
+        for u, i in users:
+            u.replace_input_with(i, v_last)
+    # nodes read their inputs in order: consumers of the stack's output come after the new blocks
+    _reorder(graph)
+    graph.inputs.extend(new_inputs)
+    graph.outputs.extend(new_outputs)
+    return added
+
+
+def _sizes_only(value: ir.Value, limit: int = 64) -> bool:
+    """`value` depends on the graph inputs only through their shapes (Shape / Size nodes)."""
+    stack, seen = [value], set()
+    while stack:
+        v = stack.pop()
+        if v is None or id(v) in seen:
+            continue
+        seen.add(id(v))
+        if len(seen) > limit:
+            return False
+        p = v.producer()
+        if p is None:
+            if v.const_value is None and not v.is_initializer():
+                return False  # a graph input's values
+            continue
+        if p.op_type in ("Shape", "Size") and p.domain in ("", "ai.onnx"):
+            continue
+        stack.extend(p.inputs)
+    return True
+
+
+def _is_constant(node: ir.Node) -> bool:
+    return node.op_type == "Constant" and node.domain in ("", "ai.onnx") and not node.inputs
+
+
+def _attach_readers(nodes, blocks, pattern, io_layer) -> None:
+    """Nodes outside every block's name scope that read only one block's per-block graph inputs and
+    feed only that block (the cache's Identity of past_key_values.i.*) join that block."""
+    where = {n: b for b, ns in blocks.items() for n in ns}
+    for n in nodes:
+        if n in where:
+            continue
+        layers = set()
+        for v in n.inputs:
+            if v is None:
+                continue
+            lay = io_layer(v.name) if v.producer() is None else None
+            if lay is None:
+                layers.add(None)
+            else:
+                layers.add(lay[0])
+        users = {where.get(u) for v in n.outputs for u, _ in v.uses()}
+        if len(layers) == 1 and None not in layers and users == layers:
+            b = layers.pop()
+            blocks[b].append(n)
+            where[n] = b
+    for b in blocks:  # graph order within each block
+        order = {n: i for i, n in enumerate(nodes)}
+        blocks[b].sort(key=order.__getitem__)
+
+
+def _reorder(graph: ir.Graph) -> None:
+    """Topological order after consumers of the old last block were pointed at the new one."""
+    graph.sort()
+
+
+@dataclasses.dataclass
+class Plan:
+    """How one module is exported shallow and grown (the exporter's dynamic rung takes it):
+    `stack` (find_stack), `narrowed(keep)`: a context giving the shallow call's (args, names,
+    output_names, dynamic_axes) while the stack is cut, `weights(name)`: the full model's tensor,
+    `io_layer(name)`: grow's per-block graph input / output naming."""
+
+    stack: Stack
+    narrowed: Callable
+    weights: Callable[[str], torch.Tensor]
+    io_layer: Callable
+
+    def export(self, module, exporter) -> ir.Model:
+        """`exporter(module, args, names, output_names, dynamic_axes)`: the dynamo exporter's file,
+        not optimized; returns it grown to full depth and optimized as torch.onnx does, or raises
+        NotGrowable (nothing of the shallow export is kept)."""
+        from torch.onnx._internal._lazy_import import onnxscript_apis
+
+        with shallow(self.stack), self.narrowed(SHALLOW) as (args, names, output_names, axes):
+            small = exporter(module, args, names, output_names, axes)
+        grow(small, self.stack, weights=self.weights, io_layer=self.io_layer)
+        return onnxscript_apis.optimize(small)

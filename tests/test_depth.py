@@ -1,0 +1,126 @@
+"""exporter.depth: a decoder of identical blocks traced 3 blocks deep and grown to full depth
+(issue 31 item 3), on a real transformers LlamaForCausalLM (random weights, 8 layers): the grown
+file against a float64 eager reference, a planted wrong weight mapping caught, stacks whose blocks
+differ (Gemma 3's sliding / full layers) not grown, the module restored after the shallow trace."""
+
+import copy
+
+import numpy as np
+import onnx_ir as ir
+import onnxruntime as ort
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from normexport.exporter import depth, rungs  # noqa: E402
+from normexport.llm import shallow  # noqa: E402
+from normexport.llm.cache import CacheLM  # noqa: E402
+
+COMMON = dict(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=8, num_attention_heads=4,
+              num_key_value_heads=2, max_position_embeddings=128)
+
+
+def _llama(seed=0):
+    torch.manual_seed(seed)
+    m = transformers.LlamaForCausalLM(transformers.LlamaConfig(**COMMON)).eval()
+    with torch.no_grad():
+        for n, p in m.named_parameters():
+            if "norm" in n:
+                p.copy_(torch.randn_like(p) * 0.3 + 1.0)
+    return CacheLM(m)
+
+
+def _run(model: ir.Model, args):
+    proto = ir.serde.serialize_model(model)
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    sess = ort.InferenceSession(proto.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    names = [i.name for i in sess.get_inputs()]
+    feeds = dict(zip(names, [a.numpy() for a in args]))
+    return sess.run(None, feeds), [o.name for o in sess.get_outputs()]
+
+
+def _reference(lm, args):
+    """float64 eager: an independent reference for the file's logits and presents."""
+    lm64 = copy.deepcopy(lm).double()
+    lm64.layout = type(lm.layout)(lm.layout.keys, lm.layout.values, torch.float64)
+    with torch.no_grad():
+        out = lm64(*[a.double() if a.is_floating_point() else a for a in args])
+    return [t.numpy() for t in out]
+
+
+def _export(lm, args, plan, report):
+    return rungs.dynamo(lm, args, lm.input_names, lm.output_names, lm.dynamic_axes(), 18, target="ort",
+                        report=report, plan=plan)
+
+
+@pytest.fixture(scope="module")
+def grown():
+    lm = _llama()
+    args = lm.example_inputs(batch=2, sequence=3, past=5)
+    report: dict = {}
+    plan = shallow.plan(lm, args, lm.input_names, lm.output_names, lm.dynamic_axes())
+    assert plan is not None and plan.stack.path == "inner.model.layers" and plan.stack.depth == 8
+    model = _export(lm, args, plan, report)
+    return lm, args, model, report
+
+
+def test_grown_file_matches_float64_eager(grown):
+    lm, args, model, report = grown
+    assert report["depth"] == {"grown": True, "stack": "inner.model.layers", "blocks": 8, "traced": 3}
+    assert [v.name for v in model.graph.inputs] == lm.input_names
+    assert [v.name for v in model.graph.outputs] == lm.output_names
+    got, names = _run(model, args)
+    want = _reference(lm, args)
+    for name, g, w in zip(names, got, want):
+        assert g.shape == w.shape, name
+        err = np.abs(g.astype(np.float64) - w).max()
+        assert err < 1e-4 * max(1.0, np.abs(w).max()), (name, err)
+
+
+def test_grown_file_at_other_sizes(grown):
+    lm, _, model, _ = grown
+    args = lm.example_inputs(batch=3, sequence=4, past=2, seed=3)
+    got, names = _run(model, args)
+    want = _reference(lm, args)
+    assert np.abs(got[0] - want[0]).max() < 1e-4 * max(1.0, np.abs(want[0]).max())
+
+
+def test_planted_wrong_weight_mapping_is_caught():
+    """Blocks 3.. given block 2's weights (a name mapping bug): the file differs from eager."""
+    lm = _llama()
+    args = lm.example_inputs(batch=2, sequence=3, past=5)
+    plan = shallow.plan(lm, args, lm.input_names, lm.output_names, lm.dynamic_axes())
+    right = plan.weights
+    plan.weights = lambda name: right(name.replace(f"{plan.stack.path}.{name.split('.')[3]}.", f"{plan.stack.path}.2."))
+    model = _export(lm, args, plan, {})
+    got, _ = _run(model, args)
+    want = _reference(lm, args)
+    assert np.abs(got[0] - want[0]).max() > 1e-3
+
+
+def test_blocks_that_differ_are_not_grown():
+    """Gemma 3 with sliding and full layers: the blocks differ in an attribute (and layer_types)."""
+    cfg = transformers.Gemma3TextConfig(**COMMON, head_dim=8, sliding_window=4,
+                                        layer_types=["sliding_attention", "full_attention"] * 4)
+    torch.manual_seed(0)
+    lm = CacheLM(transformers.Gemma3ForCausalLM(cfg).eval())
+    assert depth.find_stack(lm) is None
+    assert depth.find_stack(_llama()) is not None  # the same check on a uniform stack
+
+
+def test_too_shallow_is_not_grown():
+    cfg = transformers.LlamaConfig(**{**COMMON, "num_hidden_layers": 4})
+    assert depth.find_stack(CacheLM(transformers.LlamaForCausalLM(cfg).eval())) is None
+
+
+def test_shallow_restores_the_model_after_an_error():
+    lm = _llama()
+    stack = depth.find_stack(lm)
+    blocks = lm.inner.model.layers
+    with pytest.raises(RuntimeError):
+        with depth.shallow(stack):
+            assert len(lm.inner.model.layers) == 3 and lm.inner.config.num_hidden_layers == 3
+            raise RuntimeError("export failed")
+    assert lm.inner.model.layers is blocks and lm.inner.config.num_hidden_layers == 8
