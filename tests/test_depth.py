@@ -124,3 +124,83 @@ def test_shallow_restores_the_model_after_an_error():
             assert len(lm.inner.model.layers) == 3 and lm.inner.config.num_hidden_layers == 3
             raise RuntimeError("export failed")
     assert lm.inner.model.layers is blocks and lm.inner.config.num_hidden_layers == 8
+
+
+# ---- convert: the grown file checked against eager; a wrong one exported again whole -----------------------
+
+FUSED = dict(COMMON, hidden_size=64)  # head size 16: onnxruntime's GroupQueryAttention
+
+
+def _folder(root):
+    torch.manual_seed(1)
+    m = transformers.LlamaForCausalLM(transformers.LlamaConfig(**FUSED)).eval()
+    with torch.no_grad():
+        for n, p in m.named_parameters():
+            if "norm" in n:
+                p.copy_(torch.randn_like(p) * 0.3 + 1.0)
+    m.save_pretrained(root / "llama8")
+    return root / "llama8"
+
+
+def _convert(folder, out, *extra):
+    import contextlib
+    import io
+
+    from normexport.cli import main
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        code = main(["convert", str(folder), "-o", f"{out}/", "--target", "ort", "--no-check", *extra])
+    return code, buf.getvalue()
+
+
+def _file_vs_eager(folder, path):
+    lm = CacheLM(transformers.AutoModelForCausalLM.from_pretrained(folder).eval())
+    args = lm.example_inputs(batch=1, sequence=4, past=3, seed=5)  # GroupQueryAttention: batch 1 with a past
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    names = [i.name for i in sess.get_inputs()]
+    feeds = {n: a.numpy() for n, a in zip(lm.input_names, args) if n in names}
+    got = sess.run(None, feeds)[0]
+    want = _reference(lm, args)[0]
+    return float(np.abs(got - want).max()) / max(1.0, float(np.abs(want).max()))
+
+
+def test_convert_checks_the_grown_file_against_eager(tmp_path):
+    folder = _folder(tmp_path)
+    code, out = _convert(folder, tmp_path / "out")
+    assert code == 0, out
+    assert "depth: inner.model.layers traced 3 blocks deep, blocks 3-7 copied from block 2" in out
+    assert "8 com.microsoft.GroupQueryAttention" in out
+    assert "the decomposed file's logits against eager: max_abs_err" in out
+    assert _file_vs_eager(folder, tmp_path / "out" / "model.onnx") < 1e-4
+
+
+def test_convert_exports_whole_when_the_grown_file_is_wrong(tmp_path, monkeypatch):
+    """A planted wrong weight mapping: the local check's eager comparison fails, convert says so and
+    exports the whole decoder; the file written matches eager."""
+    folder = _folder(tmp_path)
+    real = shallow.plan
+
+    def planted(*a, **k):
+        plan = real(*a, **k)
+        if plan is not None:
+            right = plan.weights
+            plan.weights = lambda name: right(re.sub(r"layers\.\d+\.", "layers.2.", name))
+        return plan
+
+    import re
+
+    monkeypatch.setattr(shallow, "plan", planted)
+    code, out = _convert(folder, tmp_path / "out")
+    assert code == 0, out
+    assert "depth: the grown file FAILED against eager" in out and "exporting the whole decoder instead" in out
+    assert "8 com.microsoft.GroupQueryAttention" in out
+    assert _file_vs_eager(folder, tmp_path / "out" / "model.onnx") < 1e-4
+
+
+def test_no_fuse_depth_exports_the_whole_decoder(tmp_path):
+    folder = _folder(tmp_path)
+    code, out = _convert(folder, tmp_path / "out", "--no-fuse", "depth")
+    assert code == 0, out
+    assert "depth:" not in out
+    assert _file_vs_eager(folder, tmp_path / "out" / "model.onnx") < 1e-4

@@ -55,11 +55,37 @@ def run(args) -> int:
     for stage in (loading.run, inputs.run, preparing.run):
         rec = stage(rec)
     # the ladder's judge: each exported file rewritten, then (where convert checks it) its parity
-    rec = exporting.run(rec, judge=lambda candidate: checking.judge(rewriting.run(candidate)))
+    judge = lambda candidate: checking.judge(rewriting.run(candidate))  # noqa: E731
+    rec = exporting.run(rec, judge=judge)
     try:
-        for stage in (attention.run, checking.run, writing.run):
+        rec = attention.run(rec)
+        if _grown_wrong(rec):  # the file grown from a shallow trace is not eager's: exported whole instead
+            rec = exporting.run(_without_depth(rec), judge=judge)
+            rec = attention.run(rec)
+        for stage in (checking.run, writing.run):
             rec = stage(rec)
     finally:
         if rec.bypath is not None:  # the temp folder of a file checked from files: never left behind
             rec.bypath.close()
     return rec.exit_code
+
+
+def _grown_wrong(rec: Record) -> bool:
+    """The attention fusion's local check found the decomposed file (grown to full depth from a
+    shallow trace, normexport.exporter.depth) unlike eager."""
+    grown = (rec.sections.get("depth") or {}).get("grown")
+    return bool(grown and rec.fused is not None and rec.fused.local.get("eager_failed"))
+
+
+def _without_depth(rec: Record) -> Record:
+    """The record as the export stage found it, the shallow trace turned off (said on the terminal)."""
+    print(f"  depth: the grown file FAILED against eager ({rec.fused.local.get('reason')}): exporting the whole "
+          "decoder instead")
+    if rec.bypath is not None:
+        rec.bypath.close()
+    rec.off = {**rec.off, "depth": "the grown file failed against eager"}
+    rec.sections.pop("depth", None)
+    rec.sections.pop("exporter", None)
+    rec.model_ir = rec.model = rec.result = rec.fused = rec.decomposed = rec.packing = rec.bypath = None
+    rec.kept, rec.rewrite, rec.checked, rec.passed = {}, None, False, True
+    return rec

@@ -71,6 +71,10 @@ def fuse_and_check(model_ir: ir.Model, lm, out, *, fuse: bool = True, check: boo
         sessions: dict = {}  # the fused file's session from the local check, run again by the generation check
         if fuse:
             fused = result.fusion = attention.for_convert(model_ir, lm, workdir=wd, sessions=sessions)
+            if fused.local.get("eager_failed"):  # the decomposed file itself is not eager's: the caller exports again
+                print(attention.line(fused))
+                sessions.clear()
+                return result
             if fused.model is None or not check:
                 print(attention.line(fused, None if check else "generation check not run (--no-check)"))
             if fused.model is not None:

@@ -39,8 +39,8 @@ def add_switches(parser: argparse.ArgumentParser) -> None:
                              "for --target trt; replaces NORMEXPORT_RESIDUAL_FUSION=0)")
     parser.add_argument("--no-fuse", action="append", default=[], metavar="MODULE",
                         help="turn a fusion off (repeatable, or a comma list): a rewriter rule module (" + ", ".join(RULE_MODULES)
-                        + "), or attention (convert --target ort of an LLM: GroupQueryAttention, exact for unpadded "
-                        "batches only)")
+                        + "), attention (convert --target ort of an LLM: GroupQueryAttention, exact for unpadded "
+                        "batches only) or depth (convert of an LLM: trace the whole decoder, not 3 blocks grown)")
 
 
 def default_output(in_path: str, target: str) -> str:

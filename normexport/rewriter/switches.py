@@ -19,8 +19,10 @@ from .rules import RULE_MODULES
 RESIDUAL_FUSION = ("skip_rms_norm_trt", "gated_adaln")
 FLAG = "--no-residual-fusion"
 #: fusions outside the rule modules that --no-fuse also names: `attention` (convert --target ort of an
-#: LLM with its KV cache: GroupQueryAttention, exact for unpadded batches only; normexport.llm.attention)
-OTHER_FUSIONS = ("attention",)
+#: LLM with its KV cache: GroupQueryAttention, exact for unpadded batches only; normexport.llm.attention),
+#: `depth` (convert of an LLM with its KV cache: the decoder's identical blocks traced 3 deep and grown;
+#: normexport.exporter.depth)
+OTHER_FUSIONS = ("attention", "depth")
 #: deprecated: the variable that turned the residual fusion off before the flag
 ENV = "NORMEXPORT_RESIDUAL_FUSION"
 
