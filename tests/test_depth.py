@@ -21,14 +21,19 @@ COMMON = dict(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_la
               num_key_value_heads=2, max_position_embeddings=128)
 
 
-def _llama(seed=0):
+def _model(seed=0, **config):
+    """LlamaForCausalLM with random weights, norm scales random too (ones would hide a swapped scale)."""
     torch.manual_seed(seed)
-    m = transformers.LlamaForCausalLM(transformers.LlamaConfig(**COMMON)).eval()
+    m = transformers.LlamaForCausalLM(transformers.LlamaConfig(**config)).eval()
     with torch.no_grad():
         for n, p in m.named_parameters():
             if "norm" in n:
                 p.copy_(torch.randn_like(p) * 0.3 + 1.0)
-    return CacheLM(m)
+    return m
+
+
+def _llama(seed=0):
+    return CacheLM(_model(seed, **COMMON))
 
 
 def _run(model: ir.Model, args):
@@ -132,13 +137,7 @@ FUSED = dict(COMMON, hidden_size=64)  # head size 16: onnxruntime's GroupQueryAt
 
 
 def _folder(root):
-    torch.manual_seed(1)
-    m = transformers.LlamaForCausalLM(transformers.LlamaConfig(**FUSED)).eval()
-    with torch.no_grad():
-        for n, p in m.named_parameters():
-            if "norm" in n:
-                p.copy_(torch.randn_like(p) * 0.3 + 1.0)
-    m.save_pretrained(root / "llama8")
+    _model(1, **FUSED).save_pretrained(root / "llama8")
     return root / "llama8"
 
 
