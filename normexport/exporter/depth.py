@@ -18,10 +18,12 @@ What makes a stack growable (checked, else the caller exports the whole model):
   block 1 what block 1 reads from block 0 (an output of the same op); every other input is the same
   value for both (shared) or the same per-block input / weight with the block's index in its name.
   (Block 0 may differ: the exporter computes some shared sizes inside it.)
-Copies read the per-block weights from the full model by name (`weights`), per-block graph inputs
-and outputs are named by `io_layer`. The grown file is then optimized as torch.onnx would have and
-checked against eager by the caller (convert: the attention fusion's local check, the generation
-check)."""
+Copies read the per-block weights from the full model by name (`weights`); a weight the optimizer
+folded into a view (a transposed MatMul weight) is the same view of the block's weight. Per-block
+graph inputs and outputs are named by `io_layer`. The shallow file is optimized as torch.onnx would
+(onnxscript's optimizer) before it grows; one that does not grow then is grown first and optimized
+whole. The grown file is checked against eager by the caller (convert: the attention fusion's local
+check, the generation check)."""
 
 from __future__ import annotations
 
@@ -191,6 +193,7 @@ def grow(model: ir.Model, stack: Stack, *, weights: Callable[[str], torch.Tensor
                for a in n.attributes.values()) for n in b2):
         raise NotGrowable("a block holds a subgraph (If / Loop)")
     index = [{n: k for k, n in enumerate(b)} for b in (b0, b1, b2)]
+    views = _Views(stack, weights)
     weight_re = re.compile(re.escape(stack.path) + r"\.(\d+)\.")
     graph_inputs = {v.name: v for v in graph.inputs}
     initializers = graph.initializers
@@ -224,6 +227,12 @@ def grow(model: ir.Model, stack: Stack, *, weights: Callable[[str], torch.Tensor
             if m_this and m_prev and int(m_this.group(1)) == prev + 1 and int(m_prev.group(1)) == prev \
                     and v_this.name[m_this.end():] == v_prev.name[m_prev.end():]:
                 return ("weight", v_this.name[m_this.end():])
+            a, b = views.of(v_this), views.of(v_prev)  # folded by the optimizer: a view of one weight each
+            if a and b and a[1:] == b[1:]:
+                m_this, m_prev = weight_re.match(a[0]), weight_re.match(b[0])
+                if m_this and m_prev and int(m_this.group(1)) == prev + 1 and int(m_prev.group(1)) == prev \
+                        and a[0][m_this.end():] == b[0][m_prev.end():]:
+                    return ("view", a[0][m_this.end():], a[1:])
             raise NotGrowable(f"initializers {v_prev.name} / {v_this.name} are not one weight of blocks {prev} / {prev + 1}")
         if v_this.name in graph_inputs and v_prev.name in graph_inputs:
             a, b = io_layer(v_this.name), io_layer(v_prev.name)
@@ -257,6 +266,9 @@ def grow(model: ir.Model, stack: Stack, *, weights: Callable[[str], torch.Tensor
     tensors = {}
     for n2, rs in zip(b2, roles):
         for v, r in zip(n2.inputs, rs):
+            if r[0] == "view":
+                for b in range(SHALLOW, stack.depth):
+                    tensors[(v.name, b)] = views.make(f"{stack.path}.{b}.{r[1]}", r[2])
             if r[0] != "weight":
                 continue
             for b in range(SHALLOW, stack.depth):
@@ -293,6 +305,13 @@ def grow(model: ir.Model, stack: Stack, *, weights: Callable[[str], torch.Tensor
                         new_inits.append(init)
                         initializers[name] = init
                     ins.append(init)
+                elif r[0] == "view":  # the same view of this block's weight (the optimizer folded block 2's)
+                    name = f"{v.name}__b{b}"
+                    init = ir.Value(name=name, shape=v.shape, type=v.type,
+                                    const_value=ir.Tensor(tensors[(v.name, b)], name=name))
+                    new_inits.append(init)
+                    initializers[name] = init
+                    ins.append(init)
                 else:  # a per-block graph input
                     name = r[1](b)
                     gi = graph_inputs.get(name)
@@ -328,6 +347,57 @@ def grow(model: ir.Model, stack: Stack, *, weights: Callable[[str], torch.Tensor
     graph.inputs.extend(new_inputs)
     graph.outputs.extend(new_outputs)
     return added
+
+
+class _Views:
+    """Initializers the optimizer folded from one weight without copying it (a transposed numpy view
+    of the parameter): which weight and how (shape, strides, offset, dtype), and the same view of
+    another block's weight."""
+
+    def __init__(self, stack: Stack, weights):
+        self.weights = weights
+        self.by_address = {}
+        for i, block in enumerate(stack.blocks[:SHALLOW]):
+            for name, p in block.named_parameters():
+                if p.numel():
+                    self.by_address[p.data_ptr()] = (f"{stack.path}.{i}.{name}", p)
+
+    def of(self, value: ir.Value):
+        """(weight name, shape, strides, offset, dtype) of a view of a block's weight, else None."""
+        import numpy as np
+
+        raw = getattr(value.const_value, "raw", None)
+        if not isinstance(raw, np.ndarray) or raw.base is None:
+            return None
+        root = raw
+        while isinstance(root.base, np.ndarray):
+            root = root.base
+        start = root.__array_interface__["data"][0]
+        hit = self.by_address.get(start)
+        if hit is None:
+            return None
+        name, p = hit
+        if root.nbytes != p.numel() * p.element_size() or not root.flags["C_CONTIGUOUS"]:
+            return None
+        offset = raw.__array_interface__["data"][0] - start
+        return name, raw.shape, raw.strides, offset, raw.dtype.str
+
+    def make(self, name: str, geometry):
+        """The view `geometry` (shape, strides, offset, dtype) of weight `name` of the full model."""
+        import numpy as np
+
+        shape, strides, offset, dtype = geometry
+        try:
+            t = self.weights(name)
+        except KeyError:
+            raise NotGrowable(f"the model has no weight {name}") from None
+        base = t.detach().numpy().reshape(-1).view(np.uint8)
+        if base.dtype.itemsize * base.size < offset + 1 or not t.is_contiguous():
+            raise NotGrowable(f"{name}: not a contiguous weight to view")
+        flat = base[offset:].view(dtype) if offset % np.dtype(dtype).itemsize == 0 else None
+        if flat is None:
+            raise NotGrowable(f"{name}: the view's offset is not a whole element")
+        return np.lib.stride_tricks.as_strided(flat, shape=shape, strides=strides, writeable=False)
 
 
 def _sizes_only(value: ir.Value, limit: int = 64) -> bool:
@@ -405,6 +475,13 @@ class Plan:
         from torch.onnx._internal._lazy_import import onnxscript_apis
 
         with shallow(self.stack), self.narrowed(SHALLOW) as (args, names, output_names, axes):
-            small = exporter(module, args, names, output_names, axes)
+            # optimized shallow (7x fewer nodes for the optimizer's rules), then grown: the weights it
+            # folded are views of block 2's, made again of each block's (_Views)
+            small = onnxscript_apis.optimize(exporter(module, args, names, output_names, axes))
+            try:
+                grow(small, self.stack, weights=self.weights, io_layer=self.io_layer)
+                return small
+            except NotGrowable:  # the optimized file does not grow: grown first, then optimized whole
+                small = exporter(module, args, names, output_names, axes)
         grow(small, self.stack, weights=self.weights, io_layer=self.io_layer)
         return onnxscript_apis.optimize(small)
