@@ -74,6 +74,9 @@ def grown():
 def test_grown_file_matches_float64_eager(grown):
     lm, args, model, report = grown
     assert report["depth"] == {"grown": True, "stack": "inner.model.layers", "blocks": 8, "traced": 3}
+    # the optimizer's transposed MatMul weights, made again as views of blocks 3..7's weights
+    views = [n for n in model.graph.initializers if n.endswith("__b7")]
+    assert len(views) == 7, views  # q, k, v, o, gate, up, down
     assert [v.name for v in model.graph.inputs] == lm.input_names
     assert [v.name for v in model.graph.outputs] == lm.output_names
     got, names = _run(model, args)

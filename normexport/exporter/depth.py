@@ -308,7 +308,7 @@ def grow(model: ir.Model, stack: Stack, *, weights: Callable[[str], torch.Tensor
                 elif r[0] == "view":  # the same view of this block's weight (the optimizer folded block 2's)
                     name = f"{v.name}__b{b}"
                     init = ir.Value(name=name, shape=v.shape, type=v.type,
-                                    const_value=ir.Tensor(tensors[(v.name, b)], name=name))
+                                    const_value=ir.Tensor(tensors[(v.name, b)], dtype=v.const_value.dtype, name=name))
                     new_inits.append(init)
                     initializers[name] = init
                     ins.append(init)
@@ -380,24 +380,27 @@ class _Views:
         if root.nbytes != p.numel() * p.element_size() or not root.flags["C_CONTIGUOUS"]:
             return None
         offset = raw.__array_interface__["data"][0] - start
-        return name, raw.shape, raw.strides, offset, raw.dtype.str
+        return name, raw.shape, raw.strides, offset, raw.dtype
 
     def make(self, name: str, geometry):
         """The view `geometry` (shape, strides, offset, dtype) of weight `name` of the full model."""
         import numpy as np
+
+        from torch.onnx._internal.exporter._core import TorchTensor
 
         shape, strides, offset, dtype = geometry
         try:
             t = self.weights(name)
         except KeyError:
             raise NotGrowable(f"the model has no weight {name}") from None
-        base = t.detach().numpy().reshape(-1).view(np.uint8)
-        if base.dtype.itemsize * base.size < offset + 1 or not t.is_contiguous():
+        if not t.is_contiguous():
             raise NotGrowable(f"{name}: not a contiguous weight to view")
-        flat = base[offset:].view(dtype) if offset % np.dtype(dtype).itemsize == 0 else None
-        if flat is None:
-            raise NotGrowable(f"{name}: the view's offset is not a whole element")
-        return np.lib.stride_tricks.as_strided(flat, shape=shape, strides=strides, writeable=False)
+        try:  # the exporter's own numpy form of the weight (bfloat16 as ml_dtypes'), no copy
+            base = TorchTensor(t.detach()).numpy().reshape(-1).view(np.uint8)
+            flat = base[offset:].view(dtype)
+            return np.lib.stride_tricks.as_strided(flat, shape=shape, strides=strides, writeable=False)
+        except (TypeError, ValueError) as e:
+            raise NotGrowable(f"{name}: cannot make the view ({e})") from None
 
 
 def _sizes_only(value: ir.Value, limit: int = 64) -> bool:
