@@ -250,14 +250,14 @@ def grow(model: ir.Model, stack: Stack, *, weights: Callable[[str], torch.Tensor
         roles.append([role(v1, v2, 1) for v1, v2 in zip(n1.inputs, n2.inputs)])
     # block 2's values read outside the blocks: per-block graph outputs, and the stack's output
     outputs = {v.name: v for v in graph.outputs}
-    tail = []  # (node index, output index, consumers outside the blocks / graph output position)
+    tail = []  # (node index, output index, its consumers outside the blocks)
     for k, n in enumerate(b2):
         for v in n.outputs:
             users = [(u, i) for u, i in v.uses() if u not in index[2]]
             out_pos = [i for i, o in enumerate(graph.outputs) if o is v]
             if out_pos and io_layer(v.name) is None:
                 raise NotGrowable(f"graph output {v.name} comes from block 2 and names no block")
-            if users or (out_pos and io_layer(v.name) is None):
+            if users:
                 tail.append((k, v.index(), users))
     per_block_outputs = [(k, v.index(), io_layer(v.name)[1]) for k, n in enumerate(b2) for v in n.outputs
                          if v.name in outputs and io_layer(v.name) is not None]
@@ -343,7 +343,7 @@ def grow(model: ir.Model, stack: Stack, *, weights: Callable[[str], torch.Tensor
         for u, i in users:
             u.replace_input_with(i, v_last)
     # nodes read their inputs in order: consumers of the stack's output come after the new blocks
-    _reorder(graph)
+    graph.sort()
     graph.inputs.extend(new_inputs)
     graph.outputs.extend(new_outputs)
     return added
@@ -449,14 +449,9 @@ def _attach_readers(nodes, blocks, pattern, io_layer) -> None:
             b = layers.pop()
             blocks[b].append(n)
             where[n] = b
+    order = {n: i for i, n in enumerate(nodes)}
     for b in blocks:  # graph order within each block
-        order = {n: i for i, n in enumerate(nodes)}
         blocks[b].sort(key=order.__getitem__)
-
-
-def _reorder(graph: ir.Graph) -> None:
-    """Topological order after consumers of the old last block were pointed at the new one."""
-    graph.sort()
 
 
 @dataclasses.dataclass

@@ -430,7 +430,9 @@ def _copy(model: ir.Model) -> ir.Model:
 
 def _float32(lm):
     """The eager reference of the local check: a float32 FlatCacheLM (others: their check is by generation)."""
-    if lm is None or getattr(getattr(lm, "layout", None), "dtype", None) != __import__("torch").float32:
+    import torch
+
+    if lm is None or getattr(getattr(lm, "layout", None), "dtype", None) != torch.float32:
         return None
     return lm
 
