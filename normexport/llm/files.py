@@ -75,6 +75,18 @@ class Workdir:
         self.files[name] = path
         return path
 
+    def write_behind(self, model: ir.Model, name: str):
+        """`write` in a thread (a concurrent.futures.Future; its result the path): the caller goes on
+        with work that neither changes `model` nor reads its initializers' `const_value` objects
+        (io.streamed swaps them during the write); `files[name]` is set once it is written."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        pool = ThreadPoolExecutor(1, thread_name_prefix="normexport-write")
+        try:
+            return pool.submit(self.write, model, name)
+        finally:
+            pool.shutdown(wait=False)
+
     def _write_sharing(self, model: ir.Model, path: Path) -> None:
         swapped = []
         try:
