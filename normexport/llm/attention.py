@@ -70,6 +70,8 @@ _FUSION = "ai.onnxruntime._fusion"
 #: onnxscript optimize's iterations before the fusions (it stops early at a fixed point: one more than its
 #: default, so that the shape rules finding nothing leave a fixed point, not an iteration cap)
 _ITERATIONS = 3
+#: the local check's batch (rows of different tokens: each row's cache and seqlens_k its own)
+LOCAL_BATCH = 2
 #: the decomposed file's name in a workdir (normexport.llm.files.Workdir.decomposed: this, unless the
 #: output has this name; the fused one has the output's)
 DECOMPOSED = "decomposed.onnx"
@@ -457,7 +459,7 @@ def fuse(model_ir: ir.Model, *, max_positions: int, local_check: bool = True, wo
     behind = None  # the decomposed file written while the passes run (the file writes release the GIL)
     if workdir is not None and local_check and workdir.decomposed not in workdir.files:
         behind = workdir.write_behind(model_ir, workdir.decomposed)
-    try:
+    try:  # (eager's steps are not run here too: with the write, each slowed the other, also on one torch thread)
         result = _fused_copy(model_ir, copy, max_positions)
     finally:
         write_error = behind.exception() if behind is not None else None  # waits for the write
@@ -613,10 +615,20 @@ def _run_steps(sess, names: Sequence[str], dims, dtype, ids_steps, batch: int):
     return outs
 
 
-def compare(unfused: ir.Model, fused: ir.Model, *, batch: int = 2, prompt: int = 5, decode: int = 3,
+def local_feeds(model: ir.Model, batch: int = LOCAL_BATCH, prompt: int = 5, decode: int = 3,
+                seed: int = 0) -> list[np.ndarray]:
+    """The local check's input_ids per step: a random prompt of `prompt` tokens (`batch` rows),
+    then `decode` single tokens."""
+    rng = np.random.default_rng(seed)
+    vocab = _vocab(model)
+    steps = [rng.integers(0, vocab, (batch, prompt)).astype(np.int64)]
+    return steps + [rng.integers(0, vocab, (batch, 1)).astype(np.int64) for _ in range(decode)]
+
+
+def compare(unfused: ir.Model, fused: ir.Model, *, batch: int = LOCAL_BATCH, prompt: int = 5, decode: int = 3,
             seed: int = 0, files: tuple[Path, Path] | None = None, keep: dict | None = None, reference=None) -> dict:
-    """The local check, on random prefill + decode feeds (each run's own cache fed back), every
-    logits and present.* within DESIGN §7's tolerance of the reference's:
+    """The local check, on random prefill + decode feeds (`local_feeds`; each run's own cache fed
+    back), every logits and present.* within DESIGN §7's tolerance of the reference's:
 
     - with `reference` (the FlatCacheLM exported, float32): the fused file against eager. The
       unfused file runs only where that fails, against eager too, to say which is wrong: the
@@ -631,10 +643,7 @@ def compare(unfused: ir.Model, fused: ir.Model, *, batch: int = 2, prompt: int =
     try:
         dims, dtype = _cache_dims(unfused), _np_dtype(unfused)
         tdtype = torch.float16 if dtype == np.float16 else torch.float32
-        rng = np.random.default_rng(seed)
-        vocab = _vocab(unfused)
-        steps = [rng.integers(0, vocab, (batch, prompt)).astype(np.int64)]
-        steps += [rng.integers(0, vocab, (batch, 1)).astype(np.int64) for _ in range(decode)]
+        steps = local_feeds(unfused, batch, prompt, decode, seed)
 
         def run(k: int):
             model = (unfused, fused)[k]
