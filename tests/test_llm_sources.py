@@ -269,3 +269,33 @@ def test_pt2_without_cache_tensors_has_no_task():
     assert takes_cache(LoadedModel(torch.nn.Identity(), "exported-program", (ids, torch.randn(2, 2, 5, 8)),
                                    ["input_ids", "past_key_values_0_key"]))
 
+
+
+def test_a_causal_lm_folder_is_probed_only_where_its_plain_call_is_exported(lm, tmp_path):
+    """convert loads a folder's causal LM with probe_generating=False (its KV-cache graph makes its own
+    inputs): no eager forward of the plain call at load; `probe()` runs it (two forwards: load.probe.settle)
+    and gives the inputs a probed load gives. A model that does not generate is probed at once."""
+    import transformers
+
+    from normexport import load
+
+    folder = lm[0]
+    calls = []
+    hook = torch.nn.modules.module.register_module_forward_pre_hook(
+        lambda m, a, k=None: calls.append(type(m).__name__) if type(m).__name__.endswith("ForCausalLM") else None)
+    try:
+        deferred = load.load(str(folder), probe_generating=False)
+        assert deferred.probe is not None and calls == [], calls
+        probed = deferred.probe()
+        assert probed.probe is None and calls.count("LlamaForCausalLM") == 2, calls
+        direct = load.load(str(folder))
+        assert direct.probe is None and direct.input_names == probed.input_names
+        for a, b in zip(direct.example_inputs, probed.example_inputs):
+            assert torch.equal(a, b)
+        bert = transformers.BertModel(transformers.BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1,
+                                                              num_attention_heads=2, intermediate_size=64))
+        bert.save_pretrained(tmp_path / "bert")
+        calls.clear()
+        assert load.load(str(tmp_path / "bert"), probe_generating=False).probe is None
+    finally:
+        hook.remove()

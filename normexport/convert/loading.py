@@ -30,8 +30,14 @@ def run(rec: Record) -> Record:
                                                    getattr(args, "no_fuse", ())))
     if args.report:
         io.check_writable(args.report, "--report")
-    loaded = load.load(args.model, trust_pickle=args.trust_pickle, weights=args.weights, imports=args.imports)
+    # a folder's causal LM is exported with its KV cache by default, with inputs of its own: its plain
+    # call is run in eager (load.probe) only where it is exported after all (llm.resolve says)
+    cache_task = getattr(args, "task", None) != llm.PLAIN and not args.module
+    loaded = load.load(args.model, trust_pickle=args.trust_pickle, weights=args.weights, imports=args.imports,
+                       probe_generating=not cache_task)
     task, rec.loaded, rec.input_args, why = llm.resolve(loaded, getattr(args, "task", None), args.module, args.input)
+    if rec.loaded.probe is not None:
+        rec.loaded = rec.loaded.probe()
     rec.task = task
     if task is not None:  # DESIGN §10: the first line says which graph a causal LM exports (and why, if not the cache)
         print(f"task {task}" + (f" (default here: {why})" if why else

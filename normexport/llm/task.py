@@ -22,7 +22,7 @@ import sys
 
 from ..errors import UsageError
 from ..load.call import unwrap
-from ..load.model import LoadedModel
+from ..load.model import LoadedModel, generates
 from . import program
 from .cache import CacheLM, NoKVCache, probe_layout
 
@@ -38,14 +38,7 @@ def causal_lm(loaded: LoadedModel):
     transformers = sys.modules.get("transformers")  # a transformers model has imported it
     if transformers is None or not isinstance(model, transformers.PreTrainedModel):
         return None
-    config = getattr(model, "config", None)
-    if config is None or getattr(config, "is_encoder_decoder", False):
-        return None
-    try:
-        generates = bool(model.can_generate())
-    except Exception:  # noqa: BLE001
-        generates = False
-    return model if generates else None
+    return model if generates(model) else None
 
 
 def _pt2_error(loaded: LoadedModel, task: str, why: str | None = None) -> UsageError:

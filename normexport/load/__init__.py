@@ -30,9 +30,11 @@ from .resolve import Call, call_for
 
 
 def load(model: str, *, trust_pickle: bool = False, weights: str | None = None,
-         imports: list[str] | tuple = ()) -> LoadedModel:
+         imports: list[str] | tuple = (), probe_generating: bool = True) -> LoadedModel:
     """Load MODEL; raises UsageError (one line: the problem and the fix) on bad input.
-    `imports`: installed modules to import first (`--import`, pytree types of a .pt2)."""
+    `imports`: installed modules to import first (`--import`, pytree types of a .pt2).
+    `probe_generating=False`: a save_pretrained folder's model that generates comes back with its
+    example inputs not yet run in eager (`LoadedModel.probe()` runs them; pretrained.library_model)."""
     import_modules(list(imports))
     if is_factory(model):
         from .factory import load_factory
@@ -50,7 +52,7 @@ def load(model: str, *, trust_pickle: bool = False, weights: str | None = None,
             return load_pipeline_folder(path)
         from .pretrained import load_folder
 
-        return load_folder(path)
+        return load_folder(path, probe_generating=probe_generating)
     kind, what = sniff.kind_of(path)  # by content, whatever the extension (DESIGN §9)
     if kind == "unknown" and path.suffix in (".pt2",) + TORCH_EXTS:  # damaged: its extension's loader says how
         kind = sniff.EXPORTED if path.suffix == ".pt2" else sniff.TORCH_SAVE

@@ -27,6 +27,22 @@ class LoadedModel:
     #: implies (a save_pretrained folder): the user gives them (--input, --inputs), else the one-line
     #: error (examples.missing_message) when the call is resolved
     missing: dict[str, str] = dataclasses.field(default_factory=dict)
+    #: set where the example inputs were not yet run in eager (a folder's causal LM loaded with
+    #: probe_generating=False: its KV-cache graph makes inputs of its own): `probe()` is this model
+    #: with its inputs checked by the eager forward(s) of load.probe.settle
+    probe: Any = None
+
+
+def generates(model) -> bool:
+    """A transformers model that generates on its own: a decoder (not encoder-decoder) whose
+    `can_generate()` says so (normexport.llm's causal LMs)."""
+    config = getattr(model, "config", None)
+    if config is None or getattr(config, "is_encoder_decoder", False):
+        return False
+    try:
+        return bool(model.can_generate())
+    except Exception:  # noqa: BLE001
+        return False
 
 
 def is_factory(model: str) -> bool:

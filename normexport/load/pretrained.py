@@ -19,16 +19,17 @@ from pathlib import Path
 import torch
 
 from ..errors import UsageError, first_line
+from . import entries
 from .call import CallAdapter
 from .examples import BATCH, BATCH_LOOP, BATCHED, MASK_READ_AS_VALUES, derive, forward_parameters, make_one, \
     missing_message
 from .folder_files import folder_sizes
 from .probe import settle
 from .inputs import make_inputs
-from .model import LoadedModel
+from .model import LoadedModel, generates
 
 
-def load_folder(path: Path):
+def load_folder(path: Path, probe_generating: bool = True):
     config_file = path / "config.json"
     if not config_file.is_file():
         raise UsageError(f"'{path}' is a directory without config.json: pass a save_pretrained folder of transformers "
@@ -54,7 +55,7 @@ def load_folder(path: Path):
                          f"upgrade {library} or re-save the model with this version")
     model = _from_pretrained(cls, path)
     model._normexport_folder_sizes = folder_sizes(path)  # what the processor / generation configs say (examples)
-    return library_model(model, library, "pretrained")
+    return library_model(model, library, "pretrained", probe_generating=probe_generating)
 
 
 def library_of(module) -> str | None:
@@ -69,10 +70,13 @@ def library_of(module) -> str | None:
     return None
 
 
-def library_model(module, library: str, kind: str) -> LoadedModel:
+def library_model(module, library: str, kind: str, probe_generating: bool = True) -> LoadedModel:
     """A transformers / diffusers model called as a folder's is (DESIGN §4): example inputs derived
     from its forward and config (examples.derive), the batch dynamic, notes for the classes whose
-    forward fixes sizes; the inputs it cannot make are left to --input / --inputs."""
+    forward fixes sizes; the inputs it cannot make are left to --input / --inputs.
+    `probe_generating=False`: a model that generates (model.generates) is returned with its derived
+    inputs not yet run in eager and `LoadedModel.probe` set (convert exports such a model with its
+    KV cache and inputs of its own: the two forwards of the probe would be thrown away)."""
     class_name = type(module).__name__
     config = getattr(module, "config", None)
     if library == "transformers" and getattr(config, "use_cache", None):
@@ -81,7 +85,12 @@ def library_model(module, library: str, kind: str) -> LoadedModel:
     args, missing = derive(module, library)
     if missing:  # the user gives them (--input / --inputs); the error names them only if not
         return LoadedModel(_Pending(module), kind, None, None, None, missing=missing)
-    args = checked(module, library, _in_stored_dtype(module, args), free=getattr(args, "free", None))
+    probe = None
+    if not probe_generating and library == "transformers" and generates(module):
+        args = entries.plain(_in_stored_dtype(module, args))
+        probe = lambda: library_model(module, library, kind)  # noqa: E731
+    else:
+        args = checked(module, library, _in_stored_dtype(module, args), free=getattr(args, "free", None))
     adapter = CallAdapter(module, (), args)
     dynamic = {**documented_batch(module, args), **batched_axes(args)}
     notes = []
@@ -94,7 +103,8 @@ def library_model(module, library: str, kind: str) -> LoadedModel:
         notes.append(f"{class_name}: {BATCH_LOOP[class_name]}, so the file has a static batch ({BATCH} unless --input gives another; no "
                      f"exporter keeps it dynamic); for batch size B export one file per size: "
                      + " ".join(f"--input {_spec(n, t)}" for n, t in args.items() if hasattr(t, "shape")))
-    return LoadedModel(adapter, kind, adapter.example_inputs, adapter.input_names, dynamic or None, notes=notes)
+    return LoadedModel(adapter, kind, adapter.example_inputs, adapter.input_names, dynamic or None, notes=notes,
+                       probe=probe)
 
 
 def checked(module, library: str, args: dict, given=(), free=None) -> dict:
