@@ -37,7 +37,7 @@ PHASES = [
     ("rewrite + local verification", "normexport.rewriter.driver", "rewrite_ir"),
     ("rewrite: canonicalisation", "normexport.rewriter.canonical", "canonicalize"),
     ("GroupQueryAttention fusion (+ mask, local, share-buffer checks)", "normexport.llm.attention", "fuse"),
-    ("  fusion: local check (fused vs decomposed in ort)", "normexport.llm.attention", "compare"),
+    ("  fusion: local check (fused vs eager; decomposed where that fails)", "normexport.llm.attention", "compare"),
     ("    local check: onnxruntime sessions", "normexport.llm.attention", "_session"),
     ("    local check: onnxruntime runs", "normexport.llm.attention", "_run_steps"),
     ("    local check: eager steps", "normexport.llm.attention", "_eager_steps"),

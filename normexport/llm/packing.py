@@ -164,9 +164,10 @@ def line(p: Packing) -> str:
 
 def line_by_path(p: Packing) -> str:
     """convert's line for a file over the in-memory limit: packed before the attention fusion, verified
-    with it (its local check: fused vs decomposed, both packed; and the generation check against eager)."""
+    with it (its local check: the fused file, packed, against eager; and the generation check against eager)."""
     if not p.groups:
         return "  projections: not packed (no MatMuls read one input with constant weights)"
     return (f"  projections: {len(p.groups)} group(s) of MatMuls on one input packed into one MatMul + Split each "
-            f"before the attention fusion, {p.nodes_before} -> {p.nodes_after} nodes; verified by the generation "
-            "check against eager (file over the in-memory limit: no separate packed-vs-unpacked run)")
+            f"before the attention fusion, {p.nodes_before} -> {p.nodes_after} nodes; verified with it: the fused "
+            "file against eager (its local check, float32) and the generation check (file over the in-memory "
+            "limit: no separate packed-vs-unpacked run)")
