@@ -525,7 +525,7 @@ def _fused_copy(model_ir: ir.Model, model: ir.Model, max_positions: int) -> Fusi
             rule.pattern, rule.rewrite, rule.check, name=rule.name, remove_nodes=rule.remove_nodes)]).apply_to_model(model)
         _take_presents(model, rule.presents)
     except Exception as e:  # noqa: BLE001
-        result.reason = f"onnxscript's fusions failed: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+        result.reason = f"onnxscript's fusions failed: {_why(e)}"
         return result
     result.fused = count
     if count != layers:
@@ -744,9 +744,7 @@ def share_buffer_check(fused: ir.Model, *, batch: int = 1, prompt: int = 4, deco
             steps = [ids[:batch] for ids in reference[0]]
             ref = [[o[:batch] for o in step] for step in reference[1]]
         else:
-            rng = np.random.default_rng(1)
-            steps = [rng.integers(0, _vocab(fused), (batch, prompt)).astype(np.int64)]
-            steps += [rng.integers(0, _vocab(fused), (batch, 1)).astype(np.int64) for _ in range(decode)]
+            steps = local_feeds(fused, batch, prompt, decode, seed=1)
             ref = _run_steps(sess, names, dims, dtype, steps, batch)
         max_length = max(max_length, sum(ids.shape[1] for ids in steps))
         buffers = {n: ort.OrtValue.ortvalue_from_numpy(np.zeros((batch, h, max_length, d), dtype)) for n, h, d in dims}
@@ -778,7 +776,7 @@ def share_buffer_check(fused: ir.Model, *, batch: int = 1, prompt: int = 4, deco
                     return False, f"step {k}: {n} in the shared buffer differs from the concatenating run's"
         return True, None
     except Exception as e:  # noqa: BLE001
-        return False, f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+        return False, _why(e)
 
 
 # ---- convert's hook ---------------------------------------------------------------------------------------
