@@ -151,20 +151,19 @@ def test_shared_weights_at_a_wrong_offset_fail_the_local_check(exported, tmp_pat
     assert f.model is None and f.reason.startswith("local check failed"), f.reason
 
 
-def test_a_failed_background_write_is_said_not_lost(exported, tmp_path, monkeypatch):
-    """The decomposed file is written in a thread while the fusion passes run (Workdir.write_behind):
-    its error (a full disk) reaches the fusion's reason; nothing is kept half-written as checked."""
+@pytest.mark.parametrize("fork", [True, False], ids=["forked", "thread"])
+def test_a_failed_background_write_is_said_not_lost(exported, tmp_path, monkeypatch, fork):
+    """The decomposed file is written by a forked process (or a thread) while the fusion passes run
+    (Workdir.write_behind): its error (a full disk) reaches the fusion's reason; nothing is kept
+    half-written as checked."""
     from normexport.llm import attention, files
     from normexport.llm.files import Workdir
 
-    real = files.Workdir.write
+    def full(self, model, path):
+        raise OSError(28, "No space left on device")
 
-    def full(self, model, name):
-        if name == self.decomposed:
-            raise OSError(28, "No space left on device")
-        return real(self, model, name)
-
-    monkeypatch.setattr(files.Workdir, "write", full)
+    monkeypatch.setattr(files, "_FORK", fork)
+    monkeypatch.setattr(files.Workdir, "_write_first", full)
     model_ir = ir.load(str(exported[1]))
     with Workdir(tmp_path / "model.onnx") as wd:
         f = attention.fuse(model_ir, max_positions=COMMON["max_position_embeddings"], workdir=wd)

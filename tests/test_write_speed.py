@@ -167,3 +167,32 @@ def test_onnxruntime_reads_the_written_weights(tmp_path, small_slabs):
     for name, got in zip(names, sess.run(None, {})):
         want = _expected(sources[name[:-len("_out")]])
         assert got.tobytes() == want.tobytes(), name
+
+
+def test_write_behind_forked_equals_the_thread(tmp_path, monkeypatch):
+    """Workdir.write_behind's first write runs in a forked process (files._FORK; beside the caller's
+    Python work it is not slowed by the GIL): the same graph and data files as the thread's write,
+    the parent's model untouched, the data file shared by the next write as after a plain write."""
+    from normexport.llm import files
+
+    sources = _sources()
+    m = _model(sources)
+    before = {n: v.const_value for n, v in m.graph.initializers.items()}
+    got = {}
+    for fork in (True, False):
+        monkeypatch.setattr(files, "_FORK", fork)
+        out = tmp_path / ("fork" if fork else "thread") / "model.onnx"
+        out.parent.mkdir()
+        wd = Workdir(out)
+        future = wd.write_behind(m, "decomposed.onnx")
+        assert getattr(future, "forked", False) is fork
+        path = future.result(timeout=120)
+        assert wd.files["decomposed.onnx"] == path
+        _check_file(path, sources)
+        again = wd.write(m, "again.onnx")  # shares the data file: the graph alone
+        assert again.stat().st_size < 64 << 10
+        _check_file(again, sources)
+        got[fork] = (path.read_bytes(), wd.data_path.read_bytes())
+        wd.close()
+    assert got[True] == got[False]
+    assert all(before[n] is v.const_value for n, v in m.graph.initializers.items())

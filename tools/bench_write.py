@@ -14,6 +14,11 @@ norms' small vectors. Each way writes them to the same folder, in turn, `--reps`
                   max_workers=2), nothing swapped
   save_ir         normexport.io.save_ir (ir.save inside io.streamed, atomic placement)
   workdir         normexport.llm.files.Workdir.write (the convert --target ort path), first write
+  behind-thread   Workdir.write_behind with the thread (files._FORK off), waited for
+  behind-fork     Workdir.write_behind in a forked process (convert's way where there is fork)
+
+--busy runs a pure-Python loop in a thread during each write (what the fusion passes are to the
+write behind them): a writer that needs the GIL often waits for it.
 
 Times without and with the os.sync() that follows (no way fsyncs itself). The files of ir.save
 and save_ir are compared byte for byte (same offsets, same bytes) and each save_ir tensor is
@@ -149,6 +154,25 @@ def same_files(a: Path, b: Path, chunk=64 << 20) -> bool:
                 return True
 
 
+class _Busy:
+    """A thread looping in pure Python until stop()."""
+
+    def __init__(self):
+        import threading
+
+        self._stop = False
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def _loop(self):
+        while not self._stop:
+            sum(range(2000))
+
+    def stop(self):
+        self._stop = True
+        self._thread.join()
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--layers", type=int, default=22)
@@ -156,6 +180,7 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--ways", default="copy,ir.save,save_ir,workdir")
     ap.add_argument("--no-verify", action="store_true")
+    ap.add_argument("--busy", action="store_true", help="a pure-Python thread runs during each write")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
 
@@ -194,7 +219,17 @@ def main(argv=None) -> int:
         wd = Workdir(d / "model.onnx")
         return wd.write(m, "decomposed.onnx")  # the temp folder goes with d
 
-    ways = {"copy": copy, "ir.save": ir_save, "save_ir": save_ir, "workdir": workdir}
+    def behind(fork: bool):
+        from normexport.llm import files
+
+        def way(d: Path):
+            files._FORK = fork
+            wd = Workdir(d / "model.onnx")
+            return wd.write_behind(m, "decomposed.onnx").result()
+        return way
+
+    ways = {"copy": copy, "ir.save": ir_save, "save_ir": save_ir, "workdir": workdir,
+            "behind-thread": behind(False), "behind-fork": behind(True)}
     chosen = [w for w in args.ways.split(",") if w]
     runs: dict[str, list[dict]] = {w: [] for w in chosen}
     checks = {}
@@ -204,9 +239,12 @@ def main(argv=None) -> int:
             d.mkdir()
             os.sync()
             load = os.getloadavg()[0]
+            busy = _Busy() if args.busy else None
             t = time.perf_counter()
             out = ways[w](d)
             t_write = time.perf_counter() - t
+            if busy is not None:
+                busy.stop()
             os.sync()
             t_sync = time.perf_counter() - t
             r = {"write_s": round(t_write, 2), "write_sync_s": round(t_sync, 2),
@@ -243,7 +281,7 @@ def main(argv=None) -> int:
         res = {"tool": "tools/bench_write.py", "argv": sys.argv[1:], "machine": mach, "dir": str(root),
                "weights_gb": round(total / 1e9, 3), "layers": args.layers,
                "versions": {"onnx_ir": onnx_ir.__version__, "numpy": np.__version__, "torch": torch.__version__},
-               "runs": runs, "best_gb_s": best, "best_gb_s_with_sync": best_sync, "checks": checks}
+               "busy_python_thread": args.busy, "runs": runs, "best_gb_s": best, "best_gb_s_with_sync": best_sync, "checks": checks}
         Path(args.json).write_text(json.dumps(res, indent=1) + "\n")
     return 0
 

@@ -449,17 +449,17 @@ def fuse(model_ir: ir.Model, *, max_positions: int, local_check: bool = True, wo
     """The fused copy of a KV-cache file (module docstring); `model_ir` itself is left as it is.
 
     `workdir` (normexport.llm.files.Workdir): the checks run from files, for a model of any size:
-    the decomposed file is written there as `workdir.decomposed` (the weights streamed once, in a
-    thread while the fusion passes run), the fused one as the output's name sharing its data file
+    the decomposed file is written there as `workdir.decomposed` (the weights streamed once, by a
+    forked process while the fusion passes run: Workdir.write_behind), the fused one as the output's name sharing its data file
     (`Fusion.path`, `Fusion.decomposed_path`); one onnxruntime session at a time. Without it the
     files are serialised in memory (up to 2 GiB). `sessions` (a dict): receives the fused file's
     onnxruntime session as "fused" where the fusion is kept, for the generation check to run on
     (one session of the file made, not two)."""
     copy = _copy(model_ir)  # before the write below swaps model_ir's initializers for streaming ones
-    behind = None  # the decomposed file written while the passes run (the file writes release the GIL)
+    behind = None  # the decomposed file written while the passes run
     if workdir is not None and local_check and workdir.decomposed not in workdir.files:
         behind = workdir.write_behind(model_ir, workdir.decomposed)
-    try:  # (eager's steps are not run here too: with the write, each slowed the other, also on one torch thread)
+    try:  # (eager's steps are not run here too: on 2 cores they and the write each slowed the other, ~no gain)
         result = _fused_copy(model_ir, copy, max_positions)
     finally:
         write_error = behind.exception() if behind is not None else None  # waits for the write

@@ -57,30 +57,69 @@ class Workdir:
         the data file already holds (the same objects), the rest inline."""
         path = self.dir / name
         if not self._written:
-            from ..io import streamed
-
-            with streamed(model):  # non-C-order and packed weights streamed, not element by element
-                ir.save(model, path, external_data=self.data_name, size_threshold_bytes=1024, alignment=65536,
-                        max_workers=2)
-            written = {t.name: {e.key: e.value for e in t.external_data}
-                       for t in onnx.load(str(path), load_external_data=False).graph.initializer
-                       if t.data_location == onnx.TensorProto.EXTERNAL}
-            for v in model.graph.initializers.values():
-                if v.const_value is not None and v.name in written:
-                    self._written[id(v.const_value)] = (v.const_value, written[v.name])
-            if not self._written:  # nothing external: later writes are whole files too
-                self._written[0] = (None, {})
+            self._write_first(model, path)
+            self._record(path, {v.name: v.const_value for v in model.graph.initializers.values()})
         else:
             self._write_sharing(model, path)
         self.files[name] = path
         return path
 
-    def write_behind(self, model: ir.Model, name: str):
-        """`write` in a thread (a concurrent.futures.Future; its result the path): the caller goes on
-        with work that neither changes `model` nor reads its initializers' `const_value` objects
-        (io.streamed swaps them during the write); `files[name]` is set once it is written."""
-        from concurrent.futures import ThreadPoolExecutor
+    def _write_first(self, model: ir.Model, path: Path) -> None:
+        from ..io import streamed
 
+        with streamed(model):  # non-C-order and packed weights streamed, not element by element
+            ir.save(model, path, external_data=self.data_name, size_threshold_bytes=1024, alignment=65536,
+                    max_workers=2)
+
+    def _record(self, path: Path, tensors: dict) -> None:
+        """What the data file holds, from the file at `path` written from initializers `tensors`
+        (name -> tensor object): later writes share those tensors' bytes."""
+        written = {t.name: {e.key: e.value for e in t.external_data}
+                   for t in onnx.load(str(path), load_external_data=False).graph.initializer
+                   if t.data_location == onnx.TensorProto.EXTERNAL}
+        for vname, t in tensors.items():
+            if t is not None and vname in written:
+                self._written[id(t)] = (t, written[vname])
+        if not self._written:  # nothing external: later writes are whole files too
+            self._written[0] = (None, {})
+
+    def write_behind(self, model: ir.Model, name: str):
+        """`write` while the caller goes on (a concurrent.futures.Future; its result the path, its
+        exception an OSError where the write failed); `files[name]` is set once it is written.
+
+        The first write (the weights) is made by a forked copy of this process where the system has
+        fork: the copy shares the weights' memory (copy-on-write, nothing duplicated) and writes
+        them without this process's GIL. In a thread, the writer's numpy copies wait for the GIL
+        once per 64-column tile beside the caller's Python work (the fusion passes): the weights
+        moved at ~0.04 GB/s during those passes instead of ~1 GB/s alone (tools/bench_write.py).
+        Elsewhere (no fork, or a later write) a thread; then the caller must neither change `model`
+        nor read its initializers' `const_value` objects meanwhile (io.streamed swaps them)."""
+        from concurrent.futures import Future, ThreadPoolExecutor
+
+        if not self._written and hasattr(os, "fork") and _FORK:
+            future: Future = Future()
+            path = self.dir / name
+            tensors = {v.name: v.const_value for v in model.graph.initializers.values()}  # as written
+            try:
+                pid, err = _fork_call(lambda: self._write_first(model, path))
+            except OSError:  # (no memory for the page tables, a process limit): the thread below
+                pid = None
+            if pid is not None:
+                future.forked = True  # (the caller may run its own GIL-bound work meanwhile)
+
+                def wait():
+                    try:
+                        _wait_child(pid, err)
+                        self._record(path, tensors)
+                        self.files[name] = path
+                        future.set_result(path)
+                    except BaseException as e:  # noqa: BLE001 - the caller's future carries it
+                        future.set_exception(e)
+
+                import threading
+
+                threading.Thread(target=wait, name="normexport-write-wait", daemon=True).start()
+                return future
         pool = ThreadPoolExecutor(1, thread_name_prefix="normexport-write")
         try:
             return pool.submit(self.write, model, name)
@@ -134,3 +173,55 @@ class Workdir:
         os.replace(path, out)
         del self.files[name]
         return out
+
+
+#: whether write_behind may fork (tests turn it off to run the thread)
+_FORK = True
+
+
+def _fork_call(fn) -> tuple[int, int]:
+    """Run `fn()` in a forked child; returns (pid, read end of a pipe carrying the child's error line).
+    The child exits at once after `fn` (os._exit: no atexit handlers, no buffers of the parent's
+    flushed twice), status 0 where `fn` returned."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child
+        code = 1
+        try:
+            os.close(r)
+            import gc
+
+            gc.disable()  # (a collection would touch every object's page: copies of the parent's memory)
+            fn()
+            code = 0
+        except BaseException as e:  # noqa: BLE001 - reported to the parent, which raises it
+            try:
+                errno = getattr(e, "errno", None) or 0
+                text = getattr(e, "strerror", None) or f"{type(e).__name__}: {e}"
+                os.write(w, f"{errno}\n{text}".encode("utf-8", "replace")[:4000])
+            except BaseException:  # noqa: BLE001
+                pass
+        finally:
+            os._exit(code)
+    os.close(w)
+    return pid, r
+
+
+def _wait_child(pid: int, err: int) -> None:
+    """Wait for the child of `_fork_call`; its failure raised here as an OSError (its errno and text)."""
+    try:
+        chunks = []
+        while True:
+            b = os.read(err, 4096)
+            if not b:
+                break
+            chunks.append(b)
+    finally:
+        os.close(err)
+    _, status = os.waitpid(pid, 0)
+    if os.waitstatus_to_exitcode(status) != 0:
+        msg = b"".join(chunks).decode("utf-8", "replace")
+        errno, _, text = msg.partition("\n")
+        code = int(errno) if errno.strip().isdigit() else 0
+        text = text or f"the writing process ended with status {os.waitstatus_to_exitcode(status)}"
+        raise OSError(code or None, text) if code else OSError(text)
