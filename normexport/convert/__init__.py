@@ -17,7 +17,7 @@ import argparse
 
 from ..export import TARGETS
 from ..rewriter.cli import add_switches
-from . import attention, checking, exporting, inputs, loading, preparing, rewriting, writing
+from . import attention, checking, exporting, inputs, loading, prewrite, preparing, rewriting, writing
 from .loading import default_output  # noqa: F401 - the default output path, for callers
 from .record import Record
 
@@ -67,6 +67,7 @@ def run(args) -> int:
     finally:
         if rec.bypath is not None:  # the temp folder of a file checked from files: never left behind
             rec.bypath.close()
+        prewrite.close(rec)
     return rec.exit_code
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import onnx_ir as ir
 
 from .. import llm
-from . import record
+from . import prewrite, record
 from .record import Record
 
 
@@ -42,15 +42,7 @@ def run(rec: Record) -> Record:
 
 
 def _fits_by_path(rec: Record) -> bool:
-    """A file over PARITY_LIMIT runs from files when its weights fit beside the eager model: their
-    bytes in onnxruntime (bfloat16 widened to float32 there: twice) within BYPATH_MEMORY_SHARE of
-    the memory available now."""
-    from ..rewriter.driver import weight_bytes
-
-    free = record.available_memory()
-    widened = any(v.const_value is not None and v.const_value.dtype == ir.DataType.BFLOAT16
-                  for v in rec.model_ir.graph.initializers.values())
-    return free is not None and weight_bytes(rec.model_ir) * (2 if widened else 1) <= record.BYPATH_MEMORY_SHARE * free
+    return prewrite.fits_by_path(rec.model_ir)
 
 
 def _by_path(rec: Record) -> Record:
@@ -65,16 +57,23 @@ def _by_path(rec: Record) -> Record:
     if args.target == "ort" and not fuse:
         print(f"  attention: decomposed ({rec.off['attention']})")
     model_ir = rec.model_ir
+    ahead = prewrite.take(rec)  # packed, its weights being written since the judge (convert.prewrite)
     if fuse:  # q / k / v and gate / up packed before the decomposed file is written (its weights written once,
         from ..llm import packing  # packed): verified with the fusion by the local and generation checks
 
-        model_ir = model_ir.clone()
-        groups = packing.pack_siblings(model_ir)
-        rec.packing = packing.Packing(model_ir, groups, nodes_before=sum(1 for _ in rec.model_ir.graph),
+        if ahead is not None:  # (packed before the norm rewrite: the count it would have had unpacked now)
+            groups = ahead.groups
+            before = sum(1 for _ in model_ir.graph) + sum(len(g["matmuls"]) - 2 for g in groups)
+        else:
+            before = sum(1 for _ in model_ir.graph)
+            model_ir = model_ir.clone()
+            groups = packing.pack_siblings(model_ir)
+        rec.packing = packing.Packing(model_ir, groups, nodes_before=before,
                                       nodes_after=sum(1 for _ in model_ir.graph),
                                       reason="checked with the attention fusion (file over the in-memory limit)")
         print(packing.line_by_path(rec.packing))
-    checked = rec.bypath = bypath.fuse_and_check(model_ir, rec.module, rec.out, fuse=fuse, check=not args.no_check)
+    checked = rec.bypath = bypath.fuse_and_check(model_ir, rec.module, rec.out, fuse=fuse, check=not args.no_check,
+                                                 workdir=ahead.workdir if ahead is not None else None)
     if rec.packing is not None and checked.fusion is not None:
         rec.packing.packed_qkv = checked.fusion.packed_qkv
     rec.fused, rec.model_ir = checked.fusion, checked.model_ir

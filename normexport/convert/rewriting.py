@@ -5,11 +5,20 @@ on each file it exports."""
 from __future__ import annotations
 
 from .. import rewriter
+from . import prewrite
 from .record import Record
 
 
 def run(rec: Record) -> Record:
+    rec = prewrite.start(rec)  # a causal LM checked by path: its weights written while the rewrite runs
     report = rewriter.RewriteReport()
-    rec.model_ir = rewriter.rewrite_ir(rec.model_ir, target=rec.args.target, verify=True, report=report, off=rec.off)
+    try:
+        rec.model_ir = rewriter.rewrite_ir(rec.model_ir, target=rec.args.target, verify=True, report=report,
+                                           off=rec.off)
+    except BaseException:
+        prewrite.close(rec)
+        raise
+    if rec.prewrite is not None:
+        rec.prewrite.model = rec.model_ir  # (the rewrite edits the graph in place; its weights are the same tensors)
     rec.rewrite = report.to_dict()
     return rec

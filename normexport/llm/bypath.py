@@ -56,15 +56,17 @@ class Checked:
 
 
 def fuse_and_check(model_ir: ir.Model, lm, out, *, fuse: bool = True, check: bool = True,
-                   plain_export=None) -> Checked:
+                   plain_export=None, workdir: Workdir | None = None) -> Checked:
     """The attention fused (`fuse`: convert --target ort of a causal LM with its cache, the fusion
     not turned off) and verified, and the greedy generation check (`check`: not --no-check), run
     from files in a Workdir beside `out`. Prints convert's lines: the attention line and the
     generation table(s) (a failed check on the fused file: its table, then the decomposed file's).
-    `lm`: the CacheLM the file was exported from (kept: the generation check's eager reference)."""
+    `lm`: the CacheLM the file was exported from (kept: the generation check's eager reference).
+    `workdir`: a Workdir whose data file holds (or is being written with) `model_ir`'s weights
+    (Workdir.write_data_behind), taken over; else a new one."""
     from ..parity.generate import check_generation_ir
 
-    wd = Workdir(out)
+    wd = workdir if workdir is not None else Workdir(out)
     try:
         result = Checked(wd, model_ir, wd.decomposed)
         fused = None

@@ -11,12 +11,16 @@ never serialised whole, never held twice.
 
 The checked file then takes the output's place by renames (`place`): the output and
 `<output>.data` (the data file is named for the output from the start), no second write.
+
+The first write can run behind the caller (`write_behind`; `write_data_behind` for the weights alone,
+started before the graph is final: convert.prewrite), by a forked copy of the process on Linux.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -37,6 +41,12 @@ class Workdir:
         #: id(tensor) -> (tensor, TensorProto external_data entries) of what the data file holds
         self._written: dict[int, tuple[object, dict[str, str]]] = {}
         self.files: dict[str, Path] = {}
+        #: the weights' write started ahead (`write_data_behind`): its future, until a write waits for it
+        self._pending = None
+        self._child: int | None = None  # the forked writer's pid while it runs
+        #: large tensors a later write found outside the data file and appended to it (normally none)
+        self.appended = 0
+        self._ahead: set[int] = set()  # id() of the tensors `write_data_behind` writes
 
     def __enter__(self) -> "Workdir":
         return self
@@ -45,7 +55,44 @@ class Workdir:
         self.close()
 
     def close(self) -> None:
+        """Remove the folder; a forked writer still running is stopped first."""
+        pending, self._pending = self._pending, None
+        if pending is not None and not pending.done() and self._child is not None:
+            import signal
+
+            try:
+                os.kill(self._child, signal.SIGKILL)
+            except OSError:
+                pass
+            pending.exception()  # (reaped by the waiter)
         shutil.rmtree(self.dir, ignore_errors=True)
+
+    def write_data_behind(self, model: ir.Model) -> None:
+        """Start writing `model`'s weights into the data file now (`write_behind`: a forked process
+        where there is fork), before its graph is final: the files written later (`write`, any name)
+        wait for it and share its tensors, the graph alone. A tensor they hold that this write did not
+        (one the graph's later passes made) is appended to the data file then. (convert: the weights
+        of a causal LM checked by path are written while the norm rewrite and the fusion passes run.)"""
+        if self._written or self._pending is not None:
+            raise RuntimeError("the data file is written already")
+        self._ahead = {id(v.const_value) for v in model.graph.initializers.values() if v.const_value is not None}
+        self._pending = self.write_behind(model, _WEIGHTS)
+
+    def covers(self, model: ir.Model) -> bool:
+        """Every large initializer of `model` is a tensor the data file holds or is being written
+        with (the same object): its files will share them, nothing large appended."""
+        have = self._ahead | set(self._written)
+        return all(v.const_value is None or v.const_value.nbytes <= _APPEND_CHECK_BYTES or id(v.const_value) in have
+                   for v in model.graph.initializers.values())
+
+    def _settle(self) -> None:
+        """Wait for the write started by `write_data_behind`; its error raised here (an OSError)."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
+            scratch = self.files.pop(_WEIGHTS, None)
+            if scratch is not None:
+                scratch.unlink(missing_ok=True)
 
     @property
     def data_path(self) -> Path:
@@ -55,6 +102,7 @@ class Workdir:
         """`model` as `name` in the folder (left as it was). The first write streams every weight
         into the data file; a later one writes its graph alone where its initializers are tensors
         the data file already holds (the same objects), the rest inline."""
+        self._settle()
         path = self.dir / name
         if not self._written:
             self._write_first(model, path)
@@ -68,8 +116,8 @@ class Workdir:
         from ..io import streamed
 
         with streamed(model):  # non-C-order and packed weights streamed, not element by element
-            ir.save(model, path, external_data=self.data_name, size_threshold_bytes=1024, alignment=65536,
-                    max_workers=2)
+            ir.save(model, path, external_data=self.data_name, size_threshold_bytes=_INLINE_BYTES,
+                    alignment=_ALIGN, max_workers=2)
 
     def _record(self, path: Path, tensors: dict) -> None:
         """What the data file holds, from the file at `path` written from initializers `tensors`
@@ -87,8 +135,8 @@ class Workdir:
         """`write` while the caller goes on (a concurrent.futures.Future; its result the path, its
         exception an OSError where the write failed); `files[name]` is set once it is written.
 
-        The first write (the weights) is made by a forked copy of this process where the system has
-        fork: the copy shares the weights' memory (copy-on-write, nothing duplicated) and writes
+        The first write (the weights) is made by a forked copy of this process on Linux (elsewhere
+        fork without exec is not safe with the system's libraries): the copy shares the weights' memory (copy-on-write, nothing duplicated) and writes
         them without this process's GIL. In a thread, the writer's numpy copies wait for the GIL
         once per 64-column tile beside the caller's Python work (the fusion passes): the weights
         moved at ~0.04 GB/s during those passes instead of ~1 GB/s alone (tools/bench_write.py).
@@ -96,7 +144,7 @@ class Workdir:
         nor read its initializers' `const_value` objects meanwhile (io.streamed swaps them)."""
         from concurrent.futures import Future, ThreadPoolExecutor
 
-        if not self._written and hasattr(os, "fork") and _FORK:
+        if not self._written and self._pending is None and _FORK and sys.platform.startswith("linux"):
             future: Future = Future()
             path = self.dir / name
             tensors = {v.name: v.const_value for v in model.graph.initializers.values()}  # as written
@@ -106,6 +154,8 @@ class Workdir:
                 pid = None
             if pid is not None:
                 future.forked = True  # (the caller may run its own GIL-bound work meanwhile)
+
+                self._child = pid
 
                 def wait():
                     try:
@@ -132,6 +182,9 @@ class Workdir:
             for v in model.graph.initializers.values():
                 t = v.const_value
                 hit = self._written.get(id(t)) if t is not None else None
+                if (hit is None or hit[0] is not t) and t is not None and 0 not in self._written \
+                        and t.nbytes > _INLINE_BYTES:
+                    hit = self._append(t)  # a large tensor the data file lacks: never inline (2 GiB protobuf)
                 if hit is None or hit[0] is not t:
                     continue
                 info = hit[1]
@@ -147,6 +200,21 @@ class Workdir:
         tmp = path.with_name(path.name + ".tmp")
         onnx.save_model(proto, str(tmp))
         os.replace(tmp, path)
+
+    def _append(self, t) -> tuple[object, dict[str, str]]:
+        """`t`'s bytes appended to the data file (64 KiB aligned), recorded as the first write's are."""
+        import numpy as np
+
+        data = np.ascontiguousarray(t.numpy())
+        with open(self.data_path, "r+b") as f:
+            end = f.seek(0, os.SEEK_END)
+            offset = -(-end // _ALIGN) * _ALIGN
+            f.seek(offset)
+            f.write(memoryview(data.reshape(-1).view(np.uint8)))
+        info = {"location": self.data_name, "offset": str(offset), "length": str(data.nbytes)}
+        self._written[id(t)] = (t, info)
+        self.appended += 1
+        return self._written[id(t)]
 
     def place(self, name: str, out: str | os.PathLike | None = None, validate=None) -> Path:
         """The file `name` takes `out`'s place (default: the output this folder was made for) with
@@ -177,6 +245,13 @@ class Workdir:
 
 #: whether write_behind may fork (tests turn it off to run the thread)
 _FORK = True
+#: the graph file `write_data_behind` writes beside the data file (removed once recorded)
+_WEIGHTS = ".weights.onnx"
+#: tensors up to this many bytes stay in the graph (the first write's size_threshold_bytes)
+_INLINE_BYTES = 1024
+#: `covers` counts tensors over this size (a pass's new constants, the rotary caches, may be appended)
+_APPEND_CHECK_BYTES = 64 << 20
+_ALIGN = 65536
 
 
 def _fork_call(fn) -> tuple[int, int]:

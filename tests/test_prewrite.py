@@ -1,0 +1,132 @@
+"""convert.prewrite (issue 31 item 3): a causal LM checked by path has its projections packed and its
+weights written into the check's data file from the ladder's judge on, by a forked process, while
+the norm rewrite and the fusion passes run. The file must be the one convert wrote before: the same
+checks passing, eager's numbers, every weight written once (no second copy appended), no temp
+folder or writer process left, also when the grown file is refused and exported again."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import onnx
+import pytest
+
+pytest.importorskip("transformers")
+
+from normexport.convert import record  # noqa: E402
+from normexport.llm import files, shallow  # noqa: E402
+
+from test_depth import _convert, _file_vs_eager, _folder  # noqa: E402
+
+
+@pytest.fixture
+def by_path(monkeypatch):
+    """The tiny LLaMA checked from files, as a model over 2 GiB is; the prewrites and Workdirs made."""
+    monkeypatch.setattr(record, "PARITY_LIMIT", 1 << 10)
+    made = {"ahead": [], "workdirs": [], "first_writes_here": 0}
+    real_init, real_ahead, real_first = files.Workdir.__init__, files.Workdir.write_data_behind, files.Workdir._write_first
+
+    def first(self, *a, **k):  # in this process: a forked writer's call is not counted
+        made["first_writes_here"] += 1
+        time.sleep(1.0)  # a writer slower than the passes (as on a large model): the files must wait for it
+        return real_first(self, *a, **k)
+
+    monkeypatch.setattr(files.Workdir, "_write_first", first)
+
+    def init(self, *a, **k):
+        real_init(self, *a, **k)
+        made["workdirs"].append(self)
+
+    def ahead(self, model):
+        made["ahead"].append(self)
+        return real_ahead(self, model)
+
+    monkeypatch.setattr(files.Workdir, "__init__", init)
+    monkeypatch.setattr(files.Workdir, "write_data_behind", ahead)
+    return made
+
+
+def _weight_bytes(folder) -> int:
+    import transformers
+
+    m = transformers.AutoModelForCausalLM.from_pretrained(folder)
+    return sum(p.numel() * p.element_size() for p in m.parameters())
+
+
+def _external_bytes(path) -> int:
+    return sum(int({e.key: e.value for e in t.external_data}["length"])
+               for t in onnx.load(str(path), load_external_data=False).graph.initializer
+               if t.data_location == onnx.TensorProto.EXTERNAL)
+
+
+def test_weights_written_ahead_once(tmp_path, by_path):
+    folder = _folder(tmp_path)
+    out = tmp_path / "out"
+    code, text = _convert(folder, out)
+    assert code == 0, text
+    assert len(by_path["ahead"]) == 1 and by_path["workdirs"] == by_path["ahead"], by_path
+    wd = by_path["ahead"][0]
+    assert wd._pending is None and not wd.dir.exists()  # waited for, folder removed
+    assert by_path["first_writes_here"] == 0  # the weights written by the forked writer alone, once
+    assert wd.appended <= 2  # the rotary's cos / sin caches the fusion made (inline before), no weight
+    assert "projections: 16 group(s) of MatMuls" in text and "8 com.microsoft.GroupQueryAttention" in text, text
+    assert "local check PASSED (the fused file in onnxruntime against eager" in text, text
+    assert _file_vs_eager(folder, out / "model.onnx") < 1e-4
+    # every weight once: the data file holds the weights (tied embedding: once) and what the fusion made
+    # (the rotary caches, appended), no second copy of a weight
+    weights = _weight_bytes(folder)
+    data = (out / "model.onnx.data").stat().st_size
+    assert _external_bytes(out / "model.onnx") <= data < 1.2 * weights, (data, weights)
+    assert not list(out.glob(".normexport-*")) and not list(tmp_path.glob("**/.weights.onnx"))
+
+
+def test_generation_check_on_the_prewritten_files(tmp_path, by_path):
+    folder = _folder(tmp_path)
+    from normexport.cli import main
+    import contextlib
+    import io
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        code = main(["convert", str(folder), "-o", f"{tmp_path / 'out'}/", "--target", "ort"])
+    text = buf.getvalue()
+    assert code == 0, text
+    assert len(by_path["ahead"]) == 1, by_path
+    assert "generation check PASSED on the fused file" in text and "PASSED: 16/16 steps" in text, text
+
+
+def test_refused_grown_file_closes_its_prewrite(tmp_path, monkeypatch, by_path):
+    """The grown file wrong (a planted weight mapping): the first file's prewrite goes with its folder,
+    the file exported whole gets its own, and the file written is eager's."""
+    folder = _folder(tmp_path)
+    real = shallow.plan
+
+    def planted(*a, **k):
+        plan = real(*a, **k)
+        if plan is not None:
+            right = plan.weights
+            plan.weights = lambda name: right(re.sub(r"layers\.\d+\.", "layers.2.", name))
+        return plan
+
+    monkeypatch.setattr(shallow, "plan", planted)
+    code, text = _convert(folder, tmp_path / "out")
+    assert code == 0, text
+    assert "depth: the grown file FAILED against eager" in text, text
+    assert len(by_path["ahead"]) == 2, by_path
+    assert all(not wd.dir.exists() and wd._pending is None for wd in by_path["workdirs"])
+    assert _file_vs_eager(folder, tmp_path / "out" / "model.onnx") < 1e-4
+
+
+def test_a_file_whose_weights_a_pass_rebuilt_is_written_again(tmp_path, monkeypatch, by_path):
+    """Where the file the attention stage gets does not hold the tensors written ahead (a pass rebuilt
+    them), the folder is dropped and the weights are written from that file: never half shared."""
+    from normexport.llm.files import Workdir
+
+    monkeypatch.setattr(Workdir, "covers", lambda self, model: False)
+    folder = _folder(tmp_path)
+    code, text = _convert(folder, tmp_path / "out")
+    assert code == 0, text
+    assert len(by_path["ahead"]) == 1 and len(by_path["workdirs"]) == 2, by_path
+    assert all(not wd.dir.exists() for wd in by_path["workdirs"])
+    assert _file_vs_eager(folder, tmp_path / "out" / "model.onnx") < 1e-4
