@@ -12,8 +12,8 @@ and peak RSS from /usr/bin/time -v):
 then each file in onnxruntime CPU (its own process, default session options) by one loop: prefill
 of --prefill tokens (batch 1, empty past), then --decode greedy steps with the cache fed back;
 prefill latency is the median of 3 runs, decode tokens/s over the decode steps. With --repeat N
-the speed runs go N rounds, the files alternating within each round (so a change of machine load
-hits every file alike); the table gives each file's median and the JSON every round. With
+the speed runs go N rounds, the files alternating within each round, in reverse order every other
+round (A B, B A, ...: a change of machine load hits every file alike, and no file always runs first); the table gives each file's median and the JSON every round. With
 --export-repeat N the exports go N rounds the same way (each into a new folder, the folder's
 weights read into the page cache first); the export time is each exporter's median, its ratio
 to genai's builder printed, every run in the JSON. The anchor: this machine's read bandwidth (every core) over the bytes of
@@ -240,6 +240,14 @@ def speed(onnx_path: Path, prefill: int, decode: int, work: Path, preset: str) -
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
+def _abba(items: list, k: int) -> list:
+    """Round k's order: as given in even rounds, reversed in odd ones (A B, B A, A B, ...), so that
+    no file always runs first after an export or after the other's run (the page cache and the
+    memory just freed favour one place in a round: the same two files swapped 1st / 2nd place in
+    their decode speed between rounds on the 2-vCPU VM)."""
+    return items if k % 2 == 0 else items[::-1]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--work", type=Path, required=True)
@@ -261,7 +269,7 @@ def main(argv=None) -> int:
     rows, paths = [], {}
     names = args.only.split(",")
     for k in range(max(1, args.export_repeat)):  # export rounds, exporters alternating (a shared VM drifts)
-        for i, name in enumerate(names):
+        for i, name in _abba(list(enumerate(names)), k):
             shutil.rmtree(args.work / name, ignore_errors=True)  # each export writes a new folder
             warm_cache(folder)  # every exporter starts with the folder in the page cache (the first one paid the disk read)
             row, path = export(name, folder, args.work)
@@ -277,7 +285,7 @@ def main(argv=None) -> int:
             if path is not None and rows[i]["rc"] == 0:
                 paths[name] = path
     for k in range(max(1, args.repeat)):  # speed rounds after every export, files alternating
-        for row in rows:
+        for row in _abba(rows, k):
             if row["exporter"] in paths:
                 got = speed(paths[row["exporter"]], args.prefill, args.decode, args.work, args.preset)
                 row.setdefault("rounds", []).append(got)

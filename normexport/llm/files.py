@@ -69,7 +69,7 @@ class Workdir:
 
     def write_data_behind(self, model: ir.Model) -> None:
         """Start writing `model`'s weights into the data file now (`write_behind`: a forked process
-        where there is fork), before its graph is final: the files written later (`write`, any name)
+        on Linux), before its graph is final: the files written later (`write`, any name)
         wait for it and share its tensors, the graph alone. A tensor they hold that this write did not
         (one the graph's later passes made) is appended to the data file then. (convert: the weights
         of a causal LM checked by path are written while the norm rewrite and the fusion passes run.)"""
@@ -136,12 +136,13 @@ class Workdir:
         exception an OSError where the write failed); `files[name]` is set once it is written.
 
         The first write (the weights) is made by a forked copy of this process on Linux (elsewhere
-        fork without exec is not safe with the system's libraries): the copy shares the weights' memory (copy-on-write, nothing duplicated) and writes
-        them without this process's GIL. In a thread, the writer's numpy copies wait for the GIL
-        once per 64-column tile beside the caller's Python work (the fusion passes): the weights
-        moved at ~0.04 GB/s during those passes instead of ~1 GB/s alone (tools/bench_write.py).
-        Elsewhere (no fork, or a later write) a thread; then the caller must neither change `model`
-        nor read its initializers' `const_value` objects meanwhile (io.streamed swaps them)."""
+        fork without exec is not safe with the system's libraries): the copy shares the weights'
+        memory (copy-on-write, nothing duplicated) and writes them without this process's GIL. A
+        writer thread's numpy copies wait for the GIL once per 64-column tile beside the caller's
+        Python work: 0.04 GB/s beside a busy Python thread, against the fork's 0.72 and a plain
+        copy's 0.93 (tools/bench_write.py --busy, 2-vCPU VM). Elsewhere (no fork, fork failed, a
+        later write) a thread; then the caller must neither change `model` nor read its
+        initializers' `const_value` objects meanwhile (io.streamed swaps them)."""
         from concurrent.futures import Future, ThreadPoolExecutor
 
         if not self._written and self._pending is None and _FORK and sys.platform.startswith("linux"):
@@ -154,7 +155,6 @@ class Workdir:
                 pid = None
             if pid is not None:
                 future.forked = True  # (the caller may run its own GIL-bound work meanwhile)
-
                 self._child = pid
 
                 def wait():
