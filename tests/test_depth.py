@@ -177,10 +177,10 @@ def test_convert_checks_the_grown_file_against_eager(tmp_path):
     assert _file_vs_eager(folder, tmp_path / "out" / "model.onnx") < 1e-4
 
 
-def test_convert_exports_whole_when_the_grown_file_is_wrong(tmp_path, monkeypatch):
-    """A planted wrong weight mapping: the local check's eager comparison fails, convert says so and
-    exports the whole decoder; the file written matches eager."""
-    folder = _folder(tmp_path)
+def plant_wrong_mapping(monkeypatch) -> None:
+    """Every grown block reads block 2's weights (a planted bug in the depth plan's weight mapping)."""
+    import re
+
     real = shallow.plan
 
     def planted(*a, **k):
@@ -190,9 +190,14 @@ def test_convert_exports_whole_when_the_grown_file_is_wrong(tmp_path, monkeypatc
             plan.weights = lambda name: right(re.sub(r"layers\.\d+\.", "layers.2.", name))
         return plan
 
-    import re
-
     monkeypatch.setattr(shallow, "plan", planted)
+
+
+def test_convert_exports_whole_when_the_grown_file_is_wrong(tmp_path, monkeypatch):
+    """A planted wrong weight mapping: the local check's eager comparison fails, convert says so and
+    exports the whole decoder; the file written matches eager."""
+    folder = _folder(tmp_path)
+    plant_wrong_mapping(monkeypatch)
     code, out = _convert(folder, tmp_path / "out")
     assert code == 0, out
     assert "depth: the grown file FAILED against eager" in out and "exporting the whole decoder instead" in out

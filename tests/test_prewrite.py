@@ -6,7 +6,6 @@ folder or writer process left, also when the grown file is refused and exported 
 
 from __future__ import annotations
 
-import re
 import time
 
 import onnx
@@ -15,9 +14,9 @@ import pytest
 pytest.importorskip("transformers")
 
 from normexport.convert import record  # noqa: E402
-from normexport.llm import files, shallow  # noqa: E402
+from normexport.llm import files  # noqa: E402
 
-from test_depth import _convert, _file_vs_eager, _folder  # noqa: E402
+from test_depth import _convert, _file_vs_eager, _folder, plant_wrong_mapping  # noqa: E402
 
 
 @pytest.fixture
@@ -100,16 +99,7 @@ def test_refused_grown_file_closes_its_prewrite(tmp_path, monkeypatch, by_path):
     """The grown file wrong (a planted weight mapping): the first file's prewrite goes with its folder,
     the file exported whole gets its own, and the file written is eager's."""
     folder = _folder(tmp_path)
-    real = shallow.plan
-
-    def planted(*a, **k):
-        plan = real(*a, **k)
-        if plan is not None:
-            right = plan.weights
-            plan.weights = lambda name: right(re.sub(r"layers\.\d+\.", "layers.2.", name))
-        return plan
-
-    monkeypatch.setattr(shallow, "plan", planted)
+    plant_wrong_mapping(monkeypatch)
     code, text = _convert(folder, tmp_path / "out")
     assert code == 0, text
     assert "depth: the grown file FAILED against eager" in text, text
