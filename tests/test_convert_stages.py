@@ -23,13 +23,16 @@ STAGES = ("loading", "inputs", "preparing", "exporting", "rewriting", "attention
 
 
 def test_stages_never_call_back_up():
-    """A stage imports no other stage (only the record and the terminal summary), and nothing outside
-    normexport.convert imports it except the CLI: the pass is run by normexport/convert/__init__.py
-    alone."""
+    """A stage imports no other stage (only the record, the terminal summary and the weights written
+    ahead, convert.prewrite, which imports no stage either), and nothing outside normexport.convert
+    imports it except the CLI: the pass is run by normexport/convert/__init__.py alone."""
     graph = import_graph(ROOT)
+    shared = {"normexport.convert.record", "normexport.convert.summary", "normexport.convert.prewrite"}
     for s in STAGES:
         deps = {d for d in graph[f"normexport.convert.{s}"] if d.startswith("normexport.convert")}
-        assert deps <= {"normexport.convert.record", "normexport.convert.summary"}, (s, deps)
+        assert deps <= shared, (s, deps)
+    assert {d for d in graph["normexport.convert.prewrite"] if d.startswith("normexport.convert")} <= {
+        "normexport.convert.record"}
     users = sorted(m for m, deps in graph.items() if not m.startswith("normexport.convert")
                    and any(d.startswith("normexport.convert") for d in deps))
     assert users == ["normexport.cli"], users

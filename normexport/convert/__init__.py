@@ -9,6 +9,9 @@ takes the record and returns it, none calling back up:
     attention  a causal LM's attention as onnxruntime's GroupQueryAttention (--target ort)
     checking   the check shown, or run (greedy generation for a causal LM with its cache)
     writing    the report, the file (atomically, only when checked), a causal LM's deployable folder
+
+prewrite.py is not a stage: the weights of a causal LM checked by path written ahead, started by the
+rewrite stage, taken by the attention stage, closed by whoever drops the file.
 """
 
 from __future__ import annotations
