@@ -181,15 +181,11 @@ def test_the_memory_rule_counts_bfloat16_twice(monkeypatch, dtype, fits):
     """onnxruntime's CPU provider runs a bfloat16 file widened to float32: its weights count twice
     against the memory available (1000 bytes of weights, 1700 available, share 0.6: float32's
     1000 <= 1020 fits, bfloat16's 2 x 1000 does not)."""
-    import argparse
-
-    from normexport.convert import attention as stage
-    from normexport.convert import record
+    from normexport.convert import prewrite, record
 
     monkeypatch.setattr(record, "available_memory", lambda: 1700)
     t = ir.tensor(np.ones(250, np.float32)) if dtype is np.float32 else \
         ir.tensor(np.ones(500, np.uint16), dtype=ir.DataType.BFLOAT16)
     v = ir.Value(name="w", const_value=t, type=ir.TensorType(t.dtype), shape=ir.Shape(t.shape))
     graph = ir.Graph([], [], nodes=[], initializers=[v], opset_imports={"": 20})
-    rec = record.Record(args=argparse.Namespace(), model_ir=ir.Model(graph, ir_version=10))
-    assert stage._fits_by_path(rec) is fits
+    assert prewrite.fits_by_path(ir.Model(graph, ir_version=10)) is fits

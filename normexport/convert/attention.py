@@ -14,7 +14,7 @@ from .record import Record
 
 def run(rec: Record) -> Record:
     args = rec.args
-    if rec.task == llm.WITH_PAST and rec.model is None and _fits_by_path(rec):
+    if rec.task == llm.WITH_PAST and rec.model is None and prewrite.fits_by_path(rec.model_ir):
         return _by_path(rec)
     if rec.task != llm.WITH_PAST or args.target != "ort":
         return rec
@@ -39,10 +39,6 @@ def run(rec: Record) -> Record:
     if rec.fused.model is None or args.no_check:
         print(attention.line(rec.fused, "generation check not run (--no-check)" if args.no_check else None))
     return rec
-
-
-def _fits_by_path(rec: Record) -> bool:
-    return prewrite.fits_by_path(rec.model_ir)
 
 
 def _by_path(rec: Record) -> Record:

@@ -450,8 +450,8 @@ def fuse(model_ir: ir.Model, *, max_positions: int, local_check: bool = True, wo
 
     `workdir` (normexport.llm.files.Workdir): the checks run from files, for a model of any size:
     the decomposed file is written there as `workdir.decomposed` (the weights streamed once, by a
-    forked process while the fusion passes run: Workdir.write_behind), the fused one as the output's name sharing its data file
-    (`Fusion.path`, `Fusion.decomposed_path`); one onnxruntime session at a time. Without it the
+    forked process while the fusion passes run: Workdir.write_behind), the fused one as the
+    output's name sharing its data file (`Fusion.path`, `Fusion.decomposed_path`); one onnxruntime session at a time. Without it the
     files are serialised in memory (up to 2 GiB). `sessions` (a dict): receives the fused file's
     onnxruntime session as "fused" where the fusion is kept, for the generation check to run on
     (one session of the file made, not two)."""

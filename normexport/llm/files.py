@@ -101,7 +101,8 @@ class Workdir:
     def write(self, model: ir.Model, name: str) -> Path:
         """`model` as `name` in the folder (left as it was). The first write streams every weight
         into the data file; a later one writes its graph alone where its initializers are tensors
-        the data file already holds (the same objects), the rest inline."""
+        the data file already holds (the same objects), appends the other large ones to it and keeps
+        the small ones inline."""
         self._settle()
         path = self.dir / name
         if not self._written:
@@ -259,7 +260,12 @@ def _fork_call(fn) -> tuple[int, int]:
     The child exits at once after `fn` (os._exit: no atexit handlers, no buffers of the parent's
     flushed twice), status 0 where `fn` returned."""
     r, w = os.pipe()
-    pid = os.fork()
+    try:
+        pid = os.fork()
+    except OSError:
+        os.close(r)
+        os.close(w)
+        raise
     if pid == 0:  # the child
         code = 1
         try:
@@ -299,4 +305,4 @@ def _wait_child(pid: int, err: int) -> None:
         errno, _, text = msg.partition("\n")
         code = int(errno) if errno.strip().isdigit() else 0
         text = text or f"the writing process ended with status {os.waitstatus_to_exitcode(status)}"
-        raise OSError(code or None, text) if code else OSError(text)
+        raise OSError(code, text) if code else OSError(text)
