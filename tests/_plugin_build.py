@@ -183,11 +183,12 @@ def build_plugins(archs: str | None = None, tensorrt_root: str | None = None,
 # CPU emulation build (tests/cuda_emu/emu.h): the kernel sources compiled by the host compiler
 # ------------------------------------------------------------------------------------------
 EMU_DIR = REPO_ROOT / "tests" / "cuda_emu"
-KERNEL_SOURCES = ("rms_norm.cu", "layer_norm.cu", "adaln_zero.cu", "skip_rms_norm.cu", "gated_adaln_zero.cu")
+KERNEL_SOURCES = ("rms_norm.cu", "layer_norm.cu", "adaln_zero.cu", "skip_rms_norm.cu", "gated_adaln_zero.cu",
+                  "launch_config.cu")
 #: the TensorRT plugin sources (plugins/tensorrt/), one per op plus the library entry points
 PLUGIN_SOURCES = ("rmsNormPlugin.cpp", "adaLNZeroPlugin.cpp", "skipRmsNormPlugin.cpp", "gatedAdaLNZeroPlugin.cpp",
                   "plugins.cpp")
-_LAUNCH_RE = re.compile(r"([A-Za-z_]\w*<[^;{}<>]*>)\s*<<<(.+?)>>>", re.S)
+_LAUNCH_RE = re.compile(r"([A-Za-z_]\w*(?:<[^;{}<>]*>)?)\s*<<<(.+?)>>>", re.S)
 _EMU_CACHE: dict[tuple, Path] = {}
 
 

@@ -287,7 +287,7 @@ def test_gated_adaln_zero(lib, hidden, dtype_id, mod_full, affine):
 # too, with a fourth (statistics of X instead of the sum) that these checks also catch.
 FUSED_PLANTS = (
     # the gate ignored in the row kernels (Sum = X + update)
-    ("a[k] = to_float(v[i].v[k]) + g[k] * to_float(r.v[k]);", "a[k] = to_float(v[i].v[k]) + to_float(r.v[k]);"),
+    ("a[k] = get(rr.x[i], k) + g[k] * get(rr.r[i], k);", "a[k] = get(rr.x[i], k) + get(rr.r[i], k);"),
     # the looped kernel reads the gate of modulation row 0 for every row
     ("gr = static_cast<T const*>(p.gate) + mrow * p.hidden;", "gr = static_cast<T const*>(p.gate);"),
     # SkipRMSNorm's bias dropped from the sum
@@ -336,11 +336,12 @@ def test_adaln_zero_misaligned_parameter(lib, which):
     # a warp reduction that skips its last butterfly step: each row sums half its lanes
     (("for (int off = LANES / 2; off > 0; off >>= 1)", "for (int off = LANES / 2; off > 1; off >>= 1)"), 256, 19),
     # padding rows of the last group-kernel block treated as real rows: they write past y
-    (("norm_row<T, K, VEC, VPT>(p, row < p.rows ? row : 0, row < p.rows, tid, LANES, reduce);",
-      "norm_row<T, K, VEC, VPT>(p, row, true, tid, LANES, reduce);"), 8, 19),
+    (("p, row < rows ? row : 0, row < rows, fresh(tid), LANES, rr[j], aff, reduce);",
+      "p, row, true, fresh(tid), LANES, rr[j], aff, reduce);"), 8, 19),
     # a lane that leaves the block reduction early: the others wait for it at the barriers
-    (("    v = group_sum<32>(v);\n    if (lane == 0)",
-      "    if (threadIdx.x == 1)\n        return 0.f;\n    v = group_sum<32>(v);\n    if (lane == 0)"), 4096, 1),
+    (("    v = group_sum<32>(v);\n    if (lane == 0)\n        put_warp",
+      "    if (threadIdx.x == 1)\n        return V{};\n    v = group_sum<32>(v);\n    if (lane == 0)\n        put_warp"),
+     4096, 1),
 ], ids=["half-reduction", "padding-rows-write", "lane-skips-barrier"])
 def test_emulation_catches_planted_kernel_bugs(planted, hidden, rows):
     """The emulated tests can fail: each planted bug makes the same checks fail (wrong values,
@@ -404,8 +405,10 @@ def test_kernels_race_free_under_tsan():
 
 
 def test_tsan_catches_a_planted_missing_barrier():
-    """The race check can fail: without block_sum's trailing __syncthreads, the next reduction's
-    writes to shared memory race with this one's reads."""
-    planted = ("    t = group_sum<32>(t);\n    __syncthreads();\n    return t;", "    t = group_sum<32>(t);\n    return t;")
+    """The race check can fail: the row kernels' one barrier per row is enough only because the
+    shared-memory buffer of the reduction alternates between rows; with one buffer for every row,
+    the next row's writes race with this row's reads (a block of the emulated 2-SM grid takes
+    several rows)."""
+    planted = ("        parity ^= 1;\n", "")
     run = _run_driver(_sanitized_driver("thread", (planted,)), ["1000"], timeout=600)
-    assert run.returncode != 0 and "data race" in run.stderr and "block_sum" in run.stderr, run.stderr[-2000:]
+    assert run.returncode != 0 and "data race" in run.stderr and "block_reduce" in run.stderr, run.stderr[-2000:]

@@ -95,6 +95,44 @@ NORMEXPORT_API cudaError_t normexport_gated_adaln_zero(void const* x, void const
     void const* shift, void const* scale, void const* weight, void const* bias, void* y, void* sum, int64_t batch,
     int64_t seq, int64_t hidden, int mod_full, int dtype, float eps, cudaStream_t stream);
 
+/* Which kernel a call runs, as the dispatcher picks it (normexport_launch_config). */
+typedef enum normexport_kernel
+{
+    NORMEXPORT_KERNEL_GROUP = 0,  /* LANES threads per row, rows_per_group rows per thread group */
+    NORMEXPORT_KERNEL_BLOCK = 1,  /* one row per block at a time, `threads` threads */
+    NORMEXPORT_KERNEL_LOOPED = 2  /* any hidden size, several passes over global memory */
+} normexport_kernel;
+
+/* The ops, in the order of the kernels' NormKind. */
+typedef enum normexport_op
+{
+    NORMEXPORT_OP_RMS_NORM = 0,
+    NORMEXPORT_OP_LAYER_NORM = 1,
+    NORMEXPORT_OP_ADALN_ZERO = 2,
+    NORMEXPORT_OP_SKIP_RMS_NORM = 3,
+    NORMEXPORT_OP_GATED_ADALN_ZERO = 4
+} normexport_op;
+
+typedef struct normexport_launch_config
+{
+    int kernel;             /* normexport_kernel */
+    int vec;                /* elements per vector access: 16 / sizeof(dtype), or 1 (scalar path) */
+    int vectors_per_thread; /* row kernels: vectors of a row each thread holds */
+    int lanes;              /* group kernel: threads per row */
+    int rows_per_group;     /* group kernel: rows each thread group holds at once */
+    int threads;            /* threads per block */
+    int prefetch;           /* block kernel: the next row's loads issued before this row's statistics */
+} normexport_launch_config;
+
+/*
+ * The launch configuration the op's entry point uses for `rows` x `hidden` in `dtype`, with every
+ * pointer 16-byte aligned (aligned != 0) or not. Host only (no CUDA call, no GPU needed): for
+ * tests and tools that check the kernels' resource budgets. Returns 0, or cudaErrorInvalidValue
+ * for a bad op, dtype, size or a NULL `out`.
+ */
+NORMEXPORT_API int normexport_launch_config_for(int op, int dtype, int64_t rows, int64_t hidden, int aligned,
+    normexport_launch_config* out);
+
 /* Version of this ABI (bumped on any incompatible change). */
 NORMEXPORT_API int normexport_kernels_abi_version(void);
 

@@ -1,25 +1,43 @@
 // Shared implementation of the normexport row-normalisation kernels (internal header).
 //
-// Three row-register kernels and one fallback, all templated on the IO type T and the op:
-//   - norm_group_kernel: LANES threads (8..32, i.e. at most one warp) per row, several rows per
-//     128-thread block; used for short rows.
-//   - norm_block_kernel: one row per block of up to 1024 threads (blockDim chosen at launch so that
-//     each thread holds VPT = 2 vectors of the row up to hidden 16384 in half precision, 8192 in
-//     float32: 64..1024 threads per row, RMSNorm at <= 32 registers so 2048 threads and as many
-//     16-byte loads in flight per SM; 8 vectors in blocks of <= 512 threads beyond that).
+// Design (docs/design.md "Kernel budgets", docs/kernels.md "Kernel layout"):
+//   - norm_group_kernel: LANES threads (8..32, at most one warp) per row, two rows per thread group
+//     (twice the loads in flight), 128-thread blocks; used for short rows (per-head q/k norms).
+//     The weight / bias of a lane's columns are loaded once per block, before the row loop.
+//   - norm_block_kernel: one row per block at a time; blockDim (a multiple of 32, <= 1024) chosen
+//     at launch so that each thread holds VPT vectors of the row (2 up to 2048 vectors: 16384
+//     half-precision / 8192 float32 values; 4 up to 4096 vectors). With PREFETCH the next row's
+//     loads are issued before the current row's statistics, so they stay in flight across it.
 //   - norm_looped_kernel: one row per block, any hidden size, several passes over global memory.
-// The row kernels keep the whole row in registers as packed IO values (VPT vectors of VEC elements
-// per thread: a bf16/fp16 vector of 8 is 4 registers, half of what float32 copies would take),
-// loops fully unrolled so no register array is indexed dynamically; they compute the mean first
-// and then the sum of squared deviations from those registers (two-pass, numerically stable) and
-// write y once. VEC = 16 / sizeof(T) gives 128-bit global loads/stores; VEC = 1 is the generic
-// scalar path. __launch_bounds__ caps the registers (min_blocks_for).
+// The row kernels run a persistent grid (as many blocks as fit on the GPU at once, each looping
+// over rows), keep the whole row in registers as packed IO values (VPT vectors of VEC elements per
+// thread: a bf16/fp16 vector of 8 is 4 registers), loops fully unrolled so no register array is
+// indexed dynamically, and write y once. VEC = 16 / sizeof(T) gives 128-bit loads/stores; VEC = 1
+// is the generic scalar path.
+//
+// Statistics: one reduction round per row. Each thread takes the two-pass moments of its own
+// values (count, mean, M2 = sum of squared deviations from its mean) from registers, then the
+// moments are merged across the row with Chan's formula (warp shuffles; in the block kernel one
+// shared-memory exchange between warps behind one barrier, its buffer alternating between rows so
+// that no second barrier is needed). RMS kinds reduce the sum of squares the same way. The merge
+// is ordered by lane (the lower half is always the left operand), so every lane of a row computes
+// bit-identical statistics.
+//
+// Memory: x (and the skip / update) is read once, through the non-coherent path without
+// allocating in L1 (ld.global.nc.L1::no_allocate), so the parameters (weight, bias, the per-sample
+// shift / scale / gate, read by many rows through __ldg) stay in L1; y (and the sum) are written
+// with streaming stores (st.global.cs). Row indices are 32-bit (the dispatcher sends 2^31 rows or
+// more to the looped kernel).
+//
+// Registers: each kernel carries __maxnreg__(reg_budget) so that the occupancy of docs/design.md
+// holds at the block sizes the dispatcher uses (tests/test_kernel_budgets.py checks it from the
+// built library's resource usage, without a GPU).
 //
 // The fused residual kinds (kSkipRms, kGatedAdaLN) first form the row sum
 //   Sum = X + skip [+ bias]        (SkipRMSNorm)
 //   Sum = X + gate * update        (GatedAdaLNZero)
 // in float32, round it to T, store it (the next residual) and normalise that stored value, so the
-// fused op equals the unfused Add + norm of the same dtype (DESIGN §2).
+// fused op equals the unfused Add + norm of the same dtype (docs/design.md, the op contracts).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -29,7 +47,16 @@
 #include <stdint.h>
 #include <string.h>
 
+#include <type_traits>
+
 #include "normexport_kernels.h"
+
+#if !defined(NORMEXPORT_BLOCK_PREFETCH)
+#define NORMEXPORT_BLOCK_PREFETCH 0
+#endif
+#if !defined(NORMEXPORT_PREFETCH_BUDGET)
+#define NORMEXPORT_PREFETCH_BUDGET 40
+#endif
 
 namespace normexport
 {
@@ -85,81 +112,220 @@ __device__ __forceinline__ __half from_float<__half>(float v) { return __float2h
 template <>
 __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
 
-// N elements of T, aligned to their full size so a 16-byte pack is one 128-bit access.
+// N elements of T held as 32-bit words (a 16-byte pack: 4 registers, 8 bf16 / fp16 or 4 float32
+// values; the scalar path's single 16-bit value sits in the low half of one word). Elements are
+// read and written through get / set_all with bit operations on the words, so the compiler keeps
+// 4 registers per vector instead of splitting bf16 / fp16 pairs into 8.
 template <typename T, int N>
-struct alignas(sizeof(T) * N) Pack
+struct Pack
 {
-    T v[N];
+    static constexpr int kBytes = static_cast<int>(sizeof(T)) * N;
+    static constexpr int kWords = kBytes >= 4 ? kBytes / 4 : 1;
+    uint32_t w[kWords];
 };
 
-// One pack from p (aligned to its size): a 16-byte pack as one 128-bit access, through the
-// non-coherent read-only path when READ_ONLY (parameters re-read by many rows).
-template <typename T, int N, bool READ_ONLY>
-__device__ __forceinline__ void load_into(T const* p, Pack<T, N>& pk)
+__device__ __forceinline__ float bits_float(uint32_t u)
 {
-    if constexpr (sizeof(Pack<T, N>) == 16)
-    {
-        uint4 raw;
-        if constexpr (READ_ONLY)
-            raw = __ldg(reinterpret_cast<uint4 const*>(p));
-        else
-            raw = *reinterpret_cast<uint4 const*>(p);
-        memcpy(&pk, &raw, sizeof(raw));
-    }
+    float f;
+    memcpy(&f, &u, sizeof(f));
+    return f;
+}
+__device__ __forceinline__ uint32_t float_bits(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof(u));
+    return u;
+}
+template <typename T>
+__device__ __forceinline__ T half_from_bits(uint32_t u)
+{
+    uint16_t const h = static_cast<uint16_t>(u & 0xffffu);
+    T t;
+    memcpy(&t, &h, sizeof(t));
+    return t;
+}
+template <typename T>
+__device__ __forceinline__ uint32_t half_bits(T t)
+{
+    uint16_t h;
+    memcpy(&h, &t, sizeof(h));
+    return h;
+}
+
+// Element k (a compile-time constant after unrolling) as float.
+template <typename T, int N>
+__device__ __forceinline__ float get(Pack<T, N> const& pk, int k)
+{
+    if constexpr (sizeof(T) == 4)
+        return bits_float(pk.w[k]);
+    else if constexpr (N == 1)
+        return to_float(half_from_bits<T>(pk.w[0]));
     else
     {
-        pk = *reinterpret_cast<Pack<T, N> const*>(p);
+        uint32_t const word = pk.w[k / 2];
+        if constexpr (std::is_same_v<T, __nv_bfloat16>)
+            return bits_float((k & 1) ? (word & 0xffff0000u) : (word << 16));
+        else
+        {
+            __half2 h;
+            memcpy(&h, &word, sizeof(h));
+            float2 const f = __half22float2(h);
+            return (k & 1) ? f.y : f.x;
+        }
     }
 }
 
-// Load / store one pack as raw IO values (16-byte packs as one 128-bit access).
-template <typename T, int N, bool READ_ONLY>
+// All N elements from floats, rounded to T (round to nearest even).
+template <typename T, int N>
+__device__ __forceinline__ void set_all(Pack<T, N>& pk, float const (&a)[N])
+{
+    if constexpr (sizeof(T) == 4)
+    {
+#pragma unroll
+        for (int k = 0; k < N; ++k)
+            pk.w[k] = float_bits(a[k]);
+    }
+    else if constexpr (N == 1)
+        pk.w[0] = half_bits(from_float<T>(a[0]));
+    else
+    {
+#pragma unroll
+        for (int j = 0; j < N / 2; ++j)
+        {
+            if constexpr (std::is_same_v<T, __nv_bfloat16>)
+            {
+                __nv_bfloat162 const h = __floats2bfloat162_rn(a[2 * j], a[2 * j + 1]);
+                memcpy(&pk.w[j], &h, 4);
+            }
+            else
+            {
+                __half2 const h = __floats2half2_rn(a[2 * j], a[2 * j + 1]);
+                memcpy(&pk.w[j], &h, 4);
+            }
+        }
+    }
+}
+
+template <typename T, int N>
+__device__ __forceinline__ void set_zero(Pack<T, N>& pk)
+{
+#pragma unroll
+    for (int k = 0; k < Pack<T, N>::kWords; ++k)
+        pk.w[k] = 0u; // +0 in every IO dtype
+}
+
+// How a pack is read or written.
+enum class Access
+{
+    kStream, // x, skip / update: read once, not allocated in L1 (ld.global.nc.L1::no_allocate)
+    kParam,  // weight, bias, shift, scale, gate: re-read by many rows, through L1 (__ldg)
+};
+
+template <Access A>
+__device__ __forceinline__ uint4 load16(void const* p)
+{
+#if defined(__CUDA_ARCH__)
+    uint4 r;
+    if constexpr (A == Access::kStream)
+        asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+            : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+            : "l"(p));
+    else
+        r = __ldg(reinterpret_cast<uint4 const*>(p));
+    return r;
+#else
+    return *reinterpret_cast<uint4 const*>(p);
+#endif
+}
+
+// One pack from p (aligned to its size): a 16-byte pack as one 128-bit access.
+template <typename T, int N, Access A>
 __device__ __forceinline__ Pack<T, N> load_raw(T const* p)
 {
     Pack<T, N> pk;
-    load_into<T, N, READ_ONLY>(p, pk);
-    return pk;
-}
-
-template <typename T, int N>
-__device__ __forceinline__ void store_raw(T* p, Pack<T, N> const& pk)
-{
-    if constexpr (sizeof(Pack<T, N>) == 16)
+    if constexpr (Pack<T, N>::kBytes == 16)
     {
-        uint4 raw;
-        memcpy(&raw, &pk, sizeof(raw));
-        *reinterpret_cast<uint4*>(p) = raw;
+        uint4 const raw = load16<A>(p);
+        pk.w[0] = raw.x;
+        pk.w[1] = raw.y;
+        pk.w[2] = raw.z;
+        pk.w[3] = raw.w;
     }
     else
     {
-        *reinterpret_cast<Pack<T, N>*>(p) = pk;
+        static_assert(N == 1, "the scalar path reads one element");
+        T const t = A == Access::kParam ? __ldg(p) : *p;
+        if constexpr (sizeof(T) == 4)
+            memcpy(&pk.w[0], &t, 4);
+        else
+            pk.w[0] = half_bits(t);
     }
+    return pk;
 }
 
-// Load N elements starting at p as float (p must be aligned to sizeof(T) * N).
-template <typename T, int N, bool READ_ONLY>
-__device__ __forceinline__ void load_pack(T const* p, float (&out)[N])
-{
-    Pack<T, N> pk;
-    load_into<T, N, READ_ONLY>(p, pk);
-#pragma unroll
-    for (int k = 0; k < N; ++k)
-        out[k] = to_float(pk.v[k]);
-}
-
-// Store N floats at p, rounded to T (p aligned as for load_pack).
+// Store one pack; 16-byte packs as one streaming 128-bit store (st.global.cs: written once, not
+// read again by this kernel).
 template <typename T, int N>
-__device__ __forceinline__ void store_pack(T* p, float const (&in)[N])
+__device__ __forceinline__ void store_raw(T* p, Pack<T, N> const& pk)
 {
-    Pack<T, N> pk;
+    if constexpr (Pack<T, N>::kBytes == 16)
+    {
+#if defined(__CUDA_ARCH__)
+        asm volatile("st.global.cs.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(pk.w[0]), "r"(pk.w[1]),
+            "r"(pk.w[2]), "r"(pk.w[3])
+            : "memory");
+#else
+        uint4 const raw = make_uint4(pk.w[0], pk.w[1], pk.w[2], pk.w[3]);
+        *reinterpret_cast<uint4*>(p) = raw;
+#endif
+    }
+    else if constexpr (sizeof(T) == 4)
+        memcpy(p, &pk.w[0], 4);
+    else
+        *p = half_from_bits<T>(pk.w[0]);
+}
+
+template <typename T, int N>
+__device__ __forceinline__ void unpack(Pack<T, N> const& pk, float (&out)[N])
+{
 #pragma unroll
     for (int k = 0; k < N; ++k)
-        pk.v[k] = from_float<T>(in[k]);
-    store_raw<T, N>(p, pk);
+        out[k] = get(pk, k);
+}
+
+// A parameter pack as floats.
+template <typename T, int N>
+__device__ __forceinline__ void load_param(T const* p, float (&out)[N])
+{
+    unpack(load_raw<T, N, Access::kParam>(p), out);
+}
+
+// Make the compiler forget what it knows about a pack's values (no instruction is emitted), so that
+// each pass over the row converts the packed values to float again instead of keeping all of them
+// as floats between passes: 4 registers per bf16 / fp16 vector instead of 8.
+template <typename T, int N>
+__device__ __forceinline__ void launder(Pack<T, N>& pk)
+{
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+    for (int k = 0; k < Pack<T, N>::kWords; ++k)
+        asm volatile("" : "+r"(pk.w[k]));
+#endif
+}
+
+// The same for an index: what is derived from it (addresses of this thread's columns) is computed
+// again where used instead of being hoisted out of the row loop and held in registers for its
+// whole length.
+__device__ __forceinline__ int fresh(int v)
+{
+#if defined(__CUDA_ARCH__)
+    asm volatile("" : "+r"(v));
+#endif
+    return v;
 }
 
 // ---------------------------------------------------------------------------------------------
-// Reductions
+// Reductions: one round per row
 // ---------------------------------------------------------------------------------------------
 // Sum over aligned groups of LANES consecutive lanes (LANES a power of two <= 32). All 32 lanes
 // of the warp must call it.
@@ -172,8 +338,79 @@ __device__ __forceinline__ float group_sum(float v)
     return v;
 }
 
-// Sum over the whole block (blockDim.x a multiple of 32, <= 1024); every thread gets the result.
-// smem holds 32 floats; the trailing barrier makes it reusable by the next call.
+// Moments of a set of values: count, mean, M2 = sum of squared deviations from the mean.
+struct Moments
+{
+    float n;
+    float mean;
+    float m2;
+};
+
+// Chan et al.'s merge of two disjoint sets' moments (lo first: the result does not depend on which
+// lane computes it).
+__device__ __forceinline__ Moments merge(Moments lo, Moments hi)
+{
+    float const n = lo.n + hi.n;
+    float const f = n > 0.f ? __fdividef(hi.n, n) : 0.f;
+    float const d = hi.mean - lo.mean;
+    return Moments{n, lo.mean + d * f, lo.m2 + hi.m2 + d * d * lo.n * f};
+}
+
+// Merge over aligned groups of LANES consecutive lanes; every lane of a group gets the same result.
+template <int LANES>
+__device__ __forceinline__ Moments group_sum(Moments v)
+{
+#pragma unroll
+    for (int off = LANES / 2; off > 0; off >>= 1)
+    {
+        Moments const o{__shfl_xor_sync(0xffffffffu, v.n, off), __shfl_xor_sync(0xffffffffu, v.mean, off),
+            __shfl_xor_sync(0xffffffffu, v.m2, off)};
+        bool const upper = (threadIdx.x & off) != 0;
+        Moments const lo{upper ? o.n : v.n, upper ? o.mean : v.mean, upper ? o.m2 : v.m2};
+        Moments const hi{upper ? v.n : o.n, upper ? v.mean : o.mean, upper ? v.m2 : o.m2};
+        v = merge(lo, hi);
+    }
+    return v;
+}
+
+// Words of shared memory a block reduction of V uses (one per warp per component).
+template <typename V>
+constexpr int kReduceWords = 32 * (sizeof(V) / sizeof(float));
+
+__device__ __forceinline__ void put_warp(float* buf, int warp, float v) { buf[warp] = v; }
+__device__ __forceinline__ void put_warp(float* buf, int warp, Moments v)
+{
+    buf[warp] = v.n;
+    buf[32 + warp] = v.mean;
+    buf[64 + warp] = v.m2;
+}
+__device__ __forceinline__ void get_warp(float const* buf, int lane, float& v) { v = buf[lane]; }
+__device__ __forceinline__ void get_warp(float const* buf, int lane, Moments& v)
+{
+    v = Moments{buf[lane], buf[32 + lane], buf[64 + lane]};
+}
+
+// Reduction over the whole block (blockDim.x a multiple of 32, <= 1024) behind ONE barrier: each
+// warp reduces with shuffles, lane 0 writes the warp's value to `buf`, __syncthreads, then every
+// warp reduces the warps' values with shuffles. `buf` must not be written again before every
+// thread has passed the next barrier: the block kernel alternates two buffers between rows.
+template <typename V>
+__device__ __forceinline__ V block_reduce(V v, float* buf)
+{
+    int const lane = threadIdx.x & 31;
+    int const warp = threadIdx.x >> 5;
+    int const nwarps = blockDim.x >> 5;
+    v = group_sum<32>(v);
+    if (lane == 0)
+        put_warp(buf, warp, v);
+    __syncthreads();
+    V t{};
+    if (lane < nwarps)
+        get_warp(buf, lane, t);
+    return group_sum<32>(t);
+}
+
+// Sum over the block for the looped kernel: two barriers, so `smem` (32 floats) is reusable at once.
 __device__ __forceinline__ float block_sum(float v, float* smem)
 {
     int const lane = threadIdx.x & 31;
@@ -189,8 +426,7 @@ __device__ __forceinline__ float block_sum(float v, float* smem)
     return t;
 }
 
-// Row of the modulation tensors for row `row` of x. 32-bit division when it fits (inline
-// instructions) instead of the 64-bit division subroutine.
+// Row of the modulation tensors for row `row` of x (looped kernel: 64-bit rows).
 __device__ __forceinline__ int64_t mod_row(int64_t row, int64_t div)
 {
     if (div == 1)
@@ -202,83 +438,153 @@ __device__ __forceinline__ int64_t mod_row(int64_t row, int64_t div)
 
 // ---------------------------------------------------------------------------------------------
 // One row held in registers. `tid` / `nthr`: this thread's index among the threads of the row.
-// `valid` is false for padding rows of the last block: those threads still take part in the
-// reductions but neither load nor store.
+// `valid` is false for padding rows: those threads still take part in the reductions but neither
+// load nor store.
 // ---------------------------------------------------------------------------------------------
-template <typename T, NormKind K, int VEC, int VPT, typename ReduceFn>
-__device__ __forceinline__ void norm_row(NormParams const& p, int64_t row, bool valid, int tid, int nthr,
-    ReduceFn reduce)
+template <typename T, NormKind K, int VEC, int VPT>
+struct RowRegs
 {
-    // In-row indices fit in 32 bits (hidden <= INT32_MAX); only the row base is 64-bit.
+    Pack<T, VEC> x[VPT];
+    Pack<T, VEC> r[kHasResidual<K> ? VPT : 1]; // the skip / update of the fused kinds
+};
+
+// Whether vector i of this thread is inside the row (recomputed rather than kept in a bool array:
+// there are only 7 predicate registers).
+__device__ __forceinline__ bool vec_in_row(bool valid, int tid, int i, int nthr, int nvec)
+{
+    return valid && tid + i * nthr < nvec;
+}
+
+// Issue every load of the row (x, and the skip / update of the fused kinds); vectors outside the
+// row read as zeros.
+template <typename T, NormKind K, int VEC, int VPT>
+__device__ __forceinline__ void load_row(
+    NormParams const& p, uint32_t row, bool valid, int tid, int nthr, RowRegs<T, K, VEC, VPT>& rr)
+{
     int const nvec = static_cast<int>(p.hidden / VEC);
-    int64_t const base = row * p.hidden;
+    size_t const base = static_cast<size_t>(row) * static_cast<size_t>(p.hidden);
     T const* __restrict__ xr = static_cast<T const*>(p.x) + base;
-    T* __restrict__ yr = static_cast<T*>(p.y) + base;
-    float const inv_h = p.inv_hidden;
-
-    // Whether vector i of this thread is inside the row; recomputed rather than kept in a bool
-    // array (there are only 7 predicate registers, and bools would cost general registers).
-    auto in_row = [=](int i) { return valid && tid + i * nthr < nvec; };
-
-    // The row, as packed IO values. Every load of the row is issued before any arithmetic.
-    Pack<T, VEC> v[VPT];
+    T const* __restrict__ rs = static_cast<T const*>(p.residual) + base;
 #pragma unroll
     for (int i = 0; i < VPT; ++i)
     {
-        int const vi = tid + i * nthr;
-        if (in_row(i))
+        int const off = (tid + i * nthr) * VEC;
+        if (vec_in_row(valid, tid, i, nthr, nvec))
         {
-            v[i] = load_raw<T, VEC, false>(xr + vi * VEC);
+            rr.x[i] = load_raw<T, VEC, Access::kStream>(xr + off);
+            if constexpr (kHasResidual<K>)
+                rr.r[i] = load_raw<T, VEC, Access::kStream>(rs + off);
         }
         else
         {
-#pragma unroll
-            for (int k = 0; k < VEC; ++k)
-                v[i].v[k] = from_float<T>(0.f);
+            set_zero(rr.x[i]);
+            if constexpr (kHasResidual<K>)
+                set_zero(rr.r[i]);
         }
+    }
+}
+
+// The weight and bias of this thread's columns: loaded once and kept (HOIST: the group kernel,
+// whose lanes keep their columns for every row) or loaded where used.
+template <typename T, NormKind K, int VEC, int VPT, bool HOIST>
+struct Affine
+{
+    static constexpr int kN = HOIST ? VPT : 1;
+    Pack<T, VEC> w[kN];
+    Pack<T, VEC> b[kN];
+
+    __device__ __forceinline__ void load(NormParams const& p, int tid, int nthr)
+    {
+        if constexpr (HOIST)
+        {
+            int const nvec = static_cast<int>(p.hidden / VEC);
+#pragma unroll
+            for (int i = 0; i < VPT; ++i)
+            {
+                int const off = (tid + i * nthr) * VEC;
+                bool const in = vec_in_row(true, tid, i, nthr, nvec);
+                w[i] = in && p.weight != nullptr ? load_raw<T, VEC, Access::kParam>(static_cast<T const*>(p.weight) + off)
+                                                 : Pack<T, VEC>{};
+                if constexpr (!kIsRms<K>)
+                    b[i] = in && p.bias != nullptr ? load_raw<T, VEC, Access::kParam>(static_cast<T const*>(p.bias) + off)
+                                                   : Pack<T, VEC>{};
+            }
+        }
+    }
+    __device__ __forceinline__ void weight(NormParams const& p, int i, int off, float (&out)[VEC]) const
+    {
+        if constexpr (HOIST)
+        {
+            Pack<T, VEC> t = w[i];
+            launder(t); // converted to float where used, not once before the row loop (8 registers)
+            unpack(t, out);
+        }
+        else
+            load_param<T, VEC>(static_cast<T const*>(p.weight) + off, out);
+    }
+    __device__ __forceinline__ void bias(NormParams const& p, int i, int off, float (&out)[VEC]) const
+    {
+        if constexpr (HOIST)
+        {
+            Pack<T, VEC> t = b[i];
+            launder(t); // converted to float where used, not once before the row loop (8 registers)
+            unpack(t, out);
+        }
+        else
+            load_param<T, VEC>(static_cast<T const*>(p.bias) + off, out);
+    }
+};
+
+// Everything after the loads: the fused sum (stored), the row's statistics (one reduction round),
+// the output.
+template <typename T, NormKind K, int VEC, int VPT, bool HOIST, typename ReduceFn>
+__device__ __forceinline__ void finish_row(NormParams const& p, uint32_t row, bool valid, int tid, int nthr,
+    RowRegs<T, K, VEC, VPT>& rr, Affine<T, K, VEC, VPT, HOIST> const& aff, ReduceFn reduce)
+{
+    int const nvec = static_cast<int>(p.hidden / VEC);
+    size_t const base = static_cast<size_t>(row) * static_cast<size_t>(p.hidden);
+    T* __restrict__ yr = static_cast<T*>(p.y) + base;
+    size_t mbase = 0; // the modulation row's offset (AdaLN kinds)
+    if constexpr (kIsAdaLN<K>)
+    {
+        uint32_t const div = static_cast<uint32_t>(p.mod_row_div);
+        mbase = static_cast<size_t>(div == 1 ? row : row / div) * static_cast<size_t>(p.hidden);
     }
 
     if constexpr (kHasResidual<K>)
     {
-        T const* __restrict__ rr = static_cast<T const*>(p.residual) + base;
         T* __restrict__ sr = static_cast<T*>(p.sum) + base;
-        T const* __restrict__ gr = nullptr;
-        if constexpr (K == NormKind::kGatedAdaLN)
-            gr = static_cast<T const*>(p.gate) + mod_row(row, p.mod_row_div) * p.hidden;
 #pragma unroll
         for (int i = 0; i < VPT; ++i)
         {
-            if (!in_row(i))
+            if (!vec_in_row(valid, tid, i, nthr, nvec))
                 continue;
             int const off = (tid + i * nthr) * VEC;
-            Pack<T, VEC> const r = load_raw<T, VEC, false>(rr + off);
             float a[VEC];
             if constexpr (K == NormKind::kGatedAdaLN)
             {
                 float g[VEC];
-                load_pack<T, VEC, true>(gr + off, g);
+                load_param<T, VEC>(static_cast<T const*>(p.gate) + mbase + off, g);
 #pragma unroll
                 for (int k = 0; k < VEC; ++k)
-                    a[k] = to_float(v[i].v[k]) + g[k] * to_float(r.v[k]);
+                    a[k] = get(rr.x[i], k) + g[k] * get(rr.r[i], k);
             }
             else
             {
 #pragma unroll
                 for (int k = 0; k < VEC; ++k)
-                    a[k] = to_float(v[i].v[k]) + to_float(r.v[k]);
+                    a[k] = get(rr.x[i], k) + get(rr.r[i], k);
                 if (p.res_bias != nullptr)
                 {
                     float c[VEC];
-                    load_pack<T, VEC, true>(static_cast<T const*>(p.res_bias) + off, c);
+                    load_param<T, VEC>(static_cast<T const*>(p.res_bias) + off, c);
 #pragma unroll
                     for (int k = 0; k < VEC; ++k)
                         a[k] += c[k];
                 }
             }
-#pragma unroll
-            for (int k = 0; k < VEC; ++k)
-                v[i].v[k] = from_float<T>(a[k]);
-            store_raw<T, VEC>(sr + off, v[i]);
+            set_all(rr.x[i], a);
+            store_raw<T, VEC>(sr + off, rr.x[i]);
         }
     }
 
@@ -292,81 +598,83 @@ __device__ __forceinline__ void norm_row(NormParams const& p, int64_t row, bool 
 #pragma unroll
             for (int k = 0; k < VEC; ++k)
             {
-                float const a = to_float(v[i].v[k]);
+                float const a = get(rr.x[i], k);
                 ss += a * a;
             }
-        ss = reduce(ss);
-        rstd = rsqrtf(ss * inv_h + p.eps);
+        rstd = rsqrtf(reduce(ss) * p.inv_hidden + p.eps);
     }
     else
     {
+        // This thread's moments, two-pass over its registers (padding vectors are zeros: they add
+        // nothing to the sum and are skipped for M2).
+        int nv = 0;
         float s = 0.f;
 #pragma unroll
         for (int i = 0; i < VPT; ++i)
+        {
+            nv += vec_in_row(valid, tid, i, nthr, nvec) ? 1 : 0;
 #pragma unroll
             for (int k = 0; k < VEC; ++k)
-                s += to_float(v[i].v[k]);
-        mean = reduce(s) * inv_h;
-        float sq = 0.f;
+                s += get(rr.x[i], k);
+        }
+        Moments m{static_cast<float>(nv * VEC), 0.f, 0.f};
+        m.mean = nv > 0 ? __fdividef(s, m.n) : 0.f;
+#pragma unroll
+        for (int i = 0; i < VPT; ++i)
+            launder(rr.x[i]);
 #pragma unroll
         for (int i = 0; i < VPT; ++i)
         {
-            if (in_row(i))
+            if (vec_in_row(valid, tid, i, nthr, nvec))
             {
 #pragma unroll
                 for (int k = 0; k < VEC; ++k)
                 {
-                    float const d = to_float(v[i].v[k]) - mean;
-                    sq += d * d;
+                    float const d = get(rr.x[i], k) - m.mean;
+                    m.m2 += d * d;
                 }
             }
         }
-        rstd = rsqrtf(reduce(sq) * inv_h + p.eps);
-    }
-
-    T const* __restrict__ w = static_cast<T const*>(p.weight);
-    T const* __restrict__ b = static_cast<T const*>(p.bias);
-    T const* __restrict__ sh = nullptr;
-    T const* __restrict__ sc = nullptr;
-    if constexpr (kIsAdaLN<K>)
-    {
-        int64_t const mrow = mod_row(row, p.mod_row_div);
-        sh = static_cast<T const*>(p.shift) + mrow * p.hidden;
-        sc = static_cast<T const*>(p.mod_scale) + mrow * p.hidden;
+        m = reduce(m);
+        mean = m.mean;
+        rstd = rsqrtf(m.m2 * p.inv_hidden + p.eps);
     }
 
 #pragma unroll
     for (int i = 0; i < VPT; ++i)
+        launder(rr.x[i]);
+#pragma unroll
+    for (int i = 0; i < VPT; ++i)
     {
-        if (!in_row(i))
+        if (!vec_in_row(valid, tid, i, nthr, nvec))
             continue;
         int const off = (tid + i * nthr) * VEC;
         float out[VEC];
         if constexpr (kIsRms<K>)
         {
             float g[VEC];
-            load_pack<T, VEC, true>(w + off, g);
+            aff.weight(p, i, off, g);
 #pragma unroll
             for (int k = 0; k < VEC; ++k)
-                out[k] = to_float(v[i].v[k]) * rstd * g[k];
+                out[k] = get(rr.x[i], k) * rstd * g[k];
         }
         else
         {
 #pragma unroll
             for (int k = 0; k < VEC; ++k)
-                out[k] = (to_float(v[i].v[k]) - mean) * rstd;
-            if (w != nullptr)
+                out[k] = (get(rr.x[i], k) - mean) * rstd;
+            if (p.weight != nullptr)
             {
                 float g[VEC];
-                load_pack<T, VEC, true>(w + off, g);
+                aff.weight(p, i, off, g);
 #pragma unroll
                 for (int k = 0; k < VEC; ++k)
                     out[k] *= g[k];
             }
-            if (b != nullptr)
+            if (p.bias != nullptr)
             {
                 float c[VEC];
-                load_pack<T, VEC, true>(b + off, c);
+                aff.bias(p, i, off, c);
 #pragma unroll
                 for (int k = 0; k < VEC; ++k)
                     out[k] += c[k];
@@ -375,56 +683,146 @@ __device__ __forceinline__ void norm_row(NormParams const& p, int64_t row, bool 
             {
                 float s1[VEC];
                 float s0[VEC];
-                load_pack<T, VEC, true>(sc + off, s1);
-                load_pack<T, VEC, true>(sh + off, s0);
+                load_param<T, VEC>(static_cast<T const*>(p.mod_scale) + mbase + off, s1);
+                load_param<T, VEC>(static_cast<T const*>(p.shift) + mbase + off, s0);
 #pragma unroll
                 for (int k = 0; k < VEC; ++k)
                     out[k] = out[k] * (1.f + s1[k]) + s0[k];
             }
         }
-        store_pack<T, VEC>(yr + off, out);
+        Pack<T, VEC> o;
+        set_all(o, out);
+        store_raw<T, VEC>(yr + off, o);
     }
 }
 
-// Threads and registers of the row kernels (__launch_bounds__). Up to 2 vectors per thread: blocks
-// of up to 1024 threads, RMSNorm at <= 32 registers (2048 threads per SM), the other ops at <= 64
-// of which the compiler takes what it needs. More (rows beyond 2048 vectors): blocks of up to 512
-// threads with 8 vectors each and up to 128 registers (no spills; such rows are rare).
-template <int VPT>
-constexpr int max_threads_for()
+// ---------------------------------------------------------------------------------------------
+// Register budgets (docs/design.md "Kernel budgets"): the most registers per thread that keep the
+// occupancy goal at the block sizes the dispatcher uses (sm_90: 65536 registers, 2048 threads per
+// SM; registers are allocated per warp in units of 256, i.e. per thread in multiples of 8).
+//   32: 2048 threads per SM (100 %) for any block size dividing 2048;
+//   40: 1536 threads per SM (75 %) with blocks of <= 512 threads.
+// One row of <= 2 vectors per thread: RMSNorm / LayerNorm / SkipRMSNorm 32, the AdaLN kinds 40.
+// Kernels that hold two rows per thread (the group kernel's two rows, the block kernel's prefetch)
+// get 40 and rows of 4 vectors (1024-thread blocks, where only 32 would give more than one block
+// per SM) 64: those are held to the bytes-in-flight budget (>= 32 KB of loads issued before their
+// first use per SM) instead of the occupancy one.
+// ---------------------------------------------------------------------------------------------
+template <NormKind K, int VPT, bool TWO_ROWS>
+constexpr int reg_budget()
 {
-    return VPT <= 2 ? 1024 : 512;
-}
-template <NormKind K, int VPT>
-constexpr int min_blocks_for(int threads)
-{
-    return VPT <= 2 ? (K == NormKind::kRms ? 2048 : 1024) / threads : 1;
+#ifdef NORMEXPORT_REG_BUDGET_OVERRIDE
+    return NORMEXPORT_REG_BUDGET_OVERRIDE;
+#endif
+    if constexpr (VPT > 2)
+        return 64;
+    if constexpr (TWO_ROWS)
+        return NORMEXPORT_PREFETCH_BUDGET;
+    return kIsAdaLN<K> ? 40 : 32;
 }
 
-// LANES threads per row, 128 / LANES rows per 128-thread block.
+#if defined(__CUDA_ARCH__) || defined(__CUDACC__)
+#define NORMEXPORT_MAXNREG(n) __maxnreg__(n)
+#else
+#define NORMEXPORT_MAXNREG(n)
+#endif
+
+// Rows each thread group of the group kernel holds at once: two rows of one vector per lane (twice
+// the loads in flight), one row of two.
+template <NormKind K, int VPT>
+constexpr int kGroupRowsFor = VPT == 1 && (K == NormKind::kRms || K == NormKind::kLayer) ? 2 : 1;
+constexpr int kGroupThreads = 128;
+
+// LANES threads per row, kGroupRowsFor rows per thread group, 128 / LANES groups per block; a
+// persistent grid-stride loop over sets of 128 / LANES * kGroupRowsFor rows.
 template <typename T, NormKind K, int VEC, int VPT, int LANES>
-__global__ void __launch_bounds__(128, min_blocks_for<K, VPT>(128)) norm_group_kernel(NormParams p)
+__global__ void NORMEXPORT_MAXNREG((reg_budget<K, VPT, (kGroupRowsFor<K, VPT> > 1)>()))
+    norm_group_kernel(NormParams p)
 {
-    constexpr int kRowsPerBlock = 128 / LANES;
+    constexpr int kGroupRows = kGroupRowsFor<K, VPT>;
+    constexpr int kGroups = kGroupThreads / LANES;
+    constexpr uint32_t kRowsPerBlock = kGroups * kGroupRows;
     int const group = threadIdx.x / LANES;
     int const tid = threadIdx.x % LANES;
-    auto reduce = [](float v) { return group_sum<LANES>(v); };
-    for (int64_t base = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock; base < p.rows;
-         base += static_cast<int64_t>(gridDim.x) * kRowsPerBlock)
+    uint32_t const rows = static_cast<uint32_t>(p.rows);
+    auto reduce = [](auto v) { return group_sum<LANES>(v); };
+    constexpr bool kHoist = VPT == 1; // two vectors of weight and bias would not fit the budget
+    Affine<T, K, VEC, VPT, kHoist> aff{};
+    aff.load(p, tid, LANES);
+    for (uint32_t base = blockIdx.x * kRowsPerBlock; base < rows; base += gridDim.x * kRowsPerBlock)
     {
-        int64_t const row = base + group;
-        norm_row<T, K, VEC, VPT>(p, row < p.rows ? row : 0, row < p.rows, tid, LANES, reduce);
+        // row j of this group: base + j * kGroups + group (a warp's groups read adjacent rows)
+        RowRegs<T, K, VEC, VPT> rr[kGroupRows];
+#pragma unroll
+        for (int j = 0; j < kGroupRows; ++j)
+        {
+            uint32_t const row = base + j * kGroups + group;
+            load_row<T, K, VEC, VPT>(p, row < rows ? row : 0, row < rows, fresh(tid), LANES, rr[j]);
+        }
+#pragma unroll
+        for (int j = 0; j < kGroupRows; ++j)
+        {
+            // row j's work starts after row j - 1's (not interleaved with it: that would need
+            // both rows' statistics and parameters in registers at once)
+#pragma unroll
+            for (int i = 0; i < VPT; ++i)
+            {
+                launder(rr[j].x[i]);
+                if constexpr (kHasResidual<K>)
+                    launder(rr[j].r[i]);
+            }
+            uint32_t const row = base + j * kGroups + group;
+            finish_row<T, K, VEC, VPT, kHoist>(
+                p, row < rows ? row : 0, row < rows, fresh(tid), LANES, rr[j], aff, reduce);
+        }
     }
 }
 
-// One row per block of blockDim.x threads (multiple of 32, <= max_threads_for<VPT>()).
-template <typename T, NormKind K, int VEC, int VPT>
-__global__ void __launch_bounds__(max_threads_for<VPT>(), min_blocks_for<K, VPT>(max_threads_for<VPT>())) norm_block_kernel(NormParams p)
+// One row per block at a time (blockDim.x a multiple of 32, <= 1024), persistent grid-stride loop
+// over rows. PREFETCH: the next row's loads are issued before this row's statistics.
+template <typename T, NormKind K, int VEC, int VPT, bool PREFETCH>
+__global__ void NORMEXPORT_MAXNREG((reg_budget<K, VPT, PREFETCH>()))
+    norm_block_kernel(NormParams p)
 {
-    __shared__ float smem[32];
-    auto reduce = [&](float v) { return block_sum(v, smem); };
-    for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x)
-        norm_row<T, K, VEC, VPT>(p, row, true, threadIdx.x, blockDim.x, reduce);
+    using Value = std::conditional_t<kIsRms<K>, float, Moments>;
+    __shared__ float red[2 * kReduceWords<Value>];
+    int const tid = threadIdx.x;
+    int const nthr = blockDim.x;
+    uint32_t const rows = static_cast<uint32_t>(p.rows);
+    int parity = 0;
+    auto reduce = [&](Value v) {
+        Value const r = block_reduce(v, red + parity * kReduceWords<Value>);
+        parity ^= 1;
+        return r;
+    };
+    Affine<T, K, VEC, VPT, false> const aff{};
+    uint32_t row = blockIdx.x; // < rows: the grid has at most `rows` blocks
+    if constexpr (PREFETCH)
+    {
+        RowRegs<T, K, VEC, VPT> cur;
+        load_row<T, K, VEC, VPT>(p, row, true, tid, nthr, cur);
+        for (;;)
+        {
+            uint32_t const next = row + gridDim.x; // < 2^32: rows < 2^31 and gridDim.x <= rows
+            bool const more = next < rows;
+            RowRegs<T, K, VEC, VPT> nxt;
+            load_row<T, K, VEC, VPT>(p, more ? next : row, more, fresh(tid), nthr, nxt);
+            finish_row<T, K, VEC, VPT, false>(p, row, true, fresh(tid), nthr, cur, aff, reduce);
+            if (!more)
+                break;
+            cur = nxt;
+            row = next;
+        }
+    }
+    else
+    {
+        for (; row < rows; row += gridDim.x)
+        {
+            RowRegs<T, K, VEC, VPT> cur;
+            load_row<T, K, VEC, VPT>(p, row, true, fresh(tid), nthr, cur);
+            finish_row<T, K, VEC, VPT, false>(p, row, true, fresh(tid), nthr, cur, aff, reduce);
+        }
+    }
 }
 
 // Any hidden size: one row per block, statistics in separate passes over global memory
@@ -523,10 +921,13 @@ __global__ void __launch_bounds__(512) norm_looped_kernel(NormParams p)
     }
 }
 
+
 // ---------------------------------------------------------------------------------------------
 // Host-side dispatch
 // ---------------------------------------------------------------------------------------------
 constexpr int64_t kMaxGrid = int64_t{1} << 30;
+// Rows from here on go to the looped kernel (the row kernels index rows in 32 bits).
+constexpr int64_t kMaxRowKernelRows = int64_t{1} << 31;
 
 inline unsigned grid_for(int64_t units)
 {
@@ -538,54 +939,161 @@ inline bool aligned16(void const* ptr)
     return ptr == nullptr || (reinterpret_cast<uintptr_t>(ptr) & 15u) == 0;
 }
 
+// The launch the dispatcher picks for a call (also reported through normexport_launch_config, so
+// that tests/test_kernel_budgets.py checks the budgets at exactly these block sizes).
+inline normexport_launch_config choose_config(
+    NormKind kind, int elem_size, int64_t rows, int64_t hidden, bool all_aligned)
+{
+    normexport_launch_config c{};
+    c.kernel = NORMEXPORT_KERNEL_LOOPED;
+    c.vec = 1;
+    c.threads = 512;
+    if (rows >= kMaxRowKernelRows || hidden > INT32_MAX)
+        return c;
+    int const full_vec = 16 / elem_size;
+    bool const vec_ok = all_aligned && hidden % full_vec == 0;
+    int const vec = vec_ok ? full_vec : 1;
+    int64_t const nvec = hidden / vec;
+    c.vec = vec;
+    auto group = [&](int lanes, int vpt) {
+        c.kernel = NORMEXPORT_KERNEL_GROUP;
+        c.lanes = lanes;
+        c.vectors_per_thread = vpt;
+        c.threads = kGroupThreads;
+        c.rows_per_group = vpt == 1 && (kind == NormKind::kRms || kind == NormKind::kLayer) ? 2 : 1;
+    };
+    auto block = [&](int vpt, int prefetch) {
+        c.kernel = NORMEXPORT_KERNEL_BLOCK;
+        c.vectors_per_thread = vpt;
+        c.threads = static_cast<int>((nvec + vpt - 1) / vpt + 31) / 32 * 32;
+        c.prefetch = prefetch;
+    };
+    bool const fused = kind == NormKind::kSkipRms || kind == NormKind::kGatedAdaLN;
+    if (nvec <= 8)
+        group(8, 1);
+    else if (nvec <= 16)
+        group(16, 1);
+    else if (nvec <= 32)
+        group(32, 1);
+    else if (nvec <= 64)
+        group(32, 2);
+    else if (nvec <= 2 * 1024)
+        // prefetch (two rows in registers, NORMEXPORT_PREFETCH_BUDGET registers): RMSNorm and
+        // LayerNorm in blocks of <= 512 threads
+        block(2, NORMEXPORT_BLOCK_PREFETCH && (kind == NormKind::kRms || kind == NormKind::kLayer) && nvec <= 1024);
+    else if (nvec <= 4 * 1024)
+        block(4, 0);
+    else if (vec == 1 && !fused && nvec <= 8 * 1024)
+        block(8, 0);
+    else
+        c.vec = 1; // looped
+    return c;
+}
+
+// Blocks of `kernel` at `threads` threads that are resident on the current GPU at once (the
+// persistent grid's size), cached per thread; kMaxGrid when the runtime cannot say.
+template <typename Kernel>
+inline int64_t resident_blocks(Kernel kernel, int threads)
+{
+    struct Entry
+    {
+        void const* fn;
+        int threads;
+        int device;
+        int64_t blocks;
+    };
+    thread_local Entry cache[32] = {};
+    thread_local int next = 0;
+    void const* fn = reinterpret_cast<void const*>(kernel);
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess)
+    {
+        cudaGetLastError();
+        return kMaxGrid;
+    }
+    for (Entry const& e : cache)
+        if (e.fn == fn && e.threads == threads && e.device == dev)
+            return e.blocks;
+    int sms = 0;
+    int per_sm = 0;
+    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess
+        || cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, threads, 0) != cudaSuccess || sms < 1
+        || per_sm < 1)
+    {
+        cudaGetLastError();
+        return kMaxGrid;
+    }
+    int64_t const blocks = int64_t{sms} * per_sm;
+    cache[next] = Entry{fn, threads, dev, blocks};
+    next = (next + 1) % 32;
+    return blocks;
+}
+
+template <typename Kernel>
+inline void launch_persistent(Kernel kernel, int64_t units, int threads, NormParams const& p, cudaStream_t stream)
+{
+    int64_t const resident = resident_blocks(kernel, threads);
+    kernel<<<grid_for(units < resident ? units : resident), static_cast<unsigned>(threads), 0, stream>>>(p);
+}
+
 template <typename T, NormKind K, int VEC, int VPT, int LANES>
 inline void launch_group(NormParams const& p, cudaStream_t stream)
 {
-    constexpr int kRowsPerBlock = 128 / LANES;
-    norm_group_kernel<T, K, VEC, VPT, LANES>
-        <<<grid_for((p.rows + kRowsPerBlock - 1) / kRowsPerBlock), 128, 0, stream>>>(p);
+    constexpr int64_t kRowsPerBlock = kGroupThreads / LANES * kGroupRowsFor<K, VPT>;
+    launch_persistent(norm_group_kernel<T, K, VEC, VPT, LANES>, (p.rows + kRowsPerBlock - 1) / kRowsPerBlock,
+        kGroupThreads, p, stream);
 }
 
-template <typename T, NormKind K, int VEC, int VPT>
-inline void launch_block(NormParams const& p, int64_t nvec, cudaStream_t stream)
+template <typename T, NormKind K, int VEC, int VPT, bool PREFETCH>
+inline void launch_block(NormParams const& p, int threads, cudaStream_t stream)
 {
-    int64_t threads = (nvec + VPT - 1) / VPT; // <= max_threads_for<VPT>() by the choice of VPT below
-    threads = (threads + 31) / 32 * 32;
-    norm_block_kernel<T, K, VEC, VPT><<<grid_for(p.rows), static_cast<unsigned>(threads), 0, stream>>>(p);
+    launch_persistent(norm_block_kernel<T, K, VEC, VPT, PREFETCH>, p.rows, threads, p, stream);
 }
 
-// Pick the register-resident configuration for vector width VEC; returns false when the row is
-// too long for registers (caller then uses the looped kernel). Short rows (<= 64 vectors): one
-// warp or part of one per row, several rows per block. Longer rows: one block per row with 2
-// vectors per thread (a row of 1024..16384 half-precision values gets 64..1024 threads), 8 for
-// longer ones (up to 32768 half / 16384 float32 values).
+// Launch the row kernel of config `c` (vector width VEC); false for the looped kernel.
 template <typename T, NormKind K, int VEC>
-inline bool launch_rows(NormParams const& p, cudaStream_t stream)
+inline bool launch_rows(NormParams const& p, normexport_launch_config const& c, cudaStream_t stream)
 {
-    int64_t const nvec = p.hidden / VEC;
-    if (nvec <= 8)
-        launch_group<T, K, VEC, 1, 8>(p, stream);
-    else if (nvec <= 16)
-        launch_group<T, K, VEC, 1, 16>(p, stream);
-    else if (nvec <= 32)
-        launch_group<T, K, VEC, 1, 32>(p, stream);
-    else if (nvec <= 64)
-        launch_group<T, K, VEC, 2, 32>(p, stream);
-    else if (nvec <= 2 * 1024)
-        launch_block<T, K, VEC, 2>(p, nvec, stream);
-    else if (nvec <= 8 * 512)
-        launch_block<T, K, VEC, 8>(p, nvec, stream);
-    else if constexpr (VEC == 1 && !kHasResidual<K>)
+    if (c.kernel == NORMEXPORT_KERNEL_GROUP)
     {
-        // Scalar path: up to 8192 elements (16 per thread, 512 threads); the fused ops then loop.
-        if (nvec <= 16 * 512)
-            launch_block<T, K, VEC, 16>(p, nvec, stream);
+        if (c.lanes == 8)
+            launch_group<T, K, VEC, 1, 8>(p, stream);
+        else if (c.lanes == 16)
+            launch_group<T, K, VEC, 1, 16>(p, stream);
+        else if (c.vectors_per_thread == 1)
+            launch_group<T, K, VEC, 1, 32>(p, stream);
         else
-            return false;
+            launch_group<T, K, VEC, 2, 32>(p, stream);
+        return true;
     }
+    if (c.kernel != NORMEXPORT_KERNEL_BLOCK)
+        return false;
+    if (c.vectors_per_thread == 2)
+    {
+        if constexpr (K == NormKind::kRms || K == NormKind::kLayer)
+        {
+            if (c.prefetch)
+            {
+                launch_block<T, K, VEC, 2, true>(p, c.threads, stream);
+                return true;
+            }
+        }
+        launch_block<T, K, VEC, 2, false>(p, c.threads, stream);
+    }
+    else if (c.vectors_per_thread == 4)
+        launch_block<T, K, VEC, 4, false>(p, c.threads, stream);
+    else if constexpr (VEC == 1 && !kHasResidual<K>)
+        launch_block<T, K, VEC, 8, false>(p, c.threads, stream);
     else
         return false;
     return true;
+}
+
+inline bool all_aligned(NormParams const& p)
+{
+    return aligned16(p.x) && aligned16(p.y) && aligned16(p.weight) && aligned16(p.bias) && aligned16(p.shift)
+        && aligned16(p.mod_scale) && aligned16(p.residual) && aligned16(p.res_bias) && aligned16(p.gate)
+        && aligned16(p.sum);
 }
 
 template <typename T, NormKind K>
@@ -595,10 +1103,9 @@ inline cudaError_t launch_norm(NormParams p, cudaStream_t stream)
         return cudaSuccess;
     p.inv_hidden = static_cast<float>(1.0 / static_cast<double>(p.hidden));
     constexpr int kVec = 16 / static_cast<int>(sizeof(T));
-    bool const vec_ok = p.hidden % kVec == 0 && aligned16(p.x) && aligned16(p.y) && aligned16(p.weight)
-        && aligned16(p.bias) && aligned16(p.shift) && aligned16(p.mod_scale) && aligned16(p.residual)
-        && aligned16(p.res_bias) && aligned16(p.gate) && aligned16(p.sum);
-    bool launched = vec_ok ? launch_rows<T, K, kVec>(p, stream) : launch_rows<T, K, 1>(p, stream);
+    normexport_launch_config const c = choose_config(K, sizeof(T), p.rows, p.hidden, all_aligned(p));
+    bool const launched
+        = c.vec == kVec ? launch_rows<T, K, kVec>(p, c, stream) : launch_rows<T, K, 1>(p, c, stream);
     if (!launched)
         norm_looped_kernel<T, K><<<grid_for(p.rows), 512, 0, stream>>>(p);
     return cudaGetLastError();

@@ -42,6 +42,7 @@
 #define __device__
 #define __forceinline__ inline
 #define __launch_bounds__(...)
+#define __maxnreg__(...)
 #define __shared__ static
 
 #ifndef NORMEXPORT_EMU_TIMEOUT_MS
@@ -227,6 +228,29 @@ inline T __ldg(T const* p)
 }
 
 #define rsqrtf(x) (1.0f / std::sqrt(static_cast<float>(x)))
+#define __fdividef(a, b) (static_cast<float>(a) / static_cast<float>(b))
+
+// The persistent grid's size: a small GPU (2 SMs, one resident block each), so that the blocks of
+// a launch loop over several rows (the row loops, the alternating reduction buffer and the
+// prefetch of the next row are exercised).
+extern "C" cudaError_t cudaGetDevice(int* device)
+{
+    *device = 0;
+    return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int /*device*/)
+{
+    *value = attr == cudaDevAttrMultiProcessorCount ? 2 : 0;
+    return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+    int* numBlocks, void const* /*func*/, int /*blockSize*/, size_t /*dynamicSMemSize*/)
+{
+    *numBlocks = 1;
+    return cudaSuccess;
+}
 
 extern "C" cudaError_t cudaGetLastError(void)
 {
