@@ -6,7 +6,8 @@
 # row), and from BASELINE/plugins (an older checkout's plugins/kernels + plugins/include, "base"),
 # then: the GPU kernel tests on "new" (PYTEST_ARGS adds options), compute-sanitizer memcheck and
 # racecheck on a few of them, and tools/bench_kernels.py on every build (torch.compile and eager
-# only with "new"), then tools/bench_compare.py prints one table of all of them.
+# only with "new"; NO_COMPILE=1: not even there), then tools/bench_compare.py prints one table of all
+# of them. SKIP_TESTS=1 skips the tests and the sanitizers.
 # Logs and JSON go to $OUT (the device tool's folder) or /tmp/normexport_compare.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -54,8 +55,8 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
     if command -v compute-sanitizer >/dev/null; then
         for tool in memcheck racecheck; do
             echo "== compute-sanitizer --tool $tool (normexport kernels only)"
-            compute-sanitizer --tool $tool --kernel-name regex:norm_ --error-exitcode 9 \
-                $PY -m pytest -q -x tests/test_kernels_gpu.py -k "${SANITIZER_K:-1000 or 4096}" -p no:cacheprovider \
+            compute-sanitizer --tool $tool --kernel-name kns=norm_ --error-exitcode 9 \
+                $PY -m pytest -q -x tests/test_kernels_gpu.py -k "${SANITIZER_K:-1000}" -p no:cacheprovider \
                 2>&1 | tail -6
             [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "compute-sanitizer $tool FAILED"; status=1; }
         done
@@ -64,6 +65,7 @@ fi
 
 echo "== benchmarks"
 $PY tools/bench_kernels.py --lib "$BUILD/new/libnormexport_kernels.so" --out-dir "$OUTDIR/new" $BENCH_ARGS \
+    $( [ "${NO_COMPILE:-0}" = 1 ] && echo --no-compile ) \
     > "$OUTDIR/bench_new.txt" 2>&1 || status=1
 tail -4 "$OUTDIR/bench_new.txt"
 for name in $( [ -n "${BASELINE:-}" ] && echo base ) $(for v in $VARIANTS; do echo "${v%%=*}"; done); do

@@ -54,6 +54,12 @@
 #if !defined(NORMEXPORT_BLOCK_PREFETCH)
 #define NORMEXPORT_BLOCK_PREFETCH 0
 #endif
+#if !defined(NORMEXPORT_PERSISTENT)
+#define NORMEXPORT_PERSISTENT 1
+#endif
+#if !defined(NORMEXPORT_STREAM_HINTS)
+#define NORMEXPORT_STREAM_HINTS 1
+#endif
 #if !defined(NORMEXPORT_PREFETCH_BUDGET)
 #define NORMEXPORT_PREFETCH_BUDGET 40
 #endif
@@ -226,7 +232,9 @@ __device__ __forceinline__ uint4 load16(void const* p)
 {
 #if defined(__CUDA_ARCH__)
     uint4 r;
-    if constexpr (A == Access::kStream)
+    if constexpr (A == Access::kStream && !NORMEXPORT_STREAM_HINTS)
+        r = *reinterpret_cast<uint4 const*>(p);
+    else if constexpr (A == Access::kStream)
         asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
             : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
             : "l"(p));
@@ -270,7 +278,7 @@ __device__ __forceinline__ void store_raw(T* p, Pack<T, N> const& pk)
 {
     if constexpr (Pack<T, N>::kBytes == 16)
     {
-#if defined(__CUDA_ARCH__)
+#if defined(__CUDA_ARCH__) && NORMEXPORT_STREAM_HINTS
         asm volatile("st.global.cs.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(pk.w[0]), "r"(pk.w[1]),
             "r"(pk.w[2]), "r"(pk.w[3])
             : "memory");
@@ -346,14 +354,14 @@ struct Moments
     float m2;
 };
 
-// Chan et al.'s merge of two disjoint sets' moments (lo first: the result does not depend on which
-// lane computes it).
-__device__ __forceinline__ Moments merge(Moments lo, Moments hi)
+// Chan et al.'s merge of two disjoint sets' moments, written symmetrically in the two operands
+// (sums and products only), so that both lanes of a shuffle step get the same bits.
+__device__ __forceinline__ Moments merge(Moments a, Moments b)
 {
-    float const n = lo.n + hi.n;
-    float const f = n > 0.f ? __fdividef(hi.n, n) : 0.f;
-    float const d = hi.mean - lo.mean;
-    return Moments{n, lo.mean + d * f, lo.m2 + hi.m2 + d * d * lo.n * f};
+    float const n = a.n + b.n;
+    float const inv = n > 0.f ? __fdividef(1.f, n) : 0.f;
+    float const d = b.mean - a.mean;
+    return Moments{n, (a.n * a.mean + b.n * b.mean) * inv, (a.m2 + b.m2) + d * d * (a.n * b.n * inv)};
 }
 
 // Merge over aligned groups of LANES consecutive lanes; every lane of a group gets the same result.
@@ -365,10 +373,72 @@ __device__ __forceinline__ Moments group_sum(Moments v)
     {
         Moments const o{__shfl_xor_sync(0xffffffffu, v.n, off), __shfl_xor_sync(0xffffffffu, v.mean, off),
             __shfl_xor_sync(0xffffffffu, v.m2, off)};
-        bool const upper = (threadIdx.x & off) != 0;
-        Moments const lo{upper ? o.n : v.n, upper ? o.mean : v.mean, upper ? o.m2 : v.m2};
-        Moments const hi{upper ? v.n : o.n, upper ? v.mean : o.mean, upper ? v.m2 : o.m2};
-        v = merge(lo, hi);
+        v = merge(v, o);
+    }
+    return v;
+}
+
+// The same when every lane holds the moments of equally many values (the row fills all the lanes'
+// vectors: the common case): two shuffles per step instead of three and no division. The merged
+// mean (a + b) / 2 and M2a + M2b + d^2 n / 2 are symmetric in the two lanes, so every lane of a
+// group gets the same bits.
+template <int LANES>
+__device__ __forceinline__ Moments group_sum_equal(Moments v)
+{
+#pragma unroll
+    for (int off = LANES / 2; off > 0; off >>= 1)
+    {
+        float const om = __shfl_xor_sync(0xffffffffu, v.mean, off);
+        float const o2 = __shfl_xor_sync(0xffffffffu, v.m2, off);
+        float const d = om - v.mean;
+        v.m2 = (v.m2 + o2) + d * d * (0.5f * v.n);
+        v.mean = (v.mean + om) * 0.5f;
+        v.n *= 2.f;
+    }
+    return v;
+}
+
+// Reduction over groups of LANES lanes: `equal` (uniform over the group) when every lane's moments
+// count the same number of values. Sums do not care.
+template <int LANES>
+__device__ __forceinline__ float group_reduce(float v, bool /*equal*/)
+{
+    return group_sum<LANES>(v);
+}
+template <int LANES>
+__device__ __forceinline__ Moments group_reduce(Moments v, bool equal)
+{
+    return equal ? group_sum_equal<LANES>(v) : group_sum<LANES>(v);
+}
+
+// The step of the reduction across warps: the first `lanes` lanes (a power of two) hold one warp's
+// value each, and every aligned group of `lanes` lanes holds the same values.
+__device__ __forceinline__ float warps_reduce_pow2(float v, int lanes, bool /*equal*/)
+{
+    for (int off = lanes / 2; off > 0; off >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, off);
+    return v;
+}
+__device__ __forceinline__ Moments warps_reduce_pow2(Moments v, int lanes, bool equal)
+{
+    if (!equal)
+    {
+        for (int off = lanes / 2; off > 0; off >>= 1)
+        {
+            Moments const o{__shfl_xor_sync(0xffffffffu, v.n, off), __shfl_xor_sync(0xffffffffu, v.mean, off),
+                __shfl_xor_sync(0xffffffffu, v.m2, off)};
+            v = merge(v, o);
+        }
+        return v;
+    }
+    for (int off = lanes / 2; off > 0; off >>= 1)
+    {
+        float const om = __shfl_xor_sync(0xffffffffu, v.mean, off);
+        float const o2 = __shfl_xor_sync(0xffffffffu, v.m2, off);
+        float const d = om - v.mean;
+        v.m2 = (v.m2 + o2) + d * d * (0.5f * v.n);
+        v.mean = (v.mean + om) * 0.5f;
+        v.n *= 2.f;
     }
     return v;
 }
@@ -394,20 +464,27 @@ __device__ __forceinline__ void get_warp(float const* buf, int lane, Moments& v)
 // warp reduces with shuffles, lane 0 writes the warp's value to `buf`, __syncthreads, then every
 // warp reduces the warps' values with shuffles. `buf` must not be written again before every
 // thread has passed the next barrier: the block kernel alternates two buffers between rows.
+// The warps' values are read by lane L from warp L mod P (P: nwarps rounded up to a power of two;
+// warps nwarps..P-1 count as empty), and log2(P) steps run: every aligned group of P lanes merges
+// the same values in the same order, so every lane gets the same result.
 template <typename V>
-__device__ __forceinline__ V block_reduce(V v, float* buf)
+__device__ __forceinline__ V block_reduce(V v, float* buf, bool equal)
 {
     int const lane = threadIdx.x & 31;
     int const warp = threadIdx.x >> 5;
     int const nwarps = blockDim.x >> 5;
-    v = group_sum<32>(v);
+    v = group_reduce<32>(v, equal);
     if (lane == 0)
         put_warp(buf, warp, v);
     __syncthreads();
+    int lanes = 1;
+    while (lanes < nwarps)
+        lanes <<= 1;
+    int const src = lane & (lanes - 1);
     V t{};
-    if (lane < nwarps)
-        get_warp(buf, lane, t);
-    return group_sum<32>(t);
+    if (src < nwarps)
+        get_warp(buf, src, t);
+    return warps_reduce_pow2(t, lanes, equal && lanes == nwarps);
 }
 
 // Sum over the block for the looped kernel: two barriers, so `smem` (32 floats) is reusable at once.
@@ -601,7 +678,7 @@ __device__ __forceinline__ void finish_row(NormParams const& p, uint32_t row, bo
                 float const a = get(rr.x[i], k);
                 ss += a * a;
             }
-        rstd = rsqrtf(reduce(ss) * p.inv_hidden + p.eps);
+        rstd = rsqrtf(reduce(ss, true) * p.inv_hidden + p.eps);
     }
     else
     {
@@ -635,7 +712,7 @@ __device__ __forceinline__ void finish_row(NormParams const& p, uint32_t row, bo
                 }
             }
         }
-        m = reduce(m);
+        m = reduce(m, nvec == nthr * VPT); // every thread of the row holds VPT vectors of it
         mean = m.mean;
         rstd = rsqrtf(m.m2 * p.inv_hidden + p.eps);
     }
@@ -745,7 +822,8 @@ __global__ void NORMEXPORT_MAXNREG((reg_budget<K, VPT, (kGroupRowsFor<K, VPT> > 
     int const group = threadIdx.x / LANES;
     int const tid = threadIdx.x % LANES;
     uint32_t const rows = static_cast<uint32_t>(p.rows);
-    auto reduce = [](auto v) { return group_sum<LANES>(v); };
+    // (rows of two vectors per lane: the general merge only, one code path within the budget)
+    auto reduce = [](auto v, bool equal) { return group_reduce<LANES>(v, VPT == 1 && equal); };
     constexpr bool kHoist = VPT == 1; // two vectors of weight and bias would not fit the budget
     Affine<T, K, VEC, VPT, kHoist> aff{};
     aff.load(p, tid, LANES);
@@ -790,8 +868,8 @@ __global__ void NORMEXPORT_MAXNREG((reg_budget<K, VPT, PREFETCH>()))
     int const nthr = blockDim.x;
     uint32_t const rows = static_cast<uint32_t>(p.rows);
     int parity = 0;
-    auto reduce = [&](Value v) {
-        Value const r = block_reduce(v, red + parity * kReduceWords<Value>);
+    auto reduce = [&](Value v, bool equal) {
+        Value const r = block_reduce(v, red + parity * kReduceWords<Value>, equal);
         parity ^= 1;
         return r;
     };
@@ -1032,7 +1110,7 @@ inline int64_t resident_blocks(Kernel kernel, int threads)
 template <typename Kernel>
 inline void launch_persistent(Kernel kernel, int64_t units, int threads, NormParams const& p, cudaStream_t stream)
 {
-    int64_t const resident = resident_blocks(kernel, threads);
+    int64_t const resident = NORMEXPORT_PERSISTENT ? resident_blocks(kernel, threads) : kMaxGrid;
     kernel<<<grid_for(units < resident ? units : resident), static_cast<unsigned>(threads), 0, stream>>>(p);
 }
 
