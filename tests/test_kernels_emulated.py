@@ -339,8 +339,8 @@ def test_adaln_zero_misaligned_parameter(lib, which):
     (("p, row < rows ? row : 0, row < rows, fresh(tid), LANES, rr[j], aff, reduce);",
       "p, row, true, fresh(tid), LANES, rr[j], aff, reduce);"), 8, 19),
     # a lane that leaves the block reduction early: the others wait for it at the barriers
-    (("    v = group_sum<32>(v);\n    if (lane == 0)\n        put_warp",
-      "    if (threadIdx.x == 1)\n        return V{};\n    v = group_sum<32>(v);\n    if (lane == 0)\n        put_warp"),
+    (("    v = group_reduce<32>(v, equal);\n    if (lane == 0)",
+      "    if (threadIdx.x == 1)\n        return V{};\n    v = group_reduce<32>(v, equal);\n    if (lane == 0)"),
      4096, 1),
 ], ids=["half-reduction", "padding-rows-write", "lane-skips-barrier"])
 def test_emulation_catches_planted_kernel_bugs(planted, hidden, rows):

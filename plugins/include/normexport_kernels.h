@@ -121,7 +121,6 @@ typedef struct normexport_launch_config
     int lanes;              /* group kernel: threads per row */
     int rows_per_group;     /* group kernel: rows each thread group holds at once */
     int threads;            /* threads per block */
-    int prefetch;           /* block kernel: the next row's loads issued before this row's statistics */
 } normexport_launch_config;
 
 /*

@@ -1,35 +1,34 @@
 // Shared implementation of the normexport row-normalisation kernels (internal header).
 //
-// Design (docs/design.md "Kernel budgets", docs/kernels.md "Kernel layout"):
-//   - norm_group_kernel: LANES threads (8..32, at most one warp) per row, two rows per thread group
-//     (twice the loads in flight), 128-thread blocks; used for short rows (per-head q/k norms).
-//     The weight / bias of a lane's columns are loaded once per block, before the row loop.
-//   - norm_block_kernel: one row per block at a time; blockDim (a multiple of 32, <= 1024) chosen
-//     at launch so that each thread holds VPT vectors of the row (2 up to 2048 vectors: 16384
-//     half-precision / 8192 float32 values; 4 up to 4096 vectors). With PREFETCH the next row's
-//     loads are issued before the current row's statistics, so they stay in flight across it.
+// Design and budgets: docs/kernels.md ("Kernel layout", "Kernel budgets").
+//   - norm_group_kernel: LANES threads (8..32, at most one warp) per row, 128-thread blocks; used
+//     for short rows (per-head q/k norms). RMSNorm / LayerNorm rows of one vector per lane: two
+//     rows per thread group (twice the loads in flight), weight / bias loaded once per block.
+//   - norm_block_kernel: one row per block; blockDim (a multiple of 32, <= 1024) chosen at launch
+//     so that each thread holds VPT vectors of the row (2 up to 2048 vectors: 16384 half-precision
+//     / 8192 float32 values; 4 up to 4096 vectors).
 //   - norm_looped_kernel: one row per block, any hidden size, several passes over global memory.
-// The row kernels run a persistent grid (as many blocks as fit on the GPU at once, each looping
-// over rows), keep the whole row in registers as packed IO values (VPT vectors of VEC elements per
-// thread: a bf16/fp16 vector of 8 is 4 registers), loops fully unrolled so no register array is
-// indexed dynamically, and write y once. VEC = 16 / sizeof(T) gives 128-bit loads/stores; VEC = 1
-// is the generic scalar path.
+// The row kernels keep the whole row in registers as packed IO values (VPT vectors of VEC elements
+// per thread: a bf16/fp16 vector of 8 is 4 registers), loops fully unrolled so no register array is
+// indexed dynamically, read x once and write y once. VEC = 16 / sizeof(T) gives 128-bit
+// loads/stores; VEC = 1 is the generic scalar path.
 //
 // Statistics: one reduction round per row. Each thread takes the two-pass moments of its own
 // values (count, mean, M2 = sum of squared deviations from its mean) from registers, then the
 // moments are merged across the row with Chan's formula (warp shuffles; in the block kernel one
-// shared-memory exchange between warps behind one barrier, its buffer alternating between rows so
-// that no second barrier is needed). RMS kinds reduce the sum of squares the same way. The merge
-// is ordered by lane (the lower half is always the left operand), so every lane of a row computes
-// bit-identical statistics.
+// shared-memory exchange between warps behind ONE barrier, its buffer alternating between rows so
+// that no second barrier is needed). RMS kinds reduce the sum of squares the same way. The merge is
+// symmetric in its operands, so every lane of a row computes bit-identical statistics. Where every
+// thread holds equally many values (the usual case) the merge is the equal-count form: two
+// shuffles a step, no division. Against the two-round reduction (mean, then squared deviations
+// from it) the fp32 rounding order changes; the float64 tests' bounds are unchanged.
 //
-// Memory: x (and the skip / update) is read once, through the non-coherent path without
-// allocating in L1 (ld.global.nc.L1::no_allocate), so the parameters (weight, bias, the per-sample
-// shift / scale / gate, read by many rows through __ldg) stay in L1; y (and the sum) are written
-// with streaming stores (st.global.cs). Row indices are 32-bit (the dispatcher sends 2^31 rows or
-// more to the looped kernel).
+// Parameters (weight, bias, the per-sample shift / scale / gate) are read through __ldg (the
+// read-only path, cached in L1 across the rows of a block / SM). Row indices are 32-bit (the
+// dispatcher sends 2^31 rows or more to the looped kernel). Two measured switches (persistent grid,
+// streaming cache hints) are below, off.
 //
-// Registers: each kernel carries __maxnreg__(reg_budget) so that the occupancy of docs/design.md
+// Registers: each kernel carries __maxnreg__(reg_budget) so that the occupancy of docs/kernels.md
 // holds at the block sizes the dispatcher uses (tests/test_kernel_budgets.py checks it from the
 // built library's resource usage, without a GPU).
 //
@@ -37,7 +36,7 @@
 //   Sum = X + skip [+ bias]        (SkipRMSNorm)
 //   Sum = X + gate * update        (GatedAdaLNZero)
 // in float32, round it to T, store it (the next residual) and normalise that stored value, so the
-// fused op equals the unfused Add + norm of the same dtype (docs/design.md, the op contracts).
+// fused op equals the unfused Add + norm of the same dtype (the op contracts, docs/kernels.md).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -51,17 +50,21 @@
 
 #include "normexport_kernels.h"
 
-#if !defined(NORMEXPORT_BLOCK_PREFETCH)
-#define NORMEXPORT_BLOCK_PREFETCH 0
-#endif
+// Measured switches (tools/gpu_compare.sh builds variants with them; docs/kernels.md has the
+// numbers). Both were slower on an H200 for most shapes, so both are off:
+//   NORMEXPORT_PERSISTENT: a grid of as many blocks as are resident at once, each looping over
+//     rows (else one block per row, or per set of rows for the group kernel);
+//   NORMEXPORT_STREAM_HINTS: x / skip read with ld.global.nc.L1::no_allocate and y / sum written
+//     with st.global.cs (else plain 128-bit loads and stores).
 #if !defined(NORMEXPORT_PERSISTENT)
-#define NORMEXPORT_PERSISTENT 1
+#define NORMEXPORT_PERSISTENT 0
 #endif
 #if !defined(NORMEXPORT_STREAM_HINTS)
-#define NORMEXPORT_STREAM_HINTS 1
+#define NORMEXPORT_STREAM_HINTS 0
 #endif
-#if !defined(NORMEXPORT_PREFETCH_BUDGET)
-#define NORMEXPORT_PREFETCH_BUDGET 40
+// Rows of up to this many vectors get 2 vectors per thread, longer ones 4 (up to 4096 vectors).
+#if !defined(NORMEXPORT_VPT2_MAX_VECS)
+#define NORMEXPORT_VPT2_MAX_VECS 2048
 #endif
 
 namespace normexport
@@ -288,9 +291,9 @@ __device__ __forceinline__ void store_raw(T* p, Pack<T, N> const& pk)
 #endif
     }
     else if constexpr (sizeof(T) == 4)
-        memcpy(p, &pk.w[0], 4);
+        *reinterpret_cast<uint32_t*>(p) = pk.w[0];
     else
-        *p = half_from_bits<T>(pk.w[0]);
+        *reinterpret_cast<uint16_t*>(p) = static_cast<uint16_t>(pk.w[0]); // one 16-bit store
 }
 
 template <typename T, int N>
@@ -774,27 +777,32 @@ __device__ __forceinline__ void finish_row(NormParams const& p, uint32_t row, bo
 }
 
 // ---------------------------------------------------------------------------------------------
-// Register budgets (docs/design.md "Kernel budgets"): the most registers per thread that keep the
+// Register budgets (docs/kernels.md "Kernel budgets"): the most registers per thread that keep the
 // occupancy goal at the block sizes the dispatcher uses (sm_90: 65536 registers, 2048 threads per
 // SM; registers are allocated per warp in units of 256, i.e. per thread in multiples of 8).
 //   32: 2048 threads per SM (100 %) for any block size dividing 2048;
 //   40: 1536 threads per SM (75 %) with blocks of <= 512 threads.
 // One row of <= 2 vectors per thread: RMSNorm / LayerNorm / SkipRMSNorm 32, the AdaLN kinds 40.
-// Kernels that hold two rows per thread (the group kernel's two rows, the block kernel's prefetch)
-// get 40 and rows of 4 vectors (1024-thread blocks, where only 32 would give more than one block
+// The group kernel's two rows per thread get 40, rows of 4 vectors (1024-thread blocks, where only 32 would give more than one block
 // per SM) 64: those are held to the bytes-in-flight budget (>= 32 KB of loads issued before their
 // first use per SM) instead of the occupancy one.
 // ---------------------------------------------------------------------------------------------
-template <NormKind K, int VPT, bool TWO_ROWS>
+// The budgets are set for sm_90; on earlier GPUs (sm_80 / 86 / 89) the float16 LayerNorm kernels of
+// two vectors per thread need 8 more registers than sm_90's to compile without spills.
+template <typename T, NormKind K, int VPT, bool TWO_ROWS>
 constexpr int reg_budget()
 {
 #ifdef NORMEXPORT_REG_BUDGET_OVERRIDE
     return NORMEXPORT_REG_BUDGET_OVERRIDE;
 #endif
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+    if constexpr (std::is_same_v<T, __half> && K == NormKind::kLayer && VPT == 2)
+        return 40;
+#endif
     if constexpr (VPT > 2)
         return 64;
     if constexpr (TWO_ROWS)
-        return NORMEXPORT_PREFETCH_BUDGET;
+        return 40;
     return kIsAdaLN<K> ? 40 : 32;
 }
 
@@ -813,7 +821,7 @@ constexpr int kGroupThreads = 128;
 // LANES threads per row, kGroupRowsFor rows per thread group, 128 / LANES groups per block; a
 // persistent grid-stride loop over sets of 128 / LANES * kGroupRowsFor rows.
 template <typename T, NormKind K, int VEC, int VPT, int LANES>
-__global__ void NORMEXPORT_MAXNREG((reg_budget<K, VPT, (kGroupRowsFor<K, VPT> > 1)>()))
+__global__ void NORMEXPORT_MAXNREG((reg_budget<T, K, VPT, (kGroupRowsFor<K, VPT> > 1)>()))
     norm_group_kernel(NormParams p)
 {
     constexpr int kGroupRows = kGroupRowsFor<K, VPT>;
@@ -856,10 +864,9 @@ __global__ void NORMEXPORT_MAXNREG((reg_budget<K, VPT, (kGroupRowsFor<K, VPT> > 
     }
 }
 
-// One row per block at a time (blockDim.x a multiple of 32, <= 1024), persistent grid-stride loop
-// over rows. PREFETCH: the next row's loads are issued before this row's statistics.
-template <typename T, NormKind K, int VEC, int VPT, bool PREFETCH>
-__global__ void NORMEXPORT_MAXNREG((reg_budget<K, VPT, PREFETCH>()))
+// One row per block at a time (blockDim.x a multiple of 32, <= 1024), grid-stride loop over rows.
+template <typename T, NormKind K, int VEC, int VPT>
+__global__ void NORMEXPORT_MAXNREG((reg_budget<T, K, VPT, false>()))
     norm_block_kernel(NormParams p)
 {
     using Value = std::conditional_t<kIsRms<K>, float, Moments>;
@@ -874,32 +881,11 @@ __global__ void NORMEXPORT_MAXNREG((reg_budget<K, VPT, PREFETCH>()))
         return r;
     };
     Affine<T, K, VEC, VPT, false> const aff{};
-    uint32_t row = blockIdx.x; // < rows: the grid has at most `rows` blocks
-    if constexpr (PREFETCH)
+    for (uint32_t row = blockIdx.x; row < rows; row += gridDim.x) // rows < 2^31, gridDim.x <= 2^30
     {
         RowRegs<T, K, VEC, VPT> cur;
-        load_row<T, K, VEC, VPT>(p, row, true, tid, nthr, cur);
-        for (;;)
-        {
-            uint32_t const next = row + gridDim.x; // < 2^32: rows < 2^31 and gridDim.x <= rows
-            bool const more = next < rows;
-            RowRegs<T, K, VEC, VPT> nxt;
-            load_row<T, K, VEC, VPT>(p, more ? next : row, more, fresh(tid), nthr, nxt);
-            finish_row<T, K, VEC, VPT, false>(p, row, true, fresh(tid), nthr, cur, aff, reduce);
-            if (!more)
-                break;
-            cur = nxt;
-            row = next;
-        }
-    }
-    else
-    {
-        for (; row < rows; row += gridDim.x)
-        {
-            RowRegs<T, K, VEC, VPT> cur;
-            load_row<T, K, VEC, VPT>(p, row, true, fresh(tid), nthr, cur);
-            finish_row<T, K, VEC, VPT, false>(p, row, true, fresh(tid), nthr, cur, aff, reduce);
-        }
+        load_row<T, K, VEC, VPT>(p, row, true, fresh(tid), nthr, cur);
+        finish_row<T, K, VEC, VPT, false>(p, row, true, fresh(tid), nthr, cur, aff, reduce);
     }
 }
 
@@ -1040,13 +1026,13 @@ inline normexport_launch_config choose_config(
         c.threads = kGroupThreads;
         c.rows_per_group = vpt == 1 && (kind == NormKind::kRms || kind == NormKind::kLayer) ? 2 : 1;
     };
-    auto block = [&](int vpt, int prefetch) {
+    auto block = [&](int vpt) {
         c.kernel = NORMEXPORT_KERNEL_BLOCK;
         c.vectors_per_thread = vpt;
         c.threads = static_cast<int>((nvec + vpt - 1) / vpt + 31) / 32 * 32;
-        c.prefetch = prefetch;
     };
     bool const fused = kind == NormKind::kSkipRms || kind == NormKind::kGatedAdaLN;
+    bool const adaln = kind == NormKind::kAdaLN || kind == NormKind::kGatedAdaLN;
     if (nvec <= 8)
         group(8, 1);
     else if (nvec <= 16)
@@ -1055,14 +1041,14 @@ inline normexport_launch_config choose_config(
         group(32, 1);
     else if (nvec <= 64)
         group(32, 2);
-    else if (nvec <= 2 * 1024)
-        // prefetch (two rows in registers, NORMEXPORT_PREFETCH_BUDGET registers): RMSNorm and
-        // LayerNorm in blocks of <= 512 threads
-        block(2, NORMEXPORT_BLOCK_PREFETCH && (kind == NormKind::kRms || kind == NormKind::kLayer) && nvec <= 1024);
+    else if (nvec <= (adaln ? 1024 : NORMEXPORT_VPT2_MAX_VECS))
+        // two vectors per thread in blocks of up to 1024 threads (the AdaLN kinds: 512; at 1024
+        // threads their 40 registers would leave one block, 50 %, per SM: 4 vectors instead)
+        block(2);
     else if (nvec <= 4 * 1024)
-        block(4, 0);
+        block(4);
     else if (vec == 1 && !fused && nvec <= 8 * 1024)
-        block(8, 0);
+        block(8);
     else
         c.vec = 1; // looped
     return c;
@@ -1122,10 +1108,10 @@ inline void launch_group(NormParams const& p, cudaStream_t stream)
         kGroupThreads, p, stream);
 }
 
-template <typename T, NormKind K, int VEC, int VPT, bool PREFETCH>
+template <typename T, NormKind K, int VEC, int VPT>
 inline void launch_block(NormParams const& p, int threads, cudaStream_t stream)
 {
-    launch_persistent(norm_block_kernel<T, K, VEC, VPT, PREFETCH>, p.rows, threads, p, stream);
+    launch_persistent(norm_block_kernel<T, K, VEC, VPT>, p.rows, threads, p, stream);
 }
 
 // Launch the row kernel of config `c` (vector width VEC); false for the looped kernel.
@@ -1147,21 +1133,11 @@ inline bool launch_rows(NormParams const& p, normexport_launch_config const& c, 
     if (c.kernel != NORMEXPORT_KERNEL_BLOCK)
         return false;
     if (c.vectors_per_thread == 2)
-    {
-        if constexpr (K == NormKind::kRms || K == NormKind::kLayer)
-        {
-            if (c.prefetch)
-            {
-                launch_block<T, K, VEC, 2, true>(p, c.threads, stream);
-                return true;
-            }
-        }
-        launch_block<T, K, VEC, 2, false>(p, c.threads, stream);
-    }
+        launch_block<T, K, VEC, 2>(p, c.threads, stream);
     else if (c.vectors_per_thread == 4)
-        launch_block<T, K, VEC, 4, false>(p, c.threads, stream);
+        launch_block<T, K, VEC, 4>(p, c.threads, stream);
     else if constexpr (VEC == 1 && !kHasResidual<K>)
-        launch_block<T, K, VEC, 8, false>(p, c.threads, stream);
+        launch_block<T, K, VEC, 8>(p, c.threads, stream);
     else
         return false;
     return true;

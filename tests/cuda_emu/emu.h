@@ -45,6 +45,11 @@
 #define __maxnreg__(...)
 #define __shared__ static
 
+// The kernels' persistent grid (a switch of norm_common.cuh, off on GPUs): with the small emulated
+// GPU below, every block of a launch loops over several rows, so the row loops and the reduction
+// buffer that alternates between rows are exercised (on a GPU a block loops only past 2^30 rows).
+#define NORMEXPORT_PERSISTENT 1
+
 #ifndef NORMEXPORT_EMU_TIMEOUT_MS
 #define NORMEXPORT_EMU_TIMEOUT_MS 20000
 #endif
