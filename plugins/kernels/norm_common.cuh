@@ -64,7 +64,16 @@
 #endif
 // Rows of up to this many vectors get 2 vectors per thread, longer ones 4 (up to 4096 vectors).
 #if !defined(NORMEXPORT_VPT2_MAX_VECS)
-#define NORMEXPORT_VPT2_MAX_VECS 2048
+#define NORMEXPORT_VPT2_MAX_VECS 1024
+#endif
+// Consecutive rows each block of the block kernel takes: the AdaLN kinds with per-sample ([B, H])
+// modulation (a block's rows then share their shift / scale / gate rows, read from L1 after the
+// first), the other kinds.
+#if !defined(NORMEXPORT_ADALN_ROWS)
+#define NORMEXPORT_ADALN_ROWS 1
+#endif
+#if !defined(NORMEXPORT_BLOCK_ROWS)
+#define NORMEXPORT_BLOCK_ROWS 1
 #endif
 
 namespace normexport
@@ -101,6 +110,7 @@ struct NormParams
     int64_t rows;
     int64_t hidden;
     int64_t mod_row_div;   // AdaLN: modulation row = row / mod_row_div (seq for [B,H], 1 for full)
+    uint32_t block_rows;   // block kernel: consecutive rows per block (set at launch)
     float eps;
     float inv_hidden;      // 1 / hidden, computed on the host (a device fp32 division is a call)
 };
@@ -881,11 +891,21 @@ __global__ void NORMEXPORT_MAXNREG((reg_budget<T, K, VPT, false>()))
         return r;
     };
     Affine<T, K, VEC, VPT, false> const aff{};
-    for (uint32_t row = blockIdx.x; row < rows; row += gridDim.x) // rows < 2^31, gridDim.x <= 2^30
+    // block_rows consecutive rows per block; rows < 2^31 and gridDim.x * block_rows < rows + block_rows
+    uint32_t const per = p.block_rows;
+    uint32_t left = per;
+    for (uint32_t row = blockIdx.x * per; row < rows;)
     {
         RowRegs<T, K, VEC, VPT> cur;
         load_row<T, K, VEC, VPT>(p, row, true, fresh(tid), nthr, cur);
         finish_row<T, K, VEC, VPT, false>(p, row, true, fresh(tid), nthr, cur, aff, reduce);
+        if (--left == 0)
+        {
+            row += (gridDim.x - 1) * per + 1; // this block's next set of rows
+            left = per;
+        }
+        else
+            ++row;
     }
 }
 
@@ -1109,9 +1129,11 @@ inline void launch_group(NormParams const& p, cudaStream_t stream)
 }
 
 template <typename T, NormKind K, int VEC, int VPT>
-inline void launch_block(NormParams const& p, int threads, cudaStream_t stream)
+inline void launch_block(NormParams p, int threads, cudaStream_t stream)
 {
-    launch_persistent(norm_block_kernel<T, K, VEC, VPT>, p.rows, threads, p, stream);
+    p.block_rows = kIsAdaLN<K> && p.mod_row_div > 1 ? NORMEXPORT_ADALN_ROWS : NORMEXPORT_BLOCK_ROWS;
+    launch_persistent(norm_block_kernel<T, K, VEC, VPT>, (p.rows + p.block_rows - 1) / p.block_rows, threads, p,
+        stream);
 }
 
 // Launch the row kernel of config `c` (vector width VEC); false for the looped kernel.
