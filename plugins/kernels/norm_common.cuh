@@ -70,7 +70,7 @@
 // modulation (a block's rows then share their shift / scale / gate rows, read from L1 after the
 // first), the other kinds.
 #if !defined(NORMEXPORT_ADALN_ROWS)
-#define NORMEXPORT_ADALN_ROWS 1
+#define NORMEXPORT_ADALN_ROWS 4
 #endif
 #if !defined(NORMEXPORT_BLOCK_ROWS)
 #define NORMEXPORT_BLOCK_ROWS 1
