@@ -377,42 +377,27 @@ __device__ __forceinline__ Moments merge(Moments a, Moments b)
     return Moments{n, (a.n * a.mean + b.n * b.mean) * inv, (a.m2 + b.m2) + d * d * (a.n * b.n * inv)};
 }
 
-// Merge over aligned groups of LANES consecutive lanes; every lane of a group gets the same result.
-template <int LANES>
-__device__ __forceinline__ Moments group_sum(Moments v)
+// One shuffle step of a merge: this lane's moments and those of lane ^ off. The general step ships
+// the count too; the equal-count step (every lane holds the moments of equally many values: the
+// row fills all the lanes' vectors, the common case) needs two shuffles and no division, and its
+// mean (a + b) / 2 and M2a + M2b + d^2 n / 2 are symmetric in the two lanes as well.
+__device__ __forceinline__ Moments merge_step(Moments v, int off)
 {
-#pragma unroll
-    for (int off = LANES / 2; off > 0; off >>= 1)
-    {
-        Moments const o{__shfl_xor_sync(0xffffffffu, v.n, off), __shfl_xor_sync(0xffffffffu, v.mean, off),
-            __shfl_xor_sync(0xffffffffu, v.m2, off)};
-        v = merge(v, o);
-    }
-    return v;
+    Moments const o{__shfl_xor_sync(0xffffffffu, v.n, off), __shfl_xor_sync(0xffffffffu, v.mean, off),
+        __shfl_xor_sync(0xffffffffu, v.m2, off)};
+    return merge(v, o);
+}
+__device__ __forceinline__ Moments merge_step_equal(Moments v, int off)
+{
+    float const om = __shfl_xor_sync(0xffffffffu, v.mean, off);
+    float const o2 = __shfl_xor_sync(0xffffffffu, v.m2, off);
+    float const d = om - v.mean;
+    return Moments{2.f * v.n, (v.mean + om) * 0.5f, (v.m2 + o2) + d * d * (0.5f * v.n)};
 }
 
-// The same when every lane holds the moments of equally many values (the row fills all the lanes'
-// vectors: the common case): two shuffles per step instead of three and no division. The merged
-// mean (a + b) / 2 and M2a + M2b + d^2 n / 2 are symmetric in the two lanes, so every lane of a
-// group gets the same bits.
-template <int LANES>
-__device__ __forceinline__ Moments group_sum_equal(Moments v)
-{
-#pragma unroll
-    for (int off = LANES / 2; off > 0; off >>= 1)
-    {
-        float const om = __shfl_xor_sync(0xffffffffu, v.mean, off);
-        float const o2 = __shfl_xor_sync(0xffffffffu, v.m2, off);
-        float const d = om - v.mean;
-        v.m2 = (v.m2 + o2) + d * d * (0.5f * v.n);
-        v.mean = (v.mean + om) * 0.5f;
-        v.n *= 2.f;
-    }
-    return v;
-}
-
-// Reduction over groups of LANES lanes: `equal` (uniform over the group) when every lane's moments
-// count the same number of values. Sums do not care.
+// Reduction over aligned groups of LANES consecutive lanes (every lane of a group gets the same
+// result): `equal` (uniform over the group) when every lane's moments count the same number of
+// values. Sums do not care.
 template <int LANES>
 __device__ __forceinline__ float group_reduce(float v, bool /*equal*/)
 {
@@ -421,7 +406,10 @@ __device__ __forceinline__ float group_reduce(float v, bool /*equal*/)
 template <int LANES>
 __device__ __forceinline__ Moments group_reduce(Moments v, bool equal)
 {
-    return equal ? group_sum_equal<LANES>(v) : group_sum<LANES>(v);
+#pragma unroll
+    for (int off = LANES / 2; off > 0; off >>= 1)
+        v = equal ? merge_step_equal(v, off) : merge_step(v, off);
+    return v;
 }
 
 // The step of the reduction across warps: the first `lanes` lanes (a power of two) hold one warp's
@@ -434,25 +422,8 @@ __device__ __forceinline__ float warps_reduce_pow2(float v, int lanes, bool /*eq
 }
 __device__ __forceinline__ Moments warps_reduce_pow2(Moments v, int lanes, bool equal)
 {
-    if (!equal)
-    {
-        for (int off = lanes / 2; off > 0; off >>= 1)
-        {
-            Moments const o{__shfl_xor_sync(0xffffffffu, v.n, off), __shfl_xor_sync(0xffffffffu, v.mean, off),
-                __shfl_xor_sync(0xffffffffu, v.m2, off)};
-            v = merge(v, o);
-        }
-        return v;
-    }
     for (int off = lanes / 2; off > 0; off >>= 1)
-    {
-        float const om = __shfl_xor_sync(0xffffffffu, v.mean, off);
-        float const o2 = __shfl_xor_sync(0xffffffffu, v.m2, off);
-        float const d = om - v.mean;
-        v.m2 = (v.m2 + o2) + d * d * (0.5f * v.n);
-        v.mean = (v.mean + om) * 0.5f;
-        v.n *= 2.f;
-    }
+        v = equal ? merge_step_equal(v, off) : merge_step(v, off);
     return v;
 }
 
