@@ -574,25 +574,25 @@ struct Affine
     }
     __device__ __forceinline__ void weight(NormParams const& p, int i, int off, float (&out)[VEC]) const
     {
-        if constexpr (HOIST)
-        {
-            Pack<T, VEC> t = w[i];
-            launder(t); // converted to float where used, not once before the row loop (8 registers)
-            unpack(t, out);
-        }
-        else
-            load_param<T, VEC>(static_cast<T const*>(p.weight) + off, out);
+        get(w, p.weight, i, off, out);
     }
     __device__ __forceinline__ void bias(NormParams const& p, int i, int off, float (&out)[VEC]) const
     {
+        get(b, p.bias, i, off, out);
+    }
+
+private:
+    __device__ __forceinline__ static void get(
+        Pack<T, VEC> const (&held)[kN], void const* param, int i, int off, float (&out)[VEC])
+    {
         if constexpr (HOIST)
         {
-            Pack<T, VEC> t = b[i];
+            Pack<T, VEC> t = held[i];
             launder(t); // converted to float where used, not once before the row loop (8 registers)
             unpack(t, out);
         }
         else
-            load_param<T, VEC>(static_cast<T const*>(p.bias) + off, out);
+            load_param<T, VEC>(static_cast<T const*>(param) + off, out);
     }
 };
 
@@ -773,7 +773,7 @@ __device__ __forceinline__ void finish_row(NormParams const& p, uint32_t row, bo
 template <typename T, NormKind K, int VPT, bool TWO_ROWS>
 constexpr int reg_budget()
 {
-#ifdef NORMEXPORT_REG_BUDGET_OVERRIDE
+#ifdef NORMEXPORT_REG_BUDGET_OVERRIDE // (to see what the compiler takes unconstrained: -D...=255)
     return NORMEXPORT_REG_BUDGET_OVERRIDE;
 #endif
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
