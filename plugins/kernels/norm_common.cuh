@@ -4,9 +4,10 @@
 //   - norm_group_kernel: LANES threads (8..32, at most one warp) per row, 128-thread blocks; used
 //     for short rows (per-head q/k norms). RMSNorm / LayerNorm rows of one vector per lane: two
 //     rows per thread group (twice the loads in flight), weight / bias loaded once per block.
-//   - norm_block_kernel: one row per block; blockDim (a multiple of 32, <= 1024) chosen at launch
-//     so that each thread holds VPT vectors of the row (2 up to 2048 vectors: 16384 half-precision
-//     / 8192 float32 values; 4 up to 4096 vectors).
+//   - norm_block_kernel: one row at a time per block; blockDim (a multiple of 32, <= 1024) chosen
+//     at launch so that each thread holds VPT vectors of the row (2 up to 1024 vectors: 8192
+//     half-precision / 4096 float32 values; 4 up to 4096 vectors). The AdaLN kinds with
+//     per-sample modulation take NORMEXPORT_ADALN_ROWS (4) consecutive rows per block.
 //   - norm_looped_kernel: one row per block, any hidden size, several passes over global memory.
 // The row kernels keep the whole row in registers as packed IO values (VPT vectors of VEC elements
 // per thread: a bf16/fp16 vector of 8 is 4 registers), loops fully unrolled so no register array is
