@@ -54,7 +54,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    rec = Record(args=args)
+    return convert(args).exit_code
+
+
+def convert(args, loaded=None) -> Record:
+    """The stages over one record; `loaded`: a model already in memory (a normexport.load
+    LoadedModel, e.g. one component of a pipeline folder), used in place of loading args.model."""
+    rec = Record(args=args, loaded=loaded)
     for stage in (loading.run, inputs.run, preparing.run):
         rec = stage(rec)
     # the ladder's judge: each exported file rewritten, then (where convert checks it) its parity
@@ -71,7 +77,7 @@ def run(args) -> int:
         if rec.bypath is not None:  # the temp folder of a file checked from files: never left behind
             rec.bypath.close()
         prewrite.close(rec)
-    return rec.exit_code
+    return rec
 
 
 def _grown_wrong(rec: Record) -> bool:

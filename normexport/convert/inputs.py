@@ -27,6 +27,7 @@ def run(rec: Record) -> Record:
     exportable_implementations(rec.module, rec.inputs, rec.sections.setdefault("implementations", []))
     outputs = run_eager(rec.module, rec.inputs)
     names = loaded.output_names if loaded.output_names and not args.module else call.output_names(outputs)
+    rec.output_structure = call.describe(outputs)  # the eager output's shape (a pipeline's runtime rebuilds it)
     # an output named like an input (UNet's `sample` in and out) would make the graph invalid (SSA)
     rec.output_names = [f"{n}_out" if n in rec.names else n for n in names] if names else names
     rec.opset = args.opset

@@ -33,8 +33,9 @@ def run(rec: Record) -> Record:
     # a folder's causal LM is exported with its KV cache by default, with inputs of its own: its plain
     # call is run in eager (load.probe) only where it is exported after all (llm.resolve says)
     cache_task = getattr(args, "task", None) != llm.PLAIN and not args.module
-    loaded = load.load(args.model, trust_pickle=args.trust_pickle, weights=args.weights, imports=args.imports,
-                       probe_generating=not cache_task)
+    loaded = rec.loaded if rec.loaded is not None else load.load(  # a model given in memory: as loaded
+        args.model, trust_pickle=args.trust_pickle, weights=args.weights, imports=args.imports,
+        probe_generating=not cache_task, user_inputs=bool(args.input or getattr(args, "inputs", None)))
     task, rec.loaded, rec.input_args, why = llm.resolve(loaded, getattr(args, "task", None), args.module, args.input)
     if rec.loaded.probe is not None:
         rec.loaded = rec.loaded.probe()

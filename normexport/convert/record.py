@@ -52,6 +52,7 @@ class Record:
     names: list = dataclasses.field(default_factory=list)
     dynamic: dict = dataclasses.field(default_factory=dict)
     output_names: list | None = None
+    output_structure: dict | None = None  # normexport.load.call.describe of the eager output
     opset: int | None = None
     # prepare: the module the ladder exports, and the same before the norm swaps (TorchScript rungs)
     exportable: Any = None

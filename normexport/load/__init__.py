@@ -30,11 +30,14 @@ from .resolve import Call, call_for
 
 
 def load(model: str, *, trust_pickle: bool = False, weights: str | None = None,
-         imports: list[str] | tuple = (), probe_generating: bool = True) -> LoadedModel:
+         imports: list[str] | tuple = (), probe_generating: bool = True, user_inputs: bool = False) -> LoadedModel:
     """Load MODEL; raises UsageError (one line: the problem and the fix) on bad input.
     `imports`: installed modules to import first (`--import`, pytree types of a .pt2).
     `probe_generating=False`: a save_pretrained folder's model that generates comes back with its
-    example inputs not yet run in eager (`LoadedModel.probe()` runs them; pretrained.library_model)."""
+    example inputs not yet run in eager (`LoadedModel.probe()` runs them; pretrained.library_model).
+    `user_inputs=True` (--input / --inputs given): a folder's model is never called with inputs of
+    normexport's making before the user's call is read (pretrained.with_inputs); a component folder
+    inside a pipeline repo is then loaded alone, not run through its pipeline."""
     import_modules(list(imports))
     if is_factory(model):
         from .factory import load_factory
@@ -46,13 +49,17 @@ def load(model: str, *, trust_pickle: bool = False, weights: str | None = None,
     if not path.exists():
         raise UsageError(f"model file not found: '{model}': check the path, or pass `package.module:callable`")
     if path.is_dir():
-        from .pipeline import is_pipeline_folder, load_pipeline_folder
+        from .pipeline import component_of_pipeline, is_pipeline_folder, load_pipeline_folder
 
         if is_pipeline_folder(path):  # diffusers pipeline (model_index.json): run once when the call is resolved
             return load_pipeline_folder(path)
+        if not user_inputs and (parent := component_of_pipeline(path)) is not None:
+            # a component folder as the hub lays it out (repo/transformer/ beside repo/model_index.json):
+            # the parent pipeline is run and this component kept, called as the pipeline calls it
+            return load_pipeline_folder(parent, component=path.name)
         from .pretrained import load_folder
 
-        return load_folder(path, probe_generating=probe_generating)
+        return load_folder(path, probe_generating=probe_generating, user_inputs=user_inputs)
     kind, what = sniff.kind_of(path)  # by content, whatever the extension (DESIGN §9)
     if kind == "unknown" and path.suffix in (".pt2",) + TORCH_EXTS:  # damaged: its extension's loader says how
         kind = sniff.EXPORTED if path.suffix == ".pt2" else sniff.TORCH_SAVE

@@ -9,6 +9,11 @@ constants, and returns the tensor leaves of the model's output.
 Names: inputs are named after the forward's parameters (a nested leaf gets its path:
 `position_embeddings.0`); outputs after the output structure (`logits`, `sample`,
 `last_hidden_state`); `out_0`, `out_1`.. only where the structure gives no name.
+
+Complex inputs (a RoPE table of complex64 a pipeline passes, issue 40): ONNX has no complex type,
+so a complex leaf is taken as view_as_real's real pairs (its name kept, its shape + (2,)) and given
+to the model as view_as_complex of them; under normexport.prepare.complex's lowering that is a real
+pair again, so no complex value reaches the exporter (`complex_inputs` lists them).
 """
 
 from __future__ import annotations
@@ -33,7 +38,10 @@ class CallAdapter(nn.Module):
         paths = [p for p, _ in pytree.tree_flatten_with_path((tuple(args), dict(kwargs)))[0]]
         params = _positional_names(inner, len(args))
         self.input_names = [_input_name(paths[i], params) for i in self._slots]
-        self.example_inputs = tuple(leaves[i] for i in self._slots)
+        self._complex_slots = {i for i in self._slots if leaves[i].dtype.is_complex}
+        self.example_inputs = tuple(_as_pair(leaves[i]) if i in self._complex_slots else leaves[i] for i in self._slots)
+        self.complex_inputs = {n: (leaves[i].dtype, tuple(leaves[i].shape))  # {input name: (complex dtype, shape)}
+                               for n, i in zip(self.input_names, self._slots) if i in self._complex_slots}
         top = [(params[i], v) for i, v in enumerate(args)] + list(kwargs.items())
         self._constant_names = {n: v for n, v in top if v is not None and not any(
             isinstance(x, torch.Tensor) for x in pytree.tree_leaves(v))}  # whole plain values (img_shapes)
@@ -46,7 +54,8 @@ class CallAdapter(nn.Module):
         new = CallAdapter.__new__(CallAdapter)
         nn.Module.__init__(new)
         new.inner = inner
-        for attr in ("_spec", "_slots", "_constants", "input_names", "example_inputs", "_constant_names"):
+        for attr in ("_spec", "_slots", "_constants", "input_names", "example_inputs", "_constant_names",
+                     "_complex_slots", "complex_inputs"):
             setattr(new, attr, getattr(self, attr))
         return new
 
@@ -60,10 +69,21 @@ class CallAdapter(nn.Module):
     def call_inner(self, *tensors):
         """The inner model's own output (a ModelOutput, dict, ...) for these input tensors."""
         leaves = list(self._constants)
+        pairs = getattr(self, "_complex_slots", ())
         for slot, t in zip(self._slots, tensors):
-            leaves[slot] = t
+            leaves[slot] = _as_complex(t) if slot in pairs else t
         args, kwargs = pytree.tree_unflatten(leaves, self._spec)
         return self.inner(*args, **kwargs)
+
+
+def _as_pair(z: torch.Tensor) -> torch.Tensor:
+    """A complex input as the real tensor the file takes: view_as_real's [..., 2] (re, im)."""
+    return torch.view_as_real(z.detach().resolve_conj()).clone()
+
+
+def _as_complex(t: torch.Tensor) -> torch.Tensor:
+    """The model's complex input from its real pairs (float16 / bfloat16 pairs, e.g. after --dtype, as complex64)."""
+    return torch.view_as_complex((t if t.dtype in (torch.float32, torch.float64) else t.float()).contiguous())
 
 
 def unwrap(module: nn.Module) -> nn.Module:
@@ -135,3 +155,26 @@ def output_names(outputs) -> list[str]:
 def input_names(module: nn.Module, n: int) -> list[str]:
     """Names of n positional inputs: the forward's parameter names, input_i past them."""
     return _positional_names(unwrap(module), n) if not isinstance(module, CallAdapter) else module.input_names[:n]
+
+
+def describe(output) -> dict | None:
+    """The output structure, tensors numbered in the file's output order (the order of
+    load.call.output_names: mapping items that are not None, sequence items by index)."""
+    count = [0]
+
+    def walk(node):
+        if isinstance(node, torch.Tensor):
+            count[0] += 1
+            return {"tensor": count[0] - 1}
+        if node is None:
+            return None
+        if isinstance(node, Mapping):
+            cls = type(node)
+            kind = "dict" if cls is dict else f"{cls.__module__}:{cls.__qualname__}"
+            items = [(str(k), walk(v)) for k, v in node.items() if v is not None]
+            return {"mapping": kind, "keys": [k for k, _ in items], "values": [v for _, v in items]}
+        if isinstance(node, (list, tuple)) and not hasattr(node, "_fields"):
+            return {"sequence": "list" if isinstance(node, list) else "tuple", "items": [walk(v) for v in node]}
+        return {"other": type(node).__name__}
+
+    return walk(output)

@@ -67,11 +67,12 @@ class ComponentModel(LoadedModel):
 
 
 class _Folder(nn.Module):
-    """A pipeline folder not built yet (built and run once by `component_call`)."""
+    """A pipeline folder not built yet (built and run once by `component_call`); `component`: the
+    one kept when MODEL was a component folder inside the pipeline repo."""
 
-    def __init__(self, path: Path, index: dict):
+    def __init__(self, path: Path, index: dict, component: str | None = None):
         super().__init__()
-        self.path, self.index = path, index
+        self.path, self.index, self.component = path, index, component
 
     def forward(self, *args, **kwargs):
         raise RuntimeError("a diffusers pipeline folder is run when its call is resolved (normexport.load.call_for)")
@@ -81,8 +82,22 @@ def is_pipeline_folder(path: Path) -> bool:
     return (path / "model_index.json").is_file()
 
 
-def load_pipeline_folder(path: Path) -> LoadedModel:
-    """The folder, read (model_index.json) but not built: see component_call."""
+def component_of_pipeline(path: Path) -> Path | None:
+    """The pipeline folder holding `path` as one of its components (repo/transformer/ beside
+    repo/model_index.json naming `transformer`), None otherwise."""
+    parent = path.resolve().parent
+    if not (path / "config.json").is_file() or not is_pipeline_folder(parent):
+        return None
+    try:
+        index = json.loads((parent / "model_index.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return parent if isinstance(index, dict) and path.resolve().name in components(index) else None
+
+
+def load_pipeline_folder(path: Path, component: str | None = None) -> LoadedModel:
+    """The folder, read (model_index.json) but not built: see component_call. `component`: MODEL
+    was that component's folder (the pipeline is run for its inputs, and it alone is exported)."""
     index_file = path / "model_index.json"
     try:
         index = json.loads(index_file.read_text())
@@ -94,7 +109,7 @@ def load_pipeline_folder(path: Path) -> LoadedModel:
                          "save_pretrained")
     if importlib.util.find_spec("diffusers") is None:
         raise UsageError(f"'{path}' is a diffusers pipeline folder but diffusers is not installed: pip install diffusers")
-    return LoadedModel(_Folder(path, index), KIND)
+    return LoadedModel(_Folder(path, index, component), KIND)
 
 
 def components(index: dict) -> list[str]:
@@ -112,6 +127,8 @@ def component_call(loaded: LoadedModel, module_name: str | None, inputs_file: st
     folder: _Folder = loaded.module
     path, index = folder.path, folder.index
     names = components(index)
+    if folder.component is not None:  # MODEL was repo/COMPONENT/: --module names a submodule of it
+        module_name = folder.component + (f".{module_name}" if module_name else "")
     component, rest = _split(module_name, names, index, path)
     if inputs_file:
         if component is None:
@@ -121,11 +138,14 @@ def component_call(loaded: LoadedModel, module_name: str | None, inputs_file: st
                              f"({path / _likely_denoiser(index)})")
         from .pretrained import load_folder
 
-        yield load_folder(path / component), rest, inputs_file
+        yield load_folder(path / component, user_inputs=True), rest, inputs_file
         return
     tmp = tempfile.mkdtemp(prefix="normexport-pipeline-")
     try:
         out = record(path, index, component, Path(tmp) / "inputs.pt")
+        if folder.component is not None:  # said first: the folder given was run as part of its pipeline
+            out.headline = (f"{path / folder.component} is the {folder.component} of the {index['_class_name']} in "
+                            f"{path}: ran that pipeline once and kept {folder.component} ({out.headline})")
         yield out, rest, str(Path(tmp) / "inputs.pt")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -155,7 +175,7 @@ def record(path: Path, index: dict, component: str | None, file: Path) -> Compon
     as a LoadedModel whose call resolve makes from that file (DESIGN §9)."""
     cls_name = index["_class_name"]
     start = time.perf_counter()
-    pipe = _build(path, index, component)
+    pipe = build(path, index, component)
     modules = {n: c for n, c in pipe.components.items() if isinstance(c, nn.Module)}
     if component is not None and component not in modules:
         raise UsageError(f"--module {component}: that component of {cls_name} is a "
@@ -256,7 +276,7 @@ def _component_model(module: nn.Module, file: Path, source: str, headline: str) 
                           source=source)
 
 
-def _build(path: Path, index: dict, component: str | None):
+def build(path: Path, index: dict, component: str | None = None):
     """DiffusionPipeline.from_pretrained(folder), local files only, each component in the dtype its
     safetensors store (a bf16 checkpoint is not held as float32)."""
     import diffusers
@@ -268,7 +288,8 @@ def _build(path: Path, index: dict, component: str | None):
     if pipeline_cls is None:
         raise UsageError(f"'{path}' names {cls_name}, which this diffusers does not have: upgrade diffusers, or "
                          f"{hatch}")
-    absent = [f"{n} ({index[n][1]})" for n in components(index) if not (path / n).is_dir()]
+    absent = [f"{n} ({index[n][1]})" for n in components(index)
+              if not (path / n).is_dir() and not _optional(pipeline_cls, n)]
     if absent:  # the libraries would build an empty tokenizer / fail deep in the run instead
         raise UsageError(f"cannot build {cls_name} from '{path}': model_index.json names component(s) with no folder "
                          f"there: {', '.join(absent)}; save the whole pipeline with save_pretrained, or {hatch}")
@@ -300,6 +321,19 @@ def _build(path: Path, index: dict, component: str | None):
     if hasattr(pipe, "set_progress_bar_config"):
         pipe.set_progress_bar_config(disable=True)
     return pipe
+
+
+def _optional(pipeline_cls, name: str) -> bool:
+    """A component the pipeline class lists as optional (`_optional_components`, or an `__init__`
+    parameter with a default): save_pretrained may skip it and from_pretrained loads without it
+    (a scheduler that is optional is then made by the pipeline, a safety checker left out)."""
+    if name in (getattr(pipeline_cls, "_optional_components", None) or []):
+        return True
+    try:
+        param = inspect.signature(pipeline_cls.__init__).parameters.get(name)
+    except (TypeError, ValueError):
+        return False
+    return param is not None and param.default is not inspect.Parameter.empty
 
 
 def _from_pretrained(pipeline_cls, path: Path, dtypes: dict):
@@ -343,6 +377,9 @@ def call_arguments(pipe, modules: dict, path: Path, component: str | None) -> tu
               "image": torch.rand(1, 3, side, side, generator=gen), "mask_image": _half_mask(side),
               "control_image": torch.rand(1, 3, side, side, generator=gen), "strength": 1.0}
     kwargs = {k: v for k, v in wanted.items() if k in params}
+    for n, p in params.items():  # a required argument the signature and the folder can fill (DiT's class_labels)
+        if p.default is p.empty and n not in kwargs and (value := required_value(p, modules)) is not None:
+            kwargs[n] = value
     required = [n for n, p in params.items() if p.default is p.empty and n not in kwargs
                 and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
     if required:
@@ -352,6 +389,26 @@ def call_arguments(pipe, modules: dict, path: Path, component: str | None) -> tu
     return kwargs, size
 
 
+#: config fields that hold the number of classes of a class-conditional model (an embedding table)
+CLASS_COUNTS = ("num_embeds_ada_norm", "num_class_embeds", "num_classes", "class_embed_num")
+
+
+def required_value(param: inspect.Parameter, modules: dict, count: int = 1):
+    """A value for a required __call__ argument from its annotation and the folder: a list of ints
+    (class labels) within the number of classes a component's config holds; a str (a prompt);
+    None where neither tells."""
+    text = str(param.annotation).replace("typing.", "").lower()
+    if param.annotation is str or text in ("str", "<class 'str'>"):
+        return PROMPT if count == 1 else [PROMPT] * count
+    if "int" in text and ("list" in text or "[" in text):
+        classes = [v for m in modules.values() for f in CLASS_COUNTS
+                   if isinstance(v := getattr(getattr(m, "config", None), f, None), int) and v > 1]
+        if not classes:
+            return None
+        return [(1 + i) % min(classes) for i in range(count)]
+    return None
+
+
 def _half_mask(side: int) -> torch.Tensor:
     mask = torch.zeros(1, 1, side, side)
     mask[..., side // 2:] = 1.0
@@ -359,8 +416,14 @@ def _half_mask(side: int) -> torch.Tensor:
 
 
 def image_side(pipe, modules: dict) -> int:
-    """SIDE, rounded up to a multiple of the VAE's scale factor × the largest patch size of the
-    components × 2 (packed latents), and of 8."""
+    """SIDE, rounded up to a multiple of image_unit."""
+    unit = image_unit(pipe, modules)
+    return unit * math.ceil(SIDE / unit)
+
+
+def image_unit(pipe, modules: dict) -> int:
+    """The step of image sizes the pipeline takes: the VAE's scale factor × the largest patch size
+    of the components × 2 (packed latents), and a multiple of 8."""
     scale = next((v for a in ("vae_scale_factor_spatial", "vae_scale_factor")
                   if isinstance(v := getattr(pipe, a, None), int) and v > 0), None)
     if scale is None:
@@ -374,8 +437,7 @@ def image_side(pipe, modules: dict) -> int:
             patch = max(patch, p)
         elif isinstance(p, (list, tuple)) and all(isinstance(x, int) for x in p):
             patch = max([patch] + list(p))
-    unit = math.lcm(scale * patch * 2, 8)
-    return unit * math.ceil(SIDE / unit)
+    return math.lcm(scale * patch * 2, 8)
 
 
 def _show(kwargs: dict) -> str:

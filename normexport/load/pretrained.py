@@ -29,7 +29,7 @@ from .inputs import make_inputs
 from .model import LoadedModel, generates
 
 
-def load_folder(path: Path, probe_generating: bool = True):
+def load_folder(path: Path, probe_generating: bool = True, user_inputs: bool = False):
     config_file = path / "config.json"
     if not config_file.is_file():
         raise UsageError(f"'{path}' is a directory without config.json: pass a save_pretrained folder of transformers "
@@ -55,7 +55,7 @@ def load_folder(path: Path, probe_generating: bool = True):
                          f"upgrade {library} or re-save the model with this version")
     model = _from_pretrained(cls, path)
     model._normexport_folder_sizes = folder_sizes(path)  # what the processor / generation configs say (examples)
-    return library_model(model, library, "pretrained", probe_generating=probe_generating)
+    return library_model(model, library, "pretrained", probe_generating=probe_generating, user_inputs=user_inputs)
 
 
 def library_of(module) -> str | None:
@@ -70,18 +70,24 @@ def library_of(module) -> str | None:
     return None
 
 
-def library_model(module, library: str, kind: str, probe_generating: bool = True) -> LoadedModel:
+def library_model(module, library: str, kind: str, probe_generating: bool = True,
+                  user_inputs: bool = False) -> LoadedModel:
     """A transformers / diffusers model called as a folder's is (DESIGN §4): example inputs derived
     from its forward and config (examples.derive), the batch dynamic, notes for the classes whose
     forward fixes sizes; the inputs it cannot make are left to --input / --inputs.
     `probe_generating=False`: a model that generates (model.generates) is returned with its derived
     inputs not yet run in eager and `LoadedModel.probe` set (convert exports such a model with its
-    KV cache and inputs of its own: the two forwards of the probe would be thrown away)."""
+    KV cache and inputs of its own: the two forwards of the probe would be thrown away).
+    `user_inputs=True` (--input / --inputs given): nothing is made or run here; the user's call is
+    read first and only the parameters it leaves out are derived (with_inputs), so inputs of
+    normexport's making that the forward refuses never stand in the way of the user's."""
     class_name = type(module).__name__
     config = getattr(module, "config", None)
     if library == "transformers" and getattr(config, "use_cache", None):
         config.use_cache = False  # no KV cache objects among the outputs (the cache is --task's business)
     module._normexport_library = library  # for derive() once the user's inputs are known
+    if user_inputs and not (library == "transformers" and generates(module)):  # a causal LM: llm.resolve's
+        return LoadedModel(_Pending(module), kind, None, None, None, missing=[])
     args, missing = derive(module, library)
     if missing:  # the user gives them (--input / --inputs); the error names them only if not
         return LoadedModel(_Pending(module), kind, None, None, None, missing=missing)
