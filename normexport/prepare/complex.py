@@ -21,6 +21,12 @@ computed with real ops, so the exporters trace only real ops.
   `view_as_complex`, `complex64`) finds candidates; the others are returned as they came, without a
   run. A candidate is run lowered on the example inputs; when no complex value appears it is
   returned as it came.
+* Complex inputs (issue 40: a RoPE table of complex64 a pipeline passes the transformer): the
+  CallAdapter the call is made through (normexport.load.call) takes them as view_as_real's real
+  pairs (the name kept, the shape + (2,)) and gives the model view_as_complex of them, which the
+  mode makes a ComplexPair: the file's input is real, the parity check feeds the same pairs to
+  eager (complex again inside the adapter) and to onnxruntime. Said in the report entry
+  ("complex_inputs") and on the terminal.
 * The check: the lowered run's outputs against the original's on the example inputs (rel err <=
   1e-5 in float32 / float64, 1e-2 in float16 / bfloat16). When a call has no real form, the lowered
   model does not run or the outputs differ, the model is returned unchanged and the report gets a
@@ -118,10 +124,29 @@ def _python_modules(module: nn.Module) -> list[str]:
     return [n for n in names if n and not n.startswith(("torch", "builtins", "normexport"))]
 
 
+def complex_inputs(module: nn.Module) -> dict[str, tuple]:
+    """{input name: (complex dtype, complex shape)} of the inputs the call of `module` (a CallAdapter,
+    or a wrapper around one: `.inner` chain) takes as real pairs."""
+    m, seen = module, set()
+    while isinstance(m, nn.Module) and id(m) not in seen:
+        seen.add(id(m))
+        found = getattr(m, "complex_inputs", None)
+        if isinstance(found, dict) and found:
+            return found
+        m = getattr(m, "inner", None)
+    return {}
+
+
+def _input_text(name: str, dtype: torch.dtype, shape: tuple) -> str:
+    real = {torch.complex32: "float16", torch.complex64: "float32", torch.complex128: "float64"}.get(dtype, "?")
+    dims = "x".join(map(str, shape)) or "scalar"
+    return f"{name} ({str(dtype).replace('torch.', '')} {dims} -> {real} {dims + 'x' if shape else ''}2)"
+
+
 def may_use_complex(module: nn.Module) -> bool:
-    """Complex tensors stored on the model, complex values in a traced graph, or code of its classes'
-    Python modules that names torch.polar / view_as_complex / a complex dtype."""
-    if complex_tables(module):
+    """Complex inputs, complex tensors stored on the model, complex values in a traced graph, or code
+    of its classes' Python modules that names torch.polar / view_as_complex / a complex dtype."""
+    if complex_inputs(module) or complex_tables(module):
         return True
     for m in module.modules():
         if isinstance(m, torch.fx.GraphModule):
@@ -239,6 +264,9 @@ def summary_lines(report: list) -> list[str]:
     for e in report or []:
         if e.get("lowering") != "complex":
             continue
+        if e.get("complex_inputs"):
+            lines.append("  complex inputs taken as real (re, im) pairs, a trailing axis of 2 (feed torch.view_as_real(x)): "
+                         + ", ".join(e["complex_inputs"]))
         if e["action"] == "swapped":
             calls = e.get("calls") or ""
             lines.append(f"  complex values carried as real (re, im) pairs: {e['kind']}"
@@ -276,10 +304,13 @@ def lower_complex(module: nn.Module, args: tuple, report: list | None = None) ->
         inner = inner.inner
     kind = type(inner).__name__
     tables = complex_tables(module)
+    given = [_input_text(n, *v) for n, v in complex_inputs(module).items()]
 
     def skip(reason, err=math.nan):
         report.append(_entry(kind, False, f"{kind}: complex arithmetic left complex ({reason}); ONNX has no complex "
                              "arithmetic and both torch.onnx exporters reject complex tensors", err))
+        if given:
+            report[-1]["complex_inputs"] = given
         return module
 
     new = structure_copy(module)
@@ -333,12 +364,15 @@ def lower_complex(module: nn.Module, args: tuple, report: list | None = None) ->
                          "complex arithmetic carried as real (re, im) pairs"
                          + (f" (calls: {ops})" if ops else "")
                          + (f"; stored complex tables as real pairs: {stored}" if stored else "")
+                         + (f"; complex inputs taken as real pairs [..., 2]: {', '.join(given)}" if given else "")
                          + "; the model's outputs vs the original's on the example inputs", err))
     n_tables = sum(len(a) for a in tables.values())
     report[-1]["calls"] = ", ".join(f"{n} x{c}" for n, c in mode_counts.most_common(4) if not n.startswith("_")) + (
         f"; {n_tables} stored complex table(s)" if n_tables else "")
+    if given:
+        report[-1]["complex_inputs"] = given
     return new
 
 
-__all__ = ["lower_complex", "not_lowered", "summary_lines", "complex_tables", "may_use_complex", "ComplexPair", "RealComplexMode",
+__all__ = ["lower_complex", "not_lowered", "summary_lines", "complex_tables", "complex_inputs", "may_use_complex", "ComplexPair", "RealComplexMode",
            "ComplexNotLowered", "is_complex_value", "lift", "pack", "unpack", "op_name"]
