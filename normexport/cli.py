@@ -21,6 +21,9 @@ def build_parser() -> argparse.ArgumentParser:
     from . import demo as demo_cmd
     from .rewriter import cli as rewrite_cmd
     from .trt import cli as build_cmd
+    from .pipeline import cli as pipeline_cmd
+
+    routed = {"convert": pipeline_cmd.convert, "check": pipeline_cmd.check, "build": pipeline_cmd.build}
 
     parser = _Parser(prog="normexport", description="Export PyTorch models to ONNX / TensorRT with "
                      "normalization layers done right.")
@@ -36,6 +39,10 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text, description=help_text)
         mod.add_arguments(p)
         p.set_defaults(run=mod.run)
+        if name in routed:  # a diffusers pipeline folder in or out (normexport.pipeline)
+            p.set_defaults(run=routed[name])
+            if name == "check":
+                pipeline_cmd.add_check_arguments(p)
     return parser
 
 

@@ -64,3 +64,13 @@ def _from_ort(v) -> np.ndarray:
         return np.zeros(shape, dtype=BF16)
     raw = np.ctypeslib.as_array((ctypes.c_uint16 * n).from_address(v.data_ptr()))
     return raw.copy().view(BF16).reshape(shape)
+
+
+def file_session(path, providers: list[str] | None = None):
+    """An onnxruntime session for a file on disk (its external data read from beside it), for
+    running a deployed model: the runtime's own thread count, graph optimisations on, quiet."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 4
+    return ort.InferenceSession(str(path), so, providers=providers or ["CPUExecutionProvider"])

@@ -30,6 +30,13 @@ from .model import LoadedModel, generates
 
 
 def load_folder(path: Path, probe_generating: bool = True, user_inputs: bool = False):
+    model, library = load_module(path)
+    model._normexport_folder_sizes = folder_sizes(path)  # what the processor / generation configs say (examples)
+    return library_model(model, library, "pretrained", probe_generating=probe_generating, user_inputs=user_inputs)
+
+
+def load_module(path: Path):
+    """(the model of a save_pretrained folder, its library), in the dtype its weights are stored in."""
     config_file = path / "config.json"
     if not config_file.is_file():
         raise UsageError(f"'{path}' is a directory without config.json: pass a save_pretrained folder of transformers "
@@ -53,9 +60,7 @@ def load_folder(path: Path, probe_generating: bool = True, user_inputs: bool = F
     if cls is None:
         raise UsageError(f"'{path}' names {class_name}, which this {library} does not have: "
                          f"upgrade {library} or re-save the model with this version")
-    model = _from_pretrained(cls, path)
-    model._normexport_folder_sizes = folder_sizes(path)  # what the processor / generation configs say (examples)
-    return library_model(model, library, "pretrained", probe_generating=probe_generating, user_inputs=user_inputs)
+    return _from_pretrained(cls, path), library
 
 
 def library_of(module) -> str | None:

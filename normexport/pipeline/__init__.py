@@ -1,0 +1,23 @@
+"""normexport.pipeline: a diffusers pipeline folder in, a folder of ONNX components out that loads
+back as the same pipeline (docs/convert.md, "A pipeline folder out").
+
+    recording  the pipeline run to its end, each component's call recorded (and the dims that vary)
+    exporting  each component through the convert stages, the optimum layout, the manifest
+    manifest   normexport_pipeline.json: what each file is and how the pipeline calls it
+    runtime    load(OUT): the pipeline with onnxruntime sessions behind its components' calls
+    compare    `check OUT --reference PIPELINE_DIR`: end to end against eager and float64
+    engines    `build OUT/`: one TensorRT engine per component
+    cli        the commands' routing (a pipeline folder, or the single-model commands)
+"""
+
+from __future__ import annotations
+
+
+def load(folder, providers: list[str] | None = None):
+    """The diffusers pipeline of an exported folder, its neural components in onnxruntime."""
+    from .runtime import load as _load
+
+    return _load(folder, providers)
+
+
+__all__ = ["load"]

@@ -1,0 +1,183 @@
+"""`normexport convert PIPELINE_DIR -o OUT/`: every neural component a diffusers pipeline runs,
+exported into one folder that loads back as the same pipeline (docs/convert.md, "A pipeline
+folder out").
+
+1. The pipeline is run twice to its end (normexport.pipeline.recording): each component's first
+   call recorded — text encoders, the denoiser, the VAE's decode (and encode where the pipeline
+   encodes an image) — and the dims that differ between the runs made dynamic.
+2. The pipeline is released; each component is loaded alone from its folder (one in memory at a
+   time) and goes through the same convert stages as a single model (normexport.convert.convert:
+   prepare, the exporter ladder, the rewrite, parity against eager, the streaming writer), with the
+   recorded call as its --inputs. A failed component fails the whole folder.
+3. The folder is laid out as optimum's (`text_encoder*/`, `unet/` or `transformer/`,
+   `vae_decoder/`, `vae_encoder/`, each `model.onnx` + `config.json`; `model_index.json`; the
+   scheduler, tokenizer and other non-module folders copied) plus normexport_pipeline.json, built
+   in a temporary folder beside OUT and renamed into place: no half-written folder is left.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from torch import nn
+
+from .. import convert as convert_stages
+from ..errors import UsageError, first_line
+from ..load import pipeline as folder_pipeline
+from ..load.call import CallAdapter
+from ..load.pretrained import batched_axes, load_module
+from . import manifest as manifest_mod
+from .recording import METHODS, Slot, record, save_call
+
+
+
+def wants_folder(args) -> bool:
+    """convert MODEL -o OUT/ with MODEL a pipeline folder and no --module / --inputs: the whole pipeline."""
+    out = getattr(args, "output", None)
+    return (bool(out) and out.endswith(("/", os.sep)) and not args.module and not getattr(args, "inputs", None)
+            and not args.input and folder_pipeline.is_pipeline_folder(Path(args.model)))
+
+
+class MethodCall(nn.Module):
+    """A component's method (the VAE's decode / encode) as a module whose call the exporters take;
+    inputs by the names optimum gives them (`latent_sample`), passed under the method's own."""
+
+    def __init__(self, inner: nn.Module, method: str, renames: dict):
+        super().__init__()
+        self.inner, self.method = inner, method
+        self.back = {v: k for k, v in renames.items()}
+
+    def forward(self, **kwargs):
+        return getattr(self.inner, self.method)(**{self.back.get(k, k): v for k, v in kwargs.items()})
+
+
+def run(args) -> int:
+    src = Path(args.model)
+    out = Path(args.output.rstrip("/" + os.sep))
+    index = folder_pipeline.load_pipeline_folder(src).module.index
+    if args.report:
+        from ..io import check_writable
+
+        check_writable(args.report, "--report")
+    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not manifest_mod.is_exported_pipeline(out))):
+        raise UsageError(f"-o {args.output}: '{out}' exists and is not an exported pipeline folder: choose a new or "
+                         "empty folder")
+    if not out.parent.is_dir():
+        raise UsageError(f"-o {args.output}: the parent folder '{out.parent}' does not exist: make it first")
+    start = time.perf_counter()
+    rec = record(src, index)
+    print(f"pipeline {rec.pipeline}: {len(rec.slots)} components recorded from two runs to the end ({rec.side}x"
+          f"{rec.side} and one size up; {rec.seconds:.1f} s): {', '.join(rec.slots)}")
+    if rec.skipped:
+        print(f"  not called by the pipeline, not exported: {', '.join(rec.skipped)}")
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.normexport-", dir=out.parent))
+    try:
+        slots, failed = {}, []
+        for slot in rec.slots.values():
+            entry = _export_slot(args, src, slot, tmp)
+            if entry is None:
+                failed.append(slot.name)
+                continue
+            slots[slot.name] = entry
+        if failed:
+            print(f"pipeline FAILED: {', '.join(failed)} did not pass (see above): {out} not written")
+            return 1
+        _copy_rest(src, index, tmp, {s.component for s in rec.slots.values()})
+        manifest = {"format": manifest_mod.FORMAT, "pipeline": rec.pipeline, "source": str(src), "side": rec.side,
+                    "target": args.target, "slots": slots}
+        manifest_mod.write(tmp, manifest)
+        _replace(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if args.report:
+        from ..io import write_json
+
+        write_json(manifest, args.report, "--report")
+    print(f"wrote {out}/ ({len(slots)} files, {time.perf_counter() - start:.1f} s): load it with "
+          f"normexport.pipeline.load('{out}'); check it with `normexport check {out} --reference {src}`")
+    return 0
+
+
+def _export_slot(args, src: Path, slot: Slot, tmp: Path) -> dict | None:
+    """One component, loaded alone, through the convert stages; its manifest entry (None: failed)."""
+    print(f"[{slot.name}] {slot.component}" + (f".{slot.method}" if slot.method != "forward" else ""))
+    folder = tmp / slot.name
+    folder.mkdir()
+    calls = tmp / ".calls"
+    calls.mkdir(exist_ok=True)
+    file = save_call(slot, calls / f"{slot.name}.pt")
+    module, _ = load_module(src / slot.component)
+    module.eval()
+    if slot.method != "forward":
+        module = MethodCall(module, slot.method, METHODS[slot.method][1])
+    constants = CallAdapter(module, slot.args, {k: v for k, v in slot.kwargs.items() if k != "return_dict"}).constants()
+    source = f"recorded from a {slot.component} call of the pipeline run"
+    loaded = folder_pipeline._component_model(module, file, source, "")
+    top = {k: v for k, v in slot.kwargs.items()}
+    loaded.dynamic_axes = {**(loaded.dynamic_axes or {}), **batched_axes(top), **slot.dynamic()} or None
+    ns = argparse.Namespace(**vars(args))
+    ns.model, ns.output, ns.inputs, ns.module = str(src / slot.component), str(folder) + os.sep, str(file), None
+    ns.input, ns.dynamic, ns.task = [], [], None
+    ns.report = str(folder / "normexport_report.json")
+    try:
+        rec = convert_stages.convert(ns, loaded)
+    except UsageError as e:
+        print(f"  {slot.name}: {first_line(e, 300)}")
+        return None
+    if rec.exit_code:
+        return None
+    shutil.copy2(src / slot.component / "config.json", folder / "config.json")
+    report = json.loads((folder / "normexport_report.json").read_text())
+    entry = {"component": slot.component, "method": slot.method, "file": f"{slot.name}/model.onnx",
+             "inputs": {n: {"shape": list(t.shape), "dtype": str(t.dtype).replace("torch.", ""),
+                            "dynamic": list((rec.dynamic or {}).get(n, []))}
+                        for n, t in zip(rec.names, rec.inputs)},
+             "constants": {k: repr(v) for k, v in constants.items()},
+             "outputs": list(rec.output_names or []), "structure": rec.output_structure,
+             "renames": slot.renames, "op_counts": report.get("op_counts", {}),
+             "parity": _parity_summary(report)}
+    del module, loaded, rec
+    gc.collect()
+    return entry
+
+
+def _parity_summary(report: dict) -> dict:
+    rows = [r for per in (report.get("results") or {}).get("ort", {}).values() for r in per]
+    if not rows:
+        return {"checked": False, "note": report.get("parity")}
+    return {"checked": True, "passed": all(r.get("passed") for r in rows),
+            "max_abs_err": max((r.get("max_abs_err") or 0.0) for r in rows), "rows": len(rows)}
+
+
+def _copy_rest(src: Path, index: dict, tmp: Path, exported: set[str]) -> None:
+    """model_index.json and every component folder that is not an exported module (scheduler,
+    tokenizers, feature extractors), as they are."""
+    shutil.copy2(src / "model_index.json", tmp / "model_index.json")
+    for name in folder_pipeline.components(index):
+        if name in exported or not (src / name).is_dir():
+            continue
+        if _is_module_folder(src / name) and name not in exported:
+            continue  # a module the pipeline never calls (a safety checker, an image encoder): said above
+        shutil.copytree(src / name, tmp / name)
+
+
+def _is_module_folder(path: Path) -> bool:
+    return any(path.glob("*.safetensors")) or any(path.glob("*.bin"))
+
+
+def _replace(tmp: Path, out: Path) -> None:
+    """tmp renamed to out (an earlier export there removed first)."""
+    if out.exists():
+        old = out.with_name(f".{out.name}.old-{os.getpid()}")
+        os.replace(out, old)
+        os.replace(tmp, out)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, out)

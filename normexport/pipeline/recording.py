@@ -1,0 +1,271 @@
+"""A diffusers pipeline run to its end with every neural component recorded (docs/convert.md, "A
+pipeline folder out"): the first call of each component's forward, and of an autoencoder's
+`decode` / `encode` (the VAE decoder and encoder slots, named as optimum names them), exactly as
+the pipeline made it. The same generic call as `normexport convert PIPELINE_DIR` uses
+(normexport.load.pipeline.call_arguments), run twice — at the small size, and one latent unit
+larger with two images per prompt — so that the dims that vary between the runs (batch, latent
+size, token count) are the dims each file keeps dynamic, whatever the model family.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import gc
+import inspect
+from pathlib import Path
+
+import torch
+import torch.utils._pytree as pytree
+from torch import nn
+
+from ..capture import save
+from ..errors import UsageError, first_line
+from ..load import pipeline as folder_pipeline
+from ..load._util import quiet
+
+#: autoencoder methods the pipeline calls instead of forward: the slot's suffix, and the input names
+#: optimum's ORTDiffusionPipeline feeds (`latent_sample` for the decoder, `sample` for the encoder)
+METHODS = {"decode": ("decoder", {"z": "latent_sample"}), "encode": ("encoder", {"x": "sample"})}
+
+
+@dataclasses.dataclass
+class Slot:
+    """One exported file: `component` (model_index.json's name) called through `method`."""
+    name: str
+    component: str
+    method: str
+    args: tuple = ()
+    kwargs: dict = dataclasses.field(default_factory=dict)
+    shapes: list = dataclasses.field(default_factory=list)  # per run: {input path: shape}
+    renames: dict = dataclasses.field(default_factory=dict)  # method parameter -> file input name
+
+    def dynamic(self) -> dict[str, list[int]]:
+        """{input path: axes whose size differs between the runs}."""
+        if len(self.shapes) < 2:
+            return {}
+        first, *rest = self.shapes
+        out = {}
+        for name, shape in first.items():
+            others = [r.get(name) for r in rest]
+            if any(o is None or len(o) != len(shape) for o in others):
+                continue
+            axes = [i for i, d in enumerate(shape) if any(o[i] != d for o in others)]
+            if axes:
+                out[self.renames.get(name.split(".")[0], name.split(".")[0]) +
+                    name[len(name.split(".")[0]):]] = axes
+        return out
+
+
+def slot_name(component: str, method: str) -> str:
+    """optimum's folder names: `vae` -> `vae_decoder` / `vae_encoder`; forward keeps the name."""
+    if method == "forward":
+        return component
+    return f"{component}_{METHODS[method][0]}"
+
+
+class _Run:
+    """The hooks of one run: first calls per slot, the shapes of every run."""
+
+    def __init__(self, modules: dict[str, nn.Module]):
+        self.modules = modules
+        self.slots: dict[str, Slot] = {}
+        self.order: list[str] = []
+        self.shapes: dict[str, dict] = {}
+        self.decoded: torch.Tensor | None = None  # what the VAE decoded (the final latents, scaled)
+        self.latents: torch.Tensor | None = None  # prepare_latents' result (the initial noise)
+
+    @contextlib.contextmanager
+    def hooks(self, pipe, first: bool):
+        with contextlib.ExitStack() as stack:
+            for name, m in self.modules.items():
+                stack.callback(m.register_forward_pre_hook(self._forward_hook(name, first), with_kwargs=True).remove)
+                for method in METHODS:
+                    if callable(getattr(type(m), method, None)) and _is_autoencoder(m):
+                        _wrap(stack, m, method, self._method_hook(name, method, m, first))
+            if callable(getattr(pipe, "prepare_latents", None)):
+                _wrap_result(stack, pipe, "prepare_latents", self._latents_hook)
+            yield self
+
+    def _note(self, slot: str, component: str, method: str, bound: dict, args, kwargs, first: bool, renames=None):
+        if slot in self.shapes:
+            return
+        self.order.append(slot)
+        self.shapes[slot] = {n: list(t.shape) for n, t in _leaves(bound)}
+        if first:
+            self.slots[slot] = Slot(slot, component, method, _plain(args), _plain(kwargs), renames=renames or {})
+
+    def _forward_hook(self, name: str, first: bool):
+        def hook(module, args, kwargs):
+            self._note(name, name, "forward", _bind(module.forward, args, kwargs), args, kwargs, first)
+        return hook
+
+    def _method_hook(self, name: str, method: str, module: nn.Module, first: bool):
+        renames = METHODS[method][1]
+
+        def hook(args, kwargs):
+            bound = _bind(getattr(type(module), method).__get__(module), args, kwargs)  # not the wrapper
+            if method == "decode" and self.decoded is None:
+                z = bound.get("z", next(iter(bound.values()), None))
+                if isinstance(z, torch.Tensor):
+                    self.decoded = z.detach().clone()
+            # the file's call: by name, optimum's input names, no generator (decode ignores it)
+            call = {renames.get(k, k): v for k, v in bound.items() if not isinstance(v, torch.Generator)}
+            self._note(slot_name(name, method), name, method, call, (), call, first, renames)
+        return hook
+
+    def _latents_hook(self, result):
+        if self.latents is None:
+            t = result[0] if isinstance(result, tuple) else result
+            if isinstance(t, torch.Tensor):
+                self.latents = t.detach().clone()
+
+
+def _is_autoencoder(m: nn.Module) -> bool:
+    """A diffusers autoencoder (its decode / encode are what pipelines call)."""
+    import sys
+
+    diffusers = sys.modules.get("diffusers")
+    return diffusers is not None and isinstance(m, diffusers.ModelMixin) and "Autoencoder" in type(m).__name__
+
+
+def _wrap(stack: contextlib.ExitStack, obj, attr: str, before) -> None:
+    """obj.attr(...) calls before(args, kwargs) first; the instance attribute removed on leaving."""
+    original = getattr(obj, attr)
+
+    def wrapped(*args, **kwargs):
+        before(args, kwargs)
+        return original(*args, **kwargs)
+
+    setattr(obj, attr, wrapped)
+    stack.callback(lambda: delattr(obj, attr) if attr in vars(obj) else None)
+
+
+def _wrap_result(stack: contextlib.ExitStack, obj, attr: str, after) -> None:
+    original = getattr(obj, attr)
+
+    def wrapped(*args, **kwargs):
+        result = original(*args, **kwargs)
+        after(result)
+        return result
+
+    setattr(obj, attr, wrapped)
+    stack.callback(lambda: delattr(obj, attr) if attr in vars(obj) else None)
+
+
+def _bind(fn, args, kwargs) -> dict:
+    """(args, kwargs) by parameter name (a **kwargs parameter's items spread)."""
+    try:
+        bound = inspect.signature(fn).bind_partial(*args, **kwargs).arguments
+    except (TypeError, ValueError):
+        return {**{f"input_{i}": a for i, a in enumerate(args)}, **kwargs}
+    sig = inspect.signature(fn).parameters
+    out = {}
+    for k, v in bound.items():
+        if sig[k].kind == inspect.Parameter.VAR_KEYWORD:
+            out.update(v)
+        else:
+            out[k] = v
+    return out
+
+
+def _leaves(bound: dict):
+    """(dotted path, tensor) of every tensor in a bound call."""
+    for path, leaf in pytree.tree_flatten_with_path(bound)[0]:
+        if isinstance(leaf, torch.Tensor):
+            yield ".".join(_key(k) for k in path), leaf
+
+
+def _key(k) -> str:
+    for attr in ("key", "idx", "name"):
+        if hasattr(k, attr):
+            return str(getattr(k, attr))
+    return str(k)
+
+
+def _plain(x):
+    """Tensors detached and cloned on the CPU; a torch.Generator (not data) dropped to None."""
+    return pytree.tree_map(lambda v: v.detach().to("cpu", copy=True) if isinstance(v, torch.Tensor)
+                           else None if isinstance(v, torch.Generator) else v, x)
+
+
+@dataclasses.dataclass
+class Recording:
+    pipeline: str
+    slots: dict[str, Slot]  # in the order the pipeline first called them
+    side: int
+    skipped: list[str]  # module components the pipeline never called
+    seconds: float
+
+
+def record(path: Path, index: dict) -> Recording:
+    """Build the pipeline, run it twice to its end (one step each), record every slot."""
+    import time
+
+    start = time.perf_counter()
+    pipe = folder_pipeline.build(path, index)
+    modules = {n: c for n, c in pipe.components.items() if isinstance(c, nn.Module)}
+    kwargs, size = folder_pipeline.call_arguments(pipe, modules, path, None)
+    side = kwargs.get("height", folder_pipeline.image_side(pipe, modules))
+    # the files are exported from the larger run's calls (batch 2: a size-1 dim cannot stay dynamic);
+    # the small run tells which dims vary
+    cls = index["_class_name"]
+    small, large = _Run(modules), _Run(modules)
+    for run, call, saved in ((small, _call(kwargs, output_type="np"), False),
+                             (large, _larger(pipe, kwargs, modules), True)):
+        try:
+            with run.hooks(pipe, first=saved), torch.no_grad(), quiet():
+                pipe(**call)
+        except Exception as e:  # noqa: BLE001 - the pipeline's own error
+            raise UsageError(f"{cls} from '{path}' failed in its one-step run with {_show(call)} "
+                             f"({type(e).__name__}: {first_line(e, 160)}): convert one component with "
+                             f"--module NAME, or record its call with normexport.capture") from None
+    first = large
+    for name, slot in large.slots.items():
+        slot.shapes = [large.shapes[name]] + ([small.shapes[name]] if name in small.shapes else [])
+    slots = {n: first.slots[n] for n in first.order if n in first.slots}
+    called = {s.component for s in slots.values()}
+    skipped = [n for n in modules if n not in called]
+    del pipe, modules, first, small, large
+    gc.collect()
+    return Recording(cls, slots, side, skipped, time.perf_counter() - start)
+
+
+def _call(kwargs: dict, **over) -> dict:
+    out = {**kwargs, **over}
+    if "generator" in out:
+        out["generator"] = torch.Generator().manual_seed(0)
+    return out
+
+
+def _larger(pipe, kwargs: dict, modules: dict) -> dict:
+    """The second run: one latent unit larger and two images per prompt, where the call takes them
+    (a class-conditional pipeline: two class labels)."""
+    params = inspect.signature(pipe.__call__).parameters
+    call = _call(kwargs, output_type="np")
+    if "height" in call and "width" in call:
+        unit = folder_pipeline.image_unit(pipe, modules)
+        call["height"], call["width"] = call["height"] + unit, call["width"] + unit
+    if isinstance(call.get("prompt"), str):  # two prompts: the text encoders' batch is 2 as well
+        call["prompt"] = [call["prompt"], call["prompt"]]
+        for k in ("image", "mask_image", "control_image"):
+            if isinstance(call.get(k), torch.Tensor):
+                call[k] = torch.cat([call[k], call[k]])
+    elif "num_images_per_prompt" in params:
+        call["num_images_per_prompt"] = 2
+    else:
+        for n, p in params.items():
+            if p.default is p.empty and isinstance(call.get(n), list):
+                call[n] = folder_pipeline.required_value(p, modules, count=2)
+    return call
+
+
+def _show(kwargs: dict) -> str:
+    return ", ".join(f"{k}={v!r}" for k, v in kwargs.items() if k != "generator" and not isinstance(v, torch.Tensor))
+
+
+def save_call(slot: Slot, file: Path) -> Path:
+    """The slot's recorded call as an --inputs file (return_dict=False left out: the outputs keep
+    their names)."""
+    kwargs = {k: v for k, v in slot.kwargs.items() if not (k == "return_dict" and v is False)}
+    return save(slot.args, kwargs, file)

@@ -1,0 +1,245 @@
+"""`normexport.pipeline.load(OUT)`: an exported pipeline folder back as the diffusers pipeline of
+its model_index.json, each neural component an onnxruntime session behind the component's own
+call (docs/convert.md, "A pipeline folder out").
+
+`OrtComponent` stands where the torch module stood: `forward(*args, **kwargs)` (and the VAE's
+`decode` / `encode`) binds the call to the original method's signature, names the tensors as the
+export named them (load.call: parameter names, nested leaves by their path), feeds the session,
+and rebuilds the component's own output (a ModelOutput / BaseOutput, or its tuple with
+`return_dict=False`) from the manifest's structure. A plain value that differs from the one the
+file was exported with, or a tensor the file has no input for, is an error naming it — never a
+silently different computation. Attributes the pipeline reads from the model (`config`, and the
+odd submodule such as SDXL's `add_embedding.linear_1.in_features`) come from the original class
+built on the meta device (no weights): its `dtype` is the exported one, its device the CPU.
+Schedulers, tokenizers and the other non-module components are loaded from their folders by the
+classes model_index.json names (diffusers / transformers only).
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.utils._pytree as pytree
+from torch import nn
+
+from ..errors import UsageError, first_line
+from . import manifest as manifest_mod
+
+#: the libraries model_index.json may name a class of (nothing else is imported from a folder)
+LIBRARIES = ("diffusers", "transformers")
+TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+                "float64": torch.float64}
+ORT_TYPES = {"tensor(float)": torch.float32, "tensor(float16)": torch.float16, "tensor(double)": torch.float64,
+             "tensor(bfloat16)": torch.bfloat16, "tensor(int64)": torch.int64, "tensor(int32)": torch.int32,
+             "tensor(bool)": torch.bool}
+
+
+def load(folder, providers: list[str] | None = None):
+    """The pipeline of an exported folder, ready to call: `pipe(prompt, num_inference_steps=N,
+    generator=g)` runs as the eager pipeline does, every component in onnxruntime."""
+    folder = Path(folder)
+    manifest = manifest_mod.read(folder)
+    index = json.loads((folder / "model_index.json").read_text())
+    pipeline_cls = _library_class("diffusers", index.get("_class_name"), folder / "model_index.json")
+    parts: dict = {}
+    by_component: dict[str, dict] = {}
+    for slot, entry in manifest["slots"].items():
+        by_component.setdefault(entry["component"], {})[entry["method"]] = (slot, entry)
+    for name, value in index.items():
+        if name.startswith("_"):
+            continue
+        if name in by_component:
+            parts[name] = OrtComponent(folder, name, index[name], by_component[name], providers)
+        elif isinstance(value, list) and len(value) == 2 and all(isinstance(v, str) for v in value):
+            if (folder / name).is_dir():
+                cls = _library_class(value[0], value[1], folder / "model_index.json")
+                with _quiet():
+                    parts[name] = cls.from_pretrained(str(folder / name))
+            else:
+                parts[name] = None  # a module the pipeline never called (safety checker): not exported
+        else:
+            parts[name] = None
+    params = inspect.signature(pipeline_cls.__init__).parameters
+    kwargs = {k: v for k, v in parts.items() if k in params}
+    try:
+        pipe = pipeline_cls(**kwargs)
+    except Exception as e:  # noqa: BLE001 - the class refuses what the folder holds
+        raise UsageError(f"cannot build {pipeline_cls.__name__} from '{folder}' ({type(e).__name__}: "
+                         f"{first_line(e, 200)}): convert the pipeline folder again") from None
+    if hasattr(pipe, "set_progress_bar_config"):
+        pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+class _quiet:
+    def __enter__(self):
+        from ..load._util import quiet
+
+        self._q = quiet()
+        return self._q.__enter__()
+
+    def __exit__(self, *exc):
+        return self._q.__exit__(*exc)
+
+
+def _library_class(library: str, name, where: Path):
+    if library not in LIBRARIES or not isinstance(name, str) or not name.isidentifier():
+        raise UsageError(f"'{where}' names {library}.{name}, which normexport does not load (only diffusers / "
+                         "transformers classes): convert the pipeline folder again")
+    with _quiet():
+        cls = getattr(importlib.import_module(library), name, None)
+    if cls is None:
+        raise UsageError(f"'{where}' names {name}, which this {library} does not have: upgrade {library}")
+    return cls
+
+
+class OrtComponent(nn.Module):
+    """One component of the pipeline in onnxruntime (module doc)."""
+
+    def __init__(self, folder: Path, name: str, library_class: list, slots: dict, providers=None):
+        super().__init__()
+        meta = _meta_module(folder, library_class, slots)
+        object.__setattr__(self, "_meta", meta)
+        self.component = name
+        self._slots = {method: _Session(folder, slot, entry, providers) for method, (slot, entry) in slots.items()}
+        first = next(iter(slots.values()))[1]
+        dtypes = [TORCH_DTYPES.get(i["dtype"]) for i in first["inputs"].values() if i["dtype"] in TORCH_DTYPES]
+        self._dtype = dtypes[0] if dtypes else torch.float32
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self._dtype
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cpu")
+
+    def __getattr__(self, name: str):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            meta = self.__dict__.get("_meta")
+            if meta is None or name.startswith("__"):
+                raise
+            return getattr(meta, name)
+
+    def to(self, *args, **kwargs):  # the sessions stay where they are (the pipeline's .to(device) is a no-op)
+        return self
+
+    def forward(self, *args, **kwargs):
+        return self._call("forward", args, kwargs)
+
+    def decode(self, *args, **kwargs):
+        return self._call("decode", args, kwargs)
+
+    def encode(self, *args, **kwargs):
+        return self._call("encode", args, kwargs)
+
+    def _call(self, method: str, args, kwargs):
+        session = self._slots.get(method)
+        if session is None:
+            raise RuntimeError(f"{self.component}.{method} was not exported (the pipeline did not call it when the "
+                               "folder was converted)")
+        original = getattr(type(self._meta), method, None) if self._meta is not None else None
+        bound = _bind(original.__get__(self._meta) if original is not None else None, args, kwargs)
+        return session(self.component, method, bound)
+
+
+class _Session:
+    """One file: the session, its input / output names and the manifest's call description."""
+
+    def __init__(self, folder: Path, slot: str, entry: dict, providers=None):
+        from ..ortrun import file_session
+
+        self.slot, self.entry = slot, entry
+        self.session = file_session(folder / entry["file"], providers=providers)
+        self.inputs = {i.name: ORT_TYPES.get(i.type) for i in self.session.get_inputs()}
+        self.outputs = [o.name for o in self.session.get_outputs()]
+        self.renames = entry.get("renames") or {}
+        self.constants = entry.get("constants") or {}
+
+    def __call__(self, component: str, method: str, bound: dict):
+        return_dict = bound.pop("return_dict", True)
+        bound.pop("generator", None)  # the VAE's decode takes and ignores it
+        bound = {self.renames.get(k, k): v for k, v in bound.items()}
+        feeds = {}
+        for path, leaf in pytree.tree_flatten_with_path(bound)[0]:
+            name = ".".join(_key(k) for k in path)
+            if isinstance(leaf, torch.Tensor):
+                if name in self.inputs:
+                    t = leaf.detach().cpu()
+                    want = self.inputs[name]
+                    feeds[name] = _numpy(t.to(want) if want is not None and t.dtype != want else t)
+                elif name not in self.entry["inputs"]:  # the export had no tensor there
+                    raise RuntimeError(f"{component}.{method} called with a tensor {name}, which its file "
+                                       f"{self.entry['file']} was not exported with: convert the pipeline again")
+            elif leaf is not None and name in self.constants and repr(leaf) != self.constants[name]:
+                raise RuntimeError(f"{component}.{method} called with {name}={leaf!r}; its file {self.entry['file']} "
+                                   f"was exported with {self.constants[name]}: convert the pipeline with that call")
+        missing = [n for n in self.inputs if n not in feeds]
+        if missing:
+            raise RuntimeError(f"{component}.{method} called without {', '.join(missing)}, which its file "
+                               f"{self.entry['file']} needs")
+        from ..ortrun import run_session
+
+        out = run_session(self.session, feeds)
+        tensors = [torch.from_numpy(np.ascontiguousarray(out[n])) for n in self.outputs]
+        return manifest_mod.rebuild(self.entry.get("structure"), tensors, return_dict=bool(return_dict))
+
+
+def _numpy(t: torch.Tensor) -> np.ndarray:
+    if t.dtype == torch.bfloat16:
+        from ..dtypes import BF16
+
+        return t.contiguous().view(torch.uint16).numpy().view(BF16)
+    return t.contiguous().numpy()
+
+
+def _bind(fn, args, kwargs) -> dict:
+    """(args, kwargs) by parameter name (a **kwargs parameter's items spread), as the export named them."""
+    if fn is None:
+        if args:
+            raise RuntimeError("positional arguments need the component's class to name them")
+        return dict(kwargs)
+    sig = inspect.signature(fn)
+    bound = sig.bind_partial(*args, **kwargs).arguments
+    out = {}
+    for k, v in bound.items():
+        if sig.parameters[k].kind == inspect.Parameter.VAR_KEYWORD:
+            out.update(v)
+        else:
+            out[k] = v
+    return out
+
+
+def _key(k) -> str:
+    for attr in ("key", "idx", "name"):
+        if hasattr(k, attr):
+            return str(getattr(k, attr))
+    return str(k)
+
+
+def _meta_module(folder: Path, library_class: list, slots: dict):
+    """The component's class built from the copied config.json on the meta device (no weights), or
+    None where the class cannot be built so (then only config-free calls by keyword work)."""
+    library, cls_name = library_class
+    slot = next(iter(slots.values()))[0]
+    config_dir = folder / slot
+    try:
+        cls = _library_class(library, cls_name, folder / "model_index.json")
+        with torch.device("meta"), _quiet():
+            if library == "diffusers":
+                return cls.from_config(cls.load_config(str(config_dir)))
+            config = cls.config_class.from_pretrained(str(config_dir))
+            return cls._from_config(config)
+    except UsageError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a class that cannot be built without weights
+        print(f"  {slot}: {cls_name} not built on the meta device ({type(e).__name__}: {first_line(e, 100)}): its "
+              "config and submodules are not available to the pipeline")
+        return None
