@@ -173,6 +173,8 @@ class _Session:
             if isinstance(leaf, torch.Tensor):
                 if name in self.inputs:
                     t = leaf.detach().cpu()
+                    if t.is_complex():  # exported as (re, im) pairs (load.call.CallAdapter)
+                        t = torch.view_as_real(t)
                     want = self.inputs[name]
                     feeds[name] = _numpy(t.to(want) if want is not None and t.dtype != want else t)
                 elif name not in self.entry["inputs"]:  # the export had no tensor there
