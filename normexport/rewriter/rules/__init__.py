@@ -23,6 +23,7 @@ RULE_MODULES = (
     "skip_rms_norm",  # ort: residual Add + RMSNormalization -> SkipSimplifiedLayerNormalization (large H)
     "adaln",  # LayerNormalization -> Mul(1 + scale) -> Add(shift) -> normexport::AdaLNZero
     "adaln_continuous",  # (1 + scale) then unsqueeze / reshape, fp32 Casts around the LN -> AdaLNZero
+    "adaln_seq_first",  # the modulation broadcast over x's leading dims ([S, B, H] models) -> AdaLNZero where it fits
     "skip_rms_norm_trt",  # trt: residual Add + normexport::RMSNorm -> normexport::SkipRMSNorm (Y, Sum)
     "gated_adaln",  # trt: x + gate * update, then normexport::AdaLNZero -> normexport::GatedAdaLNZero (Y, Sum)
 )

@@ -191,6 +191,19 @@ def _factor_why(f: ir.Value) -> str | None:
     return "modulation factor is not (1 + scale) (no `1 +` before the Mul)"
 
 
+def _left_to_seq_first(ln: ir.Node, mul: ir.Node, factor: ir.Value) -> bool:
+    """Whether the modulation (factor and the shift added after `mul`) is broadcast over x's
+    leading dims: rule adaln_seq_first's layouts, which it reports itself."""
+    from .adaln_seq_first import laid_out_leading  # it imports this module
+
+    x = ln.inputs[0]
+    adds = [u for u, _ in mul.outputs[0].uses() if u.op_type == "Add" and u.domain in _ONNX]
+    if x is None or len(adds) != 1:
+        return False
+    shift = next((v for v in adds[0].inputs if v is not mul.outputs[0]), None)
+    return laid_out_leading(factor, x) and laid_out_leading(shift, x)
+
+
 def explain_unapplied(proto) -> list[tuple[ir.Node, str]]:
     """Each LayerNormalization left whose output is multiplied by a runtime value (a modulation
     that was not fused) with the reason."""
@@ -219,6 +232,8 @@ def explain_unapplied(proto) -> list[tuple[ir.Node, str]]:
             why = fw
         elif not any(u.op_type == "Add" and u.domain in _ONNX for u, _ in mul.outputs[0].uses()):
             why = "no shift is added after the modulation (AdaLNZero is LayerNorm * (1 + scale) + shift)"
+        elif _left_to_seq_first(node, mul, factor):
+            continue  # rule adaln_seq_first (the next module) fuses it or says why not
         else:
             why = "modulated LayerNorm not fused (see the adaln rule rejections)"
         out.append((node, why))
