@@ -98,7 +98,12 @@ def test_check_end_to_end(exported, tmp_path):
     rep = json.loads(report.read_text())
     assert code == 0 and rep["passed"], rep
     assert set(rep["components"]) == set(CASES[kind][1]), rep["components"]
-    assert rep["image"]["psnr_vs_eager_db"] > 60 and rep["image"]["max_abs_err"] <= rep["image"]["limit"], rep["image"]
+    image = rep["image"]
+    assert image["psnr_vs_eager_db"] > 60, image
+    if kind == "dit":  # torch.onnx folds the timestep frequencies 1 ulp off eager's: the plain export's error too
+        assert image["rule"] == "plain export" and image["max_abs_err"] <= image["plain_limit"], image
+    else:
+        assert image["rule"] == "2x eager" and image["max_abs_err"] <= image["limit"], image
     if kind == "sd":  # planted: the VAE decoder's scaling factor dropped (the pipeline then decodes unscaled latents)
         bad = tmp_path / "bad"
         shutil.copytree(out, bad)
@@ -114,8 +119,9 @@ def test_check_end_to_end(exported, tmp_path):
         a, b = bad / "text_encoder" / "model.onnx", bad / "text_encoder_2" / "model.onnx"
         tmp = bad / "t.onnx"
         a.rename(tmp), b.rename(a), tmp.rename(b)
+        report.unlink()
         code = main(["check", str(bad), "--reference", str(folder), "--steps", "4", "--json", str(report)])
-        assert code != 0
+        assert code == 1 and not (report.exists() and json.loads(report.read_text())["passed"])
 
 
 def test_bad_output_folder_is_one_line(cli, tmp_path):
@@ -128,3 +134,26 @@ def test_bad_output_folder_is_one_line(cli, tmp_path):
     assert (taken / "x.txt").read_text() == "mine"
     code, _, err = cli("check", taken, "--reference", folder)
     assert code == 2 and len(err.strip().splitlines()) == 1, err
+
+
+def test_build_folder_makes_an_engine_per_component(exported, tmp_path):
+    """`normexport build OUT/`: one engine per component in TensorRT for RTX (builds on the CPU
+    here), profiles from the recorded shapes (the batch from 1 to twice the recorded)."""
+    from normexport import trt
+    from normexport.cli import main
+
+    kind, folder, out = exported
+    if kind != "dit":
+        pytest.skip("one pipeline is enough for the engine build (minutes each on 2 cores)")
+    ok, why = trt.can_build()
+    if not ok:
+        pytest.skip(f"no TensorRT: {why}")
+    manifest = json.loads((out / "normexport_pipeline.json").read_text())
+    code = main(["build", str(out), "--no-plugin"])
+    assert code == 0
+    for slot, entry in manifest["slots"].items():
+        assert (out / entry["file"]).with_suffix(".engine").stat().st_size > 0, slot
+    from normexport.pipeline.engines import profile
+
+    shapes = profile(manifest["slots"]["transformer"])
+    assert any(s.startswith("hidden_states:1x4x8x8/4x4x8x8/8x4x8x8") for s in shapes), shapes

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 import torch.utils._pytree as pytree
 
-from ..errors import UsageError, first_line
+from ..errors import ParityError, UsageError, first_line
 from ..load import pipeline as folder_pipeline
 from ..load._util import quiet
 from ..parity.tolerances import PLAIN_FACTOR, floor_for
@@ -66,7 +66,11 @@ def compare(out: Path, ref: Path, index: dict, manifest: dict, steps: int) -> di
     runs = {}
     calls: dict = {}
     with _float32_noise():
-        runs["exported"] = _run(exported, ref, side, steps, calls=calls)
+        try:
+            runs["exported"] = _run(exported, ref, side, steps, calls=calls)
+        except Exception as e:  # noqa: BLE001 - a component file that cannot take the pipeline's call
+            raise ParityError(f"the exported {manifest['pipeline']} failed in its {steps}-step run "
+                              f"({type(e).__name__}: {first_line(e, 300)})") from None
         eager = folder_pipeline.build(ref, index)
         runs["eager"] = _run(eager, ref, side, steps)
         components = _components(calls, eager, torch.float64, manifest)
@@ -216,15 +220,21 @@ def _plain_rule(out: Path, ref: Path, index: dict, manifest: dict, side: int, st
 
     from ..export import convert_module
     from ..io import save_onnx
-    from .exporting import MethodCall
+    from .exporting import MethodCall, _copy_rest
     from .runtime import load
     from ..load.call import CallAdapter
 
     eager = folder_pipeline.build(ref, index)
     tmp = Path(tempfile.mkdtemp(prefix="normexport-plain-pipeline-"))
     try:
-        shutil.copytree(out, tmp / "out", ignore=shutil.ignore_patterns("*.onnx", "*.data", "*.onnx_data"))
+        # the plain pipeline is the reference folder's (its configs, scheduler, tokenizers), each component a
+        # plain export: nothing of OUT's but the call descriptions in its manifest
+        (tmp / "out").mkdir()
+        _copy_rest(ref, index, tmp / "out", {e["component"] for e in manifest["slots"].values()})
+        manifest_mod.write(tmp / "out", manifest)
         for slot, entry in manifest["slots"].items():
+            (tmp / "out" / slot).mkdir(exist_ok=True)
+            shutil.copy2(ref / entry["component"] / "config.json", tmp / "out" / slot / "config.json")
             key = (entry["component"], entry["method"])
             if key not in calls:
                 continue

@@ -120,14 +120,28 @@ def _export_slot(args, src: Path, slot: Slot, tmp: Path) -> dict | None:
     constants = CallAdapter(module, slot.args, {k: v for k, v in slot.kwargs.items() if k != "return_dict"}).constants()
     source = f"recorded from a {slot.component} call of the pipeline run"
     loaded = folder_pipeline._component_model(module, file, source, "")
-    top = {k: v for k, v in slot.kwargs.items()}
-    loaded.dynamic_axes = {**(loaded.dynamic_axes or {}), **batched_axes(top), **slot.dynamic()} or None
+    batch = {**(loaded.dynamic_axes or {}), **batched_axes(dict(slot.kwargs))}
+    loaded.dynamic_axes = {**batch, **slot.dynamic()} or None
     ns = argparse.Namespace(**vars(args))
     ns.model, ns.output, ns.inputs, ns.module = str(src / slot.component), str(folder) + os.sep, str(file), None
     ns.input, ns.dynamic, ns.task = [], [], None
     ns.report = str(folder / "normexport_report.json")
     try:
         rec = convert_stages.convert(ns, loaded)
+        if rec.exit_code == 0 and batch and not rec.kept and loaded.dynamic_axes != batch:
+            # no exporter kept the sizes dynamic: the batch alone, so one file serves any batch at this size
+            print(f"  {slot.name}: no exporter kept the sizes that vary dynamic: exported again with the batch "
+                  "dynamic only (the file serves the recorded size)")
+            loaded.dynamic_axes = batch
+            rec = convert_stages.convert(ns, loaded)
+        if rec.exit_code == 0 and batch and not rec.kept and slot.single is not None:
+            # not even the batch: a static file of the one-prompt call (what a pipeline call of one prompt makes)
+            print(f"  {slot.name}: no exporter kept the batch dynamic either: exported again, static, from the "
+                  "one-prompt call (the file serves one prompt at the recorded size)")
+            save_call(slot, file, single=True)
+            loaded = folder_pipeline._component_model(module, file, source, "")
+            loaded.dynamic_axes = None
+            rec = convert_stages.convert(ns, loaded)
     except UsageError as e:
         print(f"  {slot.name}: {first_line(e, 300)}")
         return None
@@ -137,7 +151,7 @@ def _export_slot(args, src: Path, slot: Slot, tmp: Path) -> dict | None:
     report = json.loads((folder / "normexport_report.json").read_text())
     entry = {"component": slot.component, "method": slot.method, "file": f"{slot.name}/model.onnx",
              "inputs": {n: {"shape": list(t.shape), "dtype": str(t.dtype).replace("torch.", ""),
-                            "dynamic": list((rec.dynamic or {}).get(n, []))}
+                            "dynamic": list((rec.kept or {}).get(n, []))}
                         for n, t in zip(rec.names, rec.inputs)},
              "constants": {k: repr(v) for k, v in constants.items()},
              "outputs": list(rec.output_names or []), "structure": rec.output_structure,

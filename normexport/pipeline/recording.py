@@ -39,6 +39,7 @@ class Slot:
     kwargs: dict = dataclasses.field(default_factory=dict)
     shapes: list = dataclasses.field(default_factory=list)  # per run: {input path: shape}
     renames: dict = dataclasses.field(default_factory=dict)  # method parameter -> file input name
+    single: tuple | None = None  # (args, kwargs) of the one-prompt run's call
 
     def dynamic(self) -> dict[str, list[int]]:
         """{input path: axes whose size differs between the runs}."""
@@ -207,12 +208,13 @@ def record(path: Path, index: dict) -> Recording:
     modules = {n: c for n, c in pipe.components.items() if isinstance(c, nn.Module)}
     kwargs, size = folder_pipeline.call_arguments(pipe, modules, path, None)
     side = kwargs.get("height", folder_pipeline.image_side(pipe, modules))
-    # the files are exported from the larger run's calls (batch 2: a size-1 dim cannot stay dynamic);
-    # the small run tells which dims vary
+    # three runs: the files are exported from the batch-2 run at the small size (a size-1 dim cannot
+    # stay dynamic; a file whose sizes cannot stay dynamic serves the size the pipeline is run at);
+    # the batch-1 run and the one-unit-larger run tell which dims vary
     cls = index["_class_name"]
-    small, large = _Run(modules), _Run(modules)
-    for run, call, saved in ((small, _call(kwargs, output_type="np"), False),
-                             (large, _larger(pipe, kwargs, modules), True)):
+    runs = [(_Run(modules), _batched(pipe, kwargs, modules), True), (_Run(modules), _call(kwargs, output_type="np"), True),
+            (_Run(modules), _larger(pipe, kwargs, modules), False)]
+    for run, call, saved in runs:
         try:
             with run.hooks(pipe, first=saved), torch.no_grad(), quiet():
                 pipe(**call)
@@ -220,13 +222,16 @@ def record(path: Path, index: dict) -> Recording:
             raise UsageError(f"{cls} from '{path}' failed in its one-step run with {_show(call)} "
                              f"({type(e).__name__}: {first_line(e, 160)}): convert one component with "
                              f"--module NAME, or record its call with normexport.capture") from None
-    first = large
-    for name, slot in large.slots.items():
-        slot.shapes = [large.shapes[name]] + ([small.shapes[name]] if name in small.shapes else [])
+    first = runs[0][0]
+    for name, slot in first.slots.items():
+        slot.shapes = [first.shapes[name]] + [r.shapes[name] for r, _, _ in runs[1:] if name in r.shapes]
+        single = runs[1][0].slots.get(name)
+        if single is not None:  # the one-prompt call: a file that cannot keep even the batch dynamic serves it
+            slot.single = (single.args, single.kwargs)
     slots = {n: first.slots[n] for n in first.order if n in first.slots}
     called = {s.component for s in slots.values()}
     skipped = [n for n in modules if n not in called]
-    del pipe, modules, first, small, large
+    del pipe, modules, first, runs
     gc.collect()
     return Recording(cls, slots, side, skipped, time.perf_counter() - start)
 
@@ -239,13 +244,18 @@ def _call(kwargs: dict, **over) -> dict:
 
 
 def _larger(pipe, kwargs: dict, modules: dict) -> dict:
-    """The second run: one latent unit larger and two images per prompt, where the call takes them
-    (a class-conditional pipeline: two class labels)."""
-    params = inspect.signature(pipe.__call__).parameters
+    """One latent unit larger (where the call takes a size), batch 1."""
     call = _call(kwargs, output_type="np")
     if "height" in call and "width" in call:
         unit = folder_pipeline.image_unit(pipe, modules)
         call["height"], call["width"] = call["height"] + unit, call["width"] + unit
+    return call
+
+
+def _batched(pipe, kwargs: dict, modules: dict) -> dict:
+    """Two prompts (or two images per prompt; a class-conditional pipeline: two class labels)."""
+    params = inspect.signature(pipe.__call__).parameters
+    call = _call(kwargs, output_type="np")
     if isinstance(call.get("prompt"), str):  # two prompts: the text encoders' batch is 2 as well
         call["prompt"] = [call["prompt"], call["prompt"]]
         for k in ("image", "mask_image", "control_image"):
@@ -264,8 +274,9 @@ def _show(kwargs: dict) -> str:
     return ", ".join(f"{k}={v!r}" for k, v in kwargs.items() if k != "generator" and not isinstance(v, torch.Tensor))
 
 
-def save_call(slot: Slot, file: Path) -> Path:
+def save_call(slot: Slot, file: Path, single: bool = False) -> Path:
     """The slot's recorded call as an --inputs file (return_dict=False left out: the outputs keep
-    their names)."""
-    kwargs = {k: v for k, v in slot.kwargs.items() if not (k == "return_dict" and v is False)}
-    return save(slot.args, kwargs, file)
+    their names); `single`: the one-prompt run's call."""
+    args, kwargs = slot.single if single and slot.single is not None else (slot.args, slot.kwargs)
+    kwargs = {k: v for k, v in kwargs.items() if not (k == "return_dict" and v is False)}
+    return save(args, kwargs, file)

@@ -189,6 +189,13 @@ class _Session:
                                f"{self.entry['file']} needs")
         from ..ortrun import run_session
 
+        fixed = [f"{n} {list(feeds[n].shape)} (the file takes {i['shape']})" for n, i in self.entry["inputs"].items()
+                 if n in feeds and len(i["shape"]) == feeds[n].ndim and any(
+                     a != b and k not in i.get("dynamic", []) for k, (a, b) in enumerate(zip(feeds[n].shape, i["shape"])))]
+        if fixed:
+            raise RuntimeError(f"{component}.{method} called with {', '.join(fixed[:3])}: {self.entry['file']} keeps "
+                               "those sizes static; generate at the size the pipeline was converted at, or convert it "
+                               "at this size")
         out = run_session(self.session, feeds)
         tensors = [torch.from_numpy(np.ascontiguousarray(out[n])) for n in self.outputs]
         return manifest_mod.rebuild(self.entry.get("structure"), tensors, return_dict=bool(return_dict))
