@@ -91,3 +91,30 @@ def test_dit_pipeline_folder_class_labels(cli, tmp_path):
     pipe.transformer.register_to_config(num_embeds_ada_norm=None)
     with pytest.raises(normexport.errors.UsageError, match="needs class_labels"):
         pipeline.call_arguments(pipe, modules, folder, None)
+
+
+def test_component_save_pretrained_skipped_is_not_refused(tmp_path):
+    """save_pretrained writes model_index.json from the pipeline's config but saves only the
+    components its __init__ takes: an extra one registered on the pipeline (here a second
+    scheduler) is named with its class and has no folder. from_pretrained loads such a folder; so
+    does normexport (it refused it as incomplete before)."""
+    import json
+
+    from normexport.load import pipeline
+
+    torch.manual_seed(0)
+    folder = build("dit", tmp_path)
+    pipe = diffusers.DiTPipeline.from_pretrained(str(folder), local_files_only=True)
+    pipe.register_modules(extra_scheduler=diffusers.DDIMScheduler())
+    pipe.save_pretrained(tmp_path / "saved")
+    index = json.loads((tmp_path / "saved" / "model_index.json").read_text())
+    assert index["extra_scheduler"] == ["diffusers", "DDIMScheduler"] and not (tmp_path / "saved" / "extra_scheduler").exists()
+    diffusers.DiffusionPipeline.from_pretrained(str(tmp_path / "saved"), local_files_only=True)  # the library loads it
+    built = pipeline.build(tmp_path / "saved", index)
+    assert type(built).__name__ == "DiTPipeline"
+    # a component the class needs, its folder removed: still refused, one line naming it
+    import shutil
+
+    shutil.rmtree(tmp_path / "saved" / "vae")
+    with pytest.raises(normexport.errors.UsageError, match=r"no folder there: vae \(AutoencoderKL\)"):
+        pipeline.build(tmp_path / "saved", index)

@@ -324,16 +324,17 @@ def build(path: Path, index: dict, component: str | None = None):
 
 
 def _optional(pipeline_cls, name: str) -> bool:
-    """A component the pipeline class lists as optional (`_optional_components`, or an `__init__`
-    parameter with a default): save_pretrained may skip it and from_pretrained loads without it
-    (a scheduler that is optional is then made by the pipeline, a safety checker left out)."""
+    """A component save_pretrained may leave without a folder while model_index.json names it, and
+    from_pretrained loads without: one the class lists as optional (`_optional_components`), an
+    `__init__` parameter with a default, or a name registered on the pipeline that is no `__init__`
+    parameter at all (save_pretrained saves only those; from_pretrained passes only those)."""
     if name in (getattr(pipeline_cls, "_optional_components", None) or []):
         return True
     try:
         param = inspect.signature(pipeline_cls.__init__).parameters.get(name)
     except (TypeError, ValueError):
         return False
-    return param is not None and param.default is not inspect.Parameter.empty
+    return param is None or param.default is not inspect.Parameter.empty
 
 
 def _from_pretrained(pipeline_cls, path: Path, dtypes: dict):
