@@ -39,8 +39,9 @@ def word_tokenizer():
                                                 unk_token="<unk>")
 
 
-def vae():
-    return diffusers.AutoencoderKL(in_channels=3, out_channels=3, latent_channels=4, block_out_channels=(8, 8, 8, 8),
+def vae(**config):
+    """AutoencoderKL; SD3 / Flux decode with `shift_factor` (config=dict(shift_factor=..., scaling_factor=...))."""
+    return diffusers.AutoencoderKL(**config, in_channels=3, out_channels=3, latent_channels=4, block_out_channels=(8, 8, 8, 8),
                                    down_block_types=("DownEncoderBlock2D",) * 4, up_block_types=("UpDecoderBlock2D",) * 4,
                                    norm_num_groups=4, layers_per_block=1)
 
@@ -77,6 +78,17 @@ def build(kind, d):
         pipe = diffusers.PixArtAlphaPipeline(tokenizer=word_tokenizer(), text_encoder=t5(16), vae=vae(),
                                              transformer=_perturb(transformer),
                                              scheduler=diffusers.DDIMScheduler())
+    elif kind == "sd3_shared":  # one CLIP text encoder in both CLIP slots (save_pretrained writes it twice)
+        transformer = diffusers.SD3Transformer2DModel(
+            sample_size=8, patch_size=2, in_channels=4, num_layers=1, attention_head_dim=8, num_attention_heads=4,
+            joint_attention_dim=32, caption_projection_dim=32, pooled_projection_dim=16, out_channels=4,
+            pos_embed_max_size=16)
+        clip = clip_text(transformers.CLIPTextModelWithProjection, 16, 8)
+        tok = clip_tokenizer(d / "tok1")
+        pipe = diffusers.StableDiffusion3Pipeline(
+            transformer=_perturb(transformer), scheduler=diffusers.FlowMatchEulerDiscreteScheduler(),
+            vae=vae(shift_factor=0.1, scaling_factor=0.5), text_encoder=clip, tokenizer=tok, text_encoder_2=clip, tokenizer_2=tok,
+            text_encoder_3=t5(32), tokenizer_3=word_tokenizer())
     elif kind == "sd3":
         transformer = diffusers.SD3Transformer2DModel(
             sample_size=8, patch_size=2, in_channels=4, num_layers=2, attention_head_dim=8, num_attention_heads=4,

@@ -157,3 +157,26 @@ def test_build_folder_makes_an_engine_per_component(exported, tmp_path):
 
     shapes = profile(manifest["slots"]["transformer"])
     assert any(s.startswith("hidden_states:1x4x8x8/4x4x8x8/8x4x8x8") for s in shapes), shapes
+
+
+def test_a_component_in_two_slots_is_written_once(tmp_path):
+    """StableDiffusion3Pipeline built with one CLIP encoder in both CLIP slots: save_pretrained
+    writes two identical folders; OUT holds one file for both (the manifest says which), and the
+    folder loaded back generates as eager."""
+    import normexport.pipeline
+    from normexport.cli import main
+
+    folder = build("sd3_shared", tmp_path)
+    out = tmp_path / "out"
+    assert main(["convert", str(folder), "-o", f"{out}/"]) == 0
+    manifest = json.loads((out / "normexport_pipeline.json").read_text())
+    slots = manifest["slots"]
+    assert slots["text_encoder_2"]["shared_with"] == "text_encoder", slots["text_encoder_2"]
+    assert slots["text_encoder_2"]["file"] == "text_encoder/model.onnx" and not (out / "text_encoder_2" / "model.onnx").exists()
+    assert "shared_with" not in slots["text_encoder_3"]  # the T5: its own file
+    pipe = normexport.pipeline.load(out)
+    kw = _call("sd")
+    got = pipe(generator=torch.Generator().manual_seed(0), **kw).images
+    eager = diffusers.DiffusionPipeline.from_pretrained(str(folder), local_files_only=True)
+    want = eager(generator=torch.Generator().manual_seed(0), **kw).images
+    assert np.abs(got - want).max() < 1e-3, np.abs(got - want).max()

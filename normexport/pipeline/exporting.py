@@ -80,8 +80,21 @@ def run(args) -> int:
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.normexport-", dir=out.parent))
     try:
         slots, failed = {}, []
+        seen: dict[tuple, str] = {}  # (weights, method, call signature) -> the slot that wrote that file
         for slot in rec.slots.values():
+            key = _same_file_key(src, slot)
+            if key in seen and _digest(src / slot.component) == _digest(src / slots[seen[key]]["component"]):
+                # the same component in two slots (identical weights, same call): written once
+                entry = {**slots[seen[key]], "component": slot.component, "shared_with": seen[key]}
+                (tmp / slot.name).mkdir()
+                shutil.copy2(src / slot.component / "config.json", tmp / slot.name / "config.json")
+                print(f"[{slot.name}] {slot.component}: the same weights and call as {seen[key]}: "
+                      f"uses {entry['file']}")
+                slots[slot.name] = entry
+                continue
             entry = _export_slot(args, src, slot, tmp)
+            if key is not None:
+                seen[key] = slot.name
             if entry is None:
                 failed.append(slot.name)
                 continue
@@ -160,6 +173,32 @@ def _export_slot(args, src: Path, slot: Slot, tmp: Path) -> dict | None:
     del module, loaded, rec
     gc.collect()
     return entry
+
+
+def _weight_files(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.iterdir() if p.is_file() and p.suffix in (".json", ".safetensors", ".bin"))
+
+
+def _same_file_key(src: Path, slot: Slot) -> tuple | None:
+    """What may make two slots one file: the component's files (names and sizes; the contents are
+    compared, _digest, only when these match), the method, the recorded call's names and shapes."""
+    files = _weight_files(src / slot.component)
+    if not files:
+        return None
+    call = tuple(sorted((n, tuple(s)) for n, s in (slot.shapes[0] if slot.shapes else {}).items()))
+    return tuple((p.name, p.stat().st_size) for p in files), slot.method, call
+
+
+def _digest(folder: Path) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    for p in _weight_files(folder):
+        digest.update(p.name.encode())
+        with p.open("rb") as f:
+            for block in iter(lambda: f.read(1 << 24), b""):
+                digest.update(block)
+    return digest.hexdigest()
 
 
 def _parity_summary(report: dict) -> dict:
