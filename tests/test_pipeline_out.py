@@ -27,6 +27,9 @@ CASES = {
     "pixart": ("PixArtAlphaPipeline", ["text_encoder", "transformer", "vae_decoder"], {"AdaLNZero": 4}),
     "flux": ("FluxPipeline", ["text_encoder", "text_encoder_2", "transformer", "vae_decoder"], {}),
     "dit": ("DiTPipeline", ["transformer", "vae_decoder"], {"AdaLNZero": 4}),
+    # an image input: the pipeline encodes it (vae_encoder: `sample` -> `latent_parameters`, as optimum names them)
+    "img2img": ("StableDiffusionImg2ImgPipeline", ["text_encoder", "vae_encoder", "unet", "vae_decoder"],
+                {"LayerNormalization": 1}),
 }
 
 
@@ -38,6 +41,9 @@ def _call(kind: str) -> dict:
         kw.update(prompt="a photo of a cat", height=64, width=64)
     if kind == "pixart":
         kw["use_resolution_binning"] = False
+    if kind == "img2img":
+        del kw["height"], kw["width"]
+        kw.update(image=torch.rand(1, 3, 64, 64, generator=torch.Generator().manual_seed(3)), strength=0.75)
     return kw
 
 
@@ -72,6 +78,9 @@ def test_folder_layout_and_fused_norms(exported):
         assert counts[op] >= least, counts
     vae_in = manifest["slots"]["vae_decoder"]["inputs"]
     assert list(vae_in) == ["latent_sample"] and vae_in["latent_sample"]["dynamic"][:1] == [0], vae_in
+    if "vae_encoder" in manifest["slots"]:
+        enc = manifest["slots"]["vae_encoder"]
+        assert list(enc["inputs"]) == ["sample"] and enc["outputs"] == ["latent_parameters"], enc
     assert not list(out.parent.glob(".out.normexport-*"))  # the temp folder renamed into place
 
 

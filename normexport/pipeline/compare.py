@@ -79,7 +79,7 @@ def compare(out: Path, ref: Path, index: dict, manifest: dict, steps: int) -> di
         with quiet():  # diffusers warns of modules kept in float32 (none in float64)
             eager64.to(torch.float64)
         runs["float64"] = _run(eager64, ref, side, steps)
-        _components_fp64(components, calls, eager64)
+        _components_fp64(components, calls, eager64, manifest)
         del eager64
     latents = _judge(runs["exported"]["latents"], runs["eager"]["latents"], runs["float64"]["latents"])
     image = _judge(runs["exported"]["image"], runs["eager"]["image"], runs["float64"]["image"], psnr=True)
@@ -173,7 +173,14 @@ def _clone(x):
 
 
 def _tensors(x) -> list[torch.Tensor]:
-    return [t for t in pytree.tree_leaves(x) if isinstance(t, torch.Tensor)]
+    """The tensors of an output; a distribution (the VAE's encode) by its parameters."""
+    out = []
+    for t in pytree.tree_leaves(x):
+        if not isinstance(t, torch.Tensor):
+            t = getattr(t, "parameters", None)
+        if isinstance(t, torch.Tensor):
+            out.append(t)
+    return out
 
 
 def _components(calls: dict, eager, dtype, manifest: dict) -> dict:
@@ -194,10 +201,10 @@ def _components(calls: dict, eager, dtype, manifest: dict) -> dict:
     return out
 
 
-def _components_fp64(components: dict, calls: dict, eager64) -> None:
+def _components_fp64(components: dict, calls: dict, eager64, manifest: dict) -> None:
+    slots = {(e["component"], e["method"]): s for s, e in manifest["slots"].items()}
     for (name, method), (args, kwargs, _) in calls.items():
-        slot = next((s for s, c in components.items() if "_got" in c and s.startswith(name)), None)
-        entry = components.get(slot) if slot else None
+        entry = components.get(slots.get((name, method), name))
         if entry is None or "_got" not in entry:
             continue
         to64 = lambda v: v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v  # noqa: E731
@@ -206,6 +213,9 @@ def _components_fp64(components: dict, calls: dict, eager64) -> None:
         got, eager = entry.pop("_got"), entry.pop("_eager")
         rows = [_judge(g.double().numpy(), e.double().numpy(), r.double().numpy())
                 for g, e, r in zip(got, eager, _tensors(ref))]
+        if not rows or len(got) != len(eager):
+            entry.update(passed=False, error=f"{len(got)} outputs from the file, {len(eager)} from eager {name}.{method}")
+            continue
         entry.update({"outputs": len(rows), "max_abs_err": max(r["max_abs_err"] for r in rows),
                       "eager_err": max(r["eager_err"] for r in rows), "passed": all(r["passed"] for r in rows),
                       "rule": "2x eager", "_ref": [t.double().numpy() for t in _tensors(ref)]})

@@ -26,6 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import torch
 from torch import nn
 
 from .. import convert as convert_stages
@@ -34,7 +35,7 @@ from ..load import pipeline as folder_pipeline
 from ..load.call import CallAdapter
 from ..load.pretrained import batched_axes, load_module
 from . import manifest as manifest_mod
-from .recording import METHODS, Slot, record, save_call
+from .recording import LATENT_PARAMETERS, METHODS, Slot, record, save_call
 
 
 
@@ -55,7 +56,12 @@ class MethodCall(nn.Module):
         self.back = {v: k for k, v in renames.items()}
 
     def forward(self, **kwargs):
-        return getattr(self.inner, self.method)(**{self.back.get(k, k): v for k, v in kwargs.items()})
+        out = getattr(self.inner, self.method)(**{self.back.get(k, k): v for k, v in kwargs.items()})
+        dist = getattr(out, "latent_dist", None)
+        if dist is not None and isinstance(getattr(dist, "parameters", None), torch.Tensor):
+            # encode's distribution, as optimum's vae_encoder gives it: its parameters (mean, logvar)
+            return {LATENT_PARAMETERS: dist.parameters}
+        return out
 
 
 def run(args) -> int:
@@ -73,8 +79,8 @@ def run(args) -> int:
         raise UsageError(f"-o {args.output}: the parent folder '{out.parent}' does not exist: make it first")
     start = time.perf_counter()
     rec = record(src, index)
-    print(f"pipeline {rec.pipeline}: {len(rec.slots)} components recorded from two runs to the end ({rec.side}x"
-          f"{rec.side} and one size up; {rec.seconds:.1f} s): {', '.join(rec.slots)}")
+    print(f"pipeline {rec.pipeline}: {len(rec.slots)} components recorded from three runs to the end ({rec.side}x"
+          f"{rec.side}: two prompts, one, one size up; {rec.seconds:.1f} s): {', '.join(rec.slots)}")
     if rec.skipped:
         print(f"  not called by the pipeline, not exported: {', '.join(rec.skipped)}")
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.normexport-", dir=out.parent))
@@ -120,7 +126,7 @@ def run(args) -> int:
 
 def _export_slot(args, src: Path, slot: Slot, tmp: Path) -> dict | None:
     """One component, loaded alone, through the convert stages; its manifest entry (None: failed)."""
-    print(f"[{slot.name}] {slot.component}" + (f".{slot.method}" if slot.method != "forward" else ""))
+    print(f"[{slot.name}]" + (f" {slot.component}.{slot.method}" if slot.method != "forward" else ""))
     folder = tmp / slot.name
     folder.mkdir()
     calls = tmp / ".calls"

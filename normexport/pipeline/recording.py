@@ -27,6 +27,8 @@ from ..load._util import quiet
 #: autoencoder methods the pipeline calls instead of forward: the slot's suffix, and the input names
 #: optimum's ORTDiffusionPipeline feeds (`latent_sample` for the decoder, `sample` for the encoder)
 METHODS = {"decode": ("decoder", {"z": "latent_sample"}), "encode": ("encoder", {"x": "sample"})}
+#: the VAE encoder file's output: the latent distribution's parameters (optimum's name)
+LATENT_PARAMETERS = "latent_parameters"
 
 
 @dataclasses.dataclass

@@ -29,6 +29,7 @@ from torch import nn
 
 from ..errors import UsageError, first_line
 from . import manifest as manifest_mod
+from .recording import LATENT_PARAMETERS
 
 #: the libraries model_index.json may name a class of (nothing else is imported from a folder)
 LIBRARIES = ("diffusers", "transformers")
@@ -198,6 +199,12 @@ class _Session:
                                "at this size")
         out = run_session(self.session, feeds)
         tensors = [torch.from_numpy(np.ascontiguousarray(out[n])) for n in self.outputs]
+        if method == "encode" and self.outputs == [LATENT_PARAMETERS]:  # the distribution, rebuilt as diffusers has it
+            from diffusers.models.autoencoders.vae import DiagonalGaussianDistribution
+            from diffusers.models.modeling_outputs import AutoencoderKLOutput
+
+            dist = DiagonalGaussianDistribution(tensors[0])
+            return AutoencoderKLOutput(latent_dist=dist) if return_dict else (dist,)
         return manifest_mod.rebuild(self.entry.get("structure"), tensors, return_dict=bool(return_dict))
 
 
