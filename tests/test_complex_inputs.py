@@ -237,3 +237,31 @@ def test_lumina_next_folder_with_complex_rope_input_converts(cli, tmp_path):
                         "encoder_hidden_states": kwargs["encoder_hidden_states"].double(),
                         "image_rotary_emb": kwargs["image_rotary_emb"].to(torch.complex128)})[0].numpy()
     assert np.abs(got - want64).max() < 1e-5 * np.abs(want64).max()
+
+
+def test_pt2_with_a_complex_positional_input(cli, tmp_path):
+    """A .pt2 whose program takes a complex RoPE table positionally: the file takes it as a
+    (re, im) pair and matches the program fed the complex table (it failed with "Numpy_type 14"
+    before: no call adapter was made for a plain positional tensor)."""
+    import onnxruntime as ort
+
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(16, 16)
+
+        def forward(self, x, rope):
+            xc = torch.view_as_complex(self.lin(x).reshape(*x.shape[:-1], -1, 2))
+            return torch.view_as_real(xc * rope).flatten(-2)
+
+    torch.manual_seed(0)
+    m = M().eval()
+    x, rope = torch.randn(2, 4, 16), torch.polar(torch.ones(4, 8), torch.randn(4, 8))
+    torch.export.save(torch.export.export(m, (x, rope)), tmp_path / "c.pt2")
+    code, out, err = cli("convert", tmp_path / "c.pt2", "-o", tmp_path / "c.onnx")
+    assert code == 0, err
+    sess = ort.InferenceSession(str(tmp_path / "c.onnx"))
+    names = [i.name for i in sess.get_inputs()]
+    got = sess.run(None, dict(zip(names, [x.numpy(), torch.view_as_real(rope).numpy()])))[0]
+    want = m.double()(x.double(), rope.to(torch.complex128)).detach().numpy()
+    assert np.abs(got - want).max() < 1e-5 * np.abs(want).max(), np.abs(got - want).max()

@@ -51,7 +51,8 @@ def load_pt2(path: Path, trust_pickle: bool = False) -> LoadedModel:
     except Exception as e:
         raise UsageError(f"'{path}' holds an exported program that cannot be run ({short(e)}): re-export the model with torch.export") from None
     example = tuple(args) or None
-    if kwargs or any(not isinstance(a, torch.Tensor) for a in args):  # keyword or nested inputs
+    # keyword, nested or complex inputs (a complex tensor is fed as a (re, im) pair: load.call)
+    if kwargs or any(not isinstance(a, torch.Tensor) or a.is_complex() for a in args):
         module = CallAdapter(module, tuple(args), dict(kwargs))
         if len(module.example_inputs) == len(names):
             module.input_names = names  # the names torch.export gave the file's inputs
