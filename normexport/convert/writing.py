@@ -52,7 +52,7 @@ def run(rec: Record) -> Record:
             for p in (out, out.with_name(out.name + ".data")):
                 p.unlink(missing_ok=True)
             raise
-    print(f"wrote {out}")
+    print(f"wrote {getattr(args, 'shown_output', None) or out}")  # a pipeline folder's: where it lands
     if rec.task == llm.WITH_PAST:  # DESIGN §10: genai_config.json, the tokenizer and config files beside the file
         from ..llm import deploy
 

@@ -145,6 +145,7 @@ def _export_slot(args, src: Path, slot: Slot, tmp: Path) -> dict | None:
     ns.model, ns.output, ns.inputs, ns.module = str(src / slot.component), str(folder) + os.sep, str(file), None
     ns.input, ns.dynamic, ns.task = [], [], None
     ns.report = str(folder / "normexport_report.json")
+    ns.shown_output = str(Path(args.output.rstrip("/" + os.sep)) / slot.name / "model.onnx")  # not the temp folder
     try:
         rec = convert_stages.convert(ns, loaded)
         if rec.exit_code == 0 and batch and not rec.kept and loaded.dynamic_axes != batch:
