@@ -28,7 +28,13 @@ ALIASES = {
     "height": ("height", "image_size"),
     "width": ("width", "image_size"),
     "image_size": ("image_size", "height"),
+    "image_channels": ("num_channels", "in_channels", "in_chans"),
+    "patch_height": ("patch_height", "patch_size"),
+    "patch_width": ("patch_width", "patch_size"),
 }
+#: a dim written as arithmetic of names (`num_channels * patch_size * patch_size`, `patch_size_ x
+#: patch_size x num_channels`, `2 + patch_height * patch_width * image_channels`, `patch_size**2`)
+_EXPR_TOKEN = re.compile(r"\*\*|[*+/()-]|(?<![\w.])x(?![\w.])|[A-Za-z_][\w.]*|\d+")
 
 
 def _get(config, key):
@@ -62,11 +68,14 @@ class Resolver:
         self.free: dict[str, int] = {}
 
     def dim(self, name: str) -> tuple[int | None, bool]:
-        """(size, free) for one documented dim name; (None, False) when nothing gives it."""
+        """(size, free) for one documented dim name; (None, False) when nothing gives it. A dim
+        written as arithmetic of names is computed from theirs (free when one of them is)."""
         raw = name.strip()
-        key = re.sub(r"^(self\.)?(config\.)", "", raw.lower()).strip()
+        key = re.sub(r"^(self\.)?(config\.)", "", raw.lower()).strip().rstrip("_")
         if raw.isdigit():
             return int(raw), False
+        if is_expression(key):
+            return self._expression(key)
         if key in BATCH_NAMES:
             return self.batch, True
         if key in self.known:
@@ -83,12 +92,36 @@ class Resolver:
             return self.free.setdefault(key, self.free_size if "target" not in key else max(2, self.free_size // 2)), True
         return None, False
 
+    def _expression(self, key: str) -> tuple[int | None, bool]:
+        import ast
+
+        text, free = [], False
+        for tok in _EXPR_TOKEN.findall(key):
+            if tok == "x":
+                tok = "*"
+            elif tok[0].isalpha() or tok[0] == "_":
+                v, is_free = self.dim(tok)
+                if v is None:
+                    return None, False
+                tok, free = str(v), free or is_free
+            text.append(tok)
+        try:
+            tree = ast.parse("".join(text), mode="eval")
+            if not all(isinstance(n, (ast.Expression, ast.BinOp, ast.Constant, ast.Add, ast.Sub, ast.Mult,
+                                      ast.FloorDiv, ast.Div, ast.Pow)) for n in ast.walk(tree)):
+                return None, False
+            v = eval(compile(tree, "<dim>", "eval"), {"__builtins__": {}})  # ints and + - * / ** only
+        except (SyntaxError, ValueError, ZeroDivisionError, OverflowError, TypeError):
+            return None, False
+        return (int(v), free) if isinstance(v, (int, float)) and v > 0 and int(v) == v else (None, False)
+
     def shape(self, dims: list[str]) -> tuple[tuple[int, ...] | None, set[int], list[str]]:
         """(shape, free axes, unresolved names) of a documented shape; a repeated name (`image_size,
         image_size`) is one size. A new free dim takes a size no other axis of the shape has, so an
         error that names a size says which axis it is about."""
         keys = [re.sub(r"^(self\.)?(config\.)", "", d.strip().lower()).strip() for d in dims]
-        counted = [k not in BATCH_NAMES and _counts(k) and k not in self.known and k not in self.folder
+        counted = [k not in BATCH_NAMES and not is_expression(k) and _counts(k) and k not in self.known
+                   and k not in self.folder
                    and k not in ALIASES and config_int(self.config, k) is None for k in keys]
         bound = {self.dim(d)[0] for d, c in zip(dims, counted) if not c}
         for key, c in zip(keys, counted):
@@ -113,3 +146,78 @@ def _counts(key: str) -> bool:
     """A dim that counts tokens, frames or positions: any small size fits it."""
     return bool(re.search(r"(seq|sequence|length|len|tokens|frames|num_patches|positions|steps|time)", key)) \
         or key.startswith("num_")  # a count no config key names (SVD's num_additional_ids): the eager check sizes it
+
+
+def is_expression(key: str) -> bool:
+    """A documented dim written as arithmetic of names (`num_channels * patch_size**2`, `a x b`)."""
+    return bool(re.search(r"[*+/]|\s-\s|\sx\s", key))
+
+
+#: endings of config keys that name a width (`encoder_hidden_size`, `pooled_projection_dim`,
+#: `caption_channels`, `cond_embed_dim`)
+WIDTH_KEY = re.compile(r"^[a-z][a-z0-9_]*_(dim|size|channels|features)$")
+#: words that say nothing of what a width is for
+_PLAIN_WORDS = {"dim", "size", "channels", "features", "in", "out", "num", "of", "the", "a", "to", "and", "with",
+                "for", "is", "be", "that", "are", "used", "input", "inputs", "tensor", "torch", "shape", "batch"}
+
+
+#: words every tensor input of a model could be named with: a key named only with them (`hidden_size`)
+#: is the model's own width, not the width of an input
+_WEAK_WORDS = {"hidden", "states", "embed", "embeds", "emb", "embedding", "embeddings"}
+#: words that say how a key's value embeds the input (`micro_cond_embed_dim`, `micro_cond_encode_dim`)
+_HOW_WORDS = {"embed", "encode", "embedding", "encoding", "proj", "projection"}
+
+
+def config_width(config, name: str, doc: str = "", role: tuple[str, ...] = ()) -> int | None:
+    """The width the config gives an input named `name` (documented `doc`): the config key ending in
+    _dim / _size / _channels / _features whose words the input's name, its role words and its
+    documentation use (`encoder_hidden_states` ~ `encoder_hidden_size`, "Pooled text embeddings
+    used for additional conditioning" ~ `cond_embed_dim`): every one of the key's words used
+    (prefixes count: emb ~ embeddings, cond ~ conditioning), one of them more than `hidden` /
+    `embed` (`hidden_size` is the model's own width); the key with the most words the name itself
+    uses, then the most words; None when no key is named so."""
+    own = _words(name) | set(role)
+    told = own | _words(doc)
+    best, best_score = None, (0, 0)
+    for key in _config_keys(config):
+        if not WIDTH_KEY.match(key):
+            continue
+        words = [w for w in key.split("_") if w not in _PLAIN_WORDS]
+        if not words or not all(_uses(told, w) for w in words) or all(w in _WEAK_WORDS for w in words):
+            continue
+        score = (sum(_uses(own, w) for w in words), len(words))
+        v = config_int(config, key)
+        if v is not None and score > best_score:
+            best, best_score = v, score
+    return best
+
+
+def config_widths(config, name: str) -> list[int]:
+    """The widths the config names for an input by the input's own words, however each embeds it
+    (`micro_conds`: micro_cond_embed_dim, micro_cond_encode_dim)."""
+    own = _words(name)
+    out = []
+    for key in _config_keys(config):
+        words = [w for w in key.split("_") if w not in _PLAIN_WORDS and w not in _HOW_WORDS]
+        if WIDTH_KEY.match(key) and words and all(_uses(own, w) for w in words) \
+                and (v := config_int(config, key)) is not None:
+            out.append(v)
+    return out
+
+
+def _words(text: str) -> set[str]:
+    return {w for w in re.findall(r"[a-z][a-z0-9]*", text.lower().replace("_", " ")) if w not in _PLAIN_WORDS}
+
+
+def _uses(words: set[str], w: str) -> bool:
+    return any(v == w or (min(len(v), len(w)) >= 3 and (v.startswith(w) or w.startswith(v))) for v in words)
+
+
+def _config_keys(config) -> list[str]:
+    keys = []
+    for cfg in [config] + [_get(config, s) for s in SUB_CONFIGS]:
+        if cfg is None:
+            continue
+        d = cfg if isinstance(cfg, dict) else getattr(cfg, "to_dict", lambda: vars(cfg))()
+        keys += [k for k in d if isinstance(k, str)]
+    return list(dict.fromkeys(keys))

@@ -22,6 +22,10 @@ class Param:
     dims: list[str] | None  # the documented shape, dim names as written; None: undocumented
     dtype: str  # "float" | "long" | "bool": from the annotation / documentation
     doc: str  # the parameter's documentation text (one line)
+    #: dim names the documentation defines by a formula ("the `hidden_size` is obtained by the following
+    #: formula: `hidden_size` = `num_channels` * `patch_size` * `patch_size`": a name the config uses for
+    #: another size): {name: the formula}
+    formulas: dict = dataclasses.field(default_factory=dict)
 
 
 def params(model) -> dict[str, Param]:
@@ -38,8 +42,17 @@ def params(model) -> dict[str, Param]:
         text = docs.get(name, "")
         annotation = _annotation_text(prm.annotation)
         out[name] = Param(name, _kind(annotation, text), prm.default is not inspect.Parameter.empty,
-                          shape_of(text), _dtype(annotation + " " + text.split(")")[0]), text)
+                          shape_of(text), _dtype(annotation + " " + text.split(")")[0]), text, formulas(text))
     return out
+
+
+_TERM = r"(?:`?[A-Za-z_]\w*`?|\d+)(?:\s*\*\*\s*\d+)?"
+_FORMULA = re.compile(r"`(\w+)`\s*=\s*(" + _TERM + r"(?:\s*[*x+]\s*" + _TERM + r")+)")
+
+
+def formulas(text: str) -> dict[str, str]:
+    """{dim name: formula} the documentation writes as "`name` = `a` * `b` * `c`"."""
+    return {m.group(1): m.group(2).replace("`", "") for m in _FORMULA.finditer(text)}
 
 
 def documented(doc: str) -> dict[str, str]:

@@ -6,6 +6,7 @@ and config.
 from __future__ import annotations
 
 import inspect
+import re
 
 import torch
 from torch import nn
@@ -13,7 +14,7 @@ from torch import nn
 from ..errors import UsageError
 from . import docs, entries
 from ._util import short
-from .dims import Resolver, config_int
+from .dims import Resolver, config_int, config_width, config_widths
 
 BATCH, SEQ, TEXT_SEQ = 2, 8, 6
 
@@ -132,12 +133,12 @@ def derive(model, library: str, given: dict | None = None, extra=()) -> tuple[di
             value = value if documented_value is None else documented_value
         if value is None and p in wanted:
             value = _from_docs(p, documented, resolver, gen, config, out)
+        if value is None and p in wanted and (n := sizes.values(p, _doc_text(documented.get(p)))) is not None:
+            value = torch.rand(batch, n, generator=gen) * sizes.size * 8  # micro-conditioning values
         if value is None and p in wanted and (role := _role(documented.get(p))) is not None:
-            value = sizes.make(role, signature[p], gen, required=True)
+            value = sizes.make(role, signature[p], gen, required=True, name=p, doc=documented[p].doc)
             if documented[p].kind == "list" and isinstance(value, torch.Tensor):  # one per batch item
                 value = list(value.unbind(0))
-        if value is None and p in wanted and (n := entries.value_count(p)) is not None:
-            value = torch.rand(batch, n, generator=gen) * sizes.size * 8  # micro-conditioning values
         if value is not None:
             out[p] = value
     missing = [p for p in wanted if p not in out]
@@ -146,7 +147,9 @@ def derive(model, library: str, given: dict | None = None, extra=()) -> tuple[di
     if not missing:
         return out, {}
     listed = list(dict.fromkeys(missing + [p for p in wanted if p not in given]))
-    return out, {p: _expected(sizes, documented.get(p), resolver, p) + ("" if p in missing else " (made)") for p in listed}
+    # what was made is listed with its shape; what was not, with the shape the config implies
+    return out, {p: _expected(sizes, documented.get(p), resolver, p) if p in missing
+                 else _made_text(out[p]) + " (made)" for p in listed}
 
 
 #: what a parameter is, from the words its documentation uses when its name says nothing (Z-Image's
@@ -154,30 +157,59 @@ def derive(model, library: str, given: dict | None = None, extra=()) -> tuple[di
 #: example it takes
 ROLES = (("timestep", r"\btime ?steps?\b|denoising step|noise level"),
          ("hidden_states", r"\blatents?\b|noisy (input|sample)"),
+         ("pooled_projections", r"^\W*pooled\b|\bpooled (?:text |prompt |clip )?(?:embed|projection|output)"),
          ("encoder_hidden_states", r"(caption|text|prompt|conditional[\w ]*) embeddings"))
 
 
 def _role(documented) -> str | None:
-    import re
-
     if documented is None or not documented.doc:
         return None
-    text = documented.doc.split(":", 1)[-1].lower()
+    text = documented.doc.split(":", 1)[-1].strip().lower()
     return next((role for role, pattern in ROLES if re.search(pattern, text)), None)
 
 
+def _doc_text(documented) -> str:
+    return documented.doc if documented is not None else ""
+
+
 def _expected(sizes, documented, resolver, p: str) -> str:
-    text = sizes.expected(p)
-    return _documented_text(documented, resolver) if "unknown" in text and documented is not None else text
+    """The shape the config implies for a parameter nothing made, for the refusal: by its name,
+    else its documented shape, else the role its documentation names (a pooled embedding: [2x
+    cond_embed_dim]), its widths from the config; what nothing gives stays a word."""
+    doc = _doc_text(documented)
+    text = sizes.expected(p, doc=doc)
+    if "unknown" in text and documented is not None and (documented.dims or documented.kind in ("list", "dict")):
+        text = _documented_text(documented, resolver)
+    if "unknown" in text and (n := sizes.values(p, doc)) is not None:
+        text = f"[{sizes.batch}x{n}]"
+    if "unknown" in text and (role := _role(documented)) is not None:
+        text = sizes.expected(role, name=p, doc=doc)
+    return text
+
+
+def _made_text(value) -> str:
+    if isinstance(value, torch.Tensor):
+        return "[" + "x".join(map(str, value.shape)) + "]"
+    if isinstance(value, (list, tuple)) and value and all(isinstance(t, torch.Tensor) for t in value):
+        return f"[{len(value)} x " + _made_text(value[0]).strip("[]") + "]"
+    return "[a dict of tensors]" if isinstance(value, dict) else f"[{type(value).__name__}]"
 
 
 def _documented_text(documented, resolver) -> str:
-    """The shape a parameter's documentation gives, its resolved dims as numbers: [2x8xfeature_dim]."""
+    """The shape a parameter's documentation gives, its dims resolved against the config and the
+    processor: [2x8x80]; a dim nothing resolves is named as the docstring writes it, and said so
+    ([2 x image_size x image_size; image_size: not in the config or the processor files])."""
     if documented is not None and documented.kind in ("list", "dict") and not documented.dims:
         return f"[a {documented.kind} of tensors]"
     if documented is None or not documented.dims:
         return "[shape unknown]"
-    return "[" + "x".join(str(resolver.dim(d)[0] or d) for d in documented.dims) + "]"
+    dims = [documented.formulas.get(d.strip(), d) for d in documented.dims]
+    sizes = [resolver.dim(d)[0] for d in dims]
+    if all(sizes):
+        return "[" + "x".join(map(str, sizes)) + "]"
+    unknown = list(dict.fromkeys(d for d, v in zip(dims, sizes) if not v))
+    return ("[" + " x ".join(str(v) if v else d for d, v in zip(dims, sizes)) + f"; {', '.join(unknown)}: not in the "
+            "config or the processor files]")
 
 
 def _from_docs(p: str, documented: dict, resolver: Resolver, gen, config, made: Made):
@@ -185,7 +217,9 @@ def _from_docs(p: str, documented: dict, resolver: Resolver, gen, config, made: 
     (dims.Resolver): a tensor of the documented shape (token ids within the vocabulary, masks all
     ones), a list of per-item tensors, or an int that counts what a made tensor's documented axis
     counts (`audio_num_frames` <- `num_audio_tokens` of audio_hidden_states); None when nothing
-    says what it is."""
+    says what it is. Where the config (or the processor) says otherwise than the docstring, it wins
+    (_documented_shape): a name the documentation redefines by a formula, pixels the config cuts into
+    patches, a mask over another input, image sizes held in an int tensor."""
     doc = documented.get(p)
     if doc is None:
         return None
@@ -195,7 +229,7 @@ def _from_docs(p: str, documented: dict, resolver: Resolver, gen, config, made: 
         return _count_of(p, documented, made) or resolver.dim(p)[0]
     if doc.kind not in ("tensor", "list") or not doc.dims:
         return None
-    shape, free, unknown = resolver.shape(doc.dims)
+    shape, free = _documented_shape(p, documented, resolver, made)
     if shape is None:
         return None
     if doc.kind == "list":  # one tensor per batch item, each without the batch axis
@@ -204,9 +238,108 @@ def _from_docs(p: str, documented: dict, resolver: Resolver, gen, config, made: 
     if "mask" in p:
         return torch.ones(shape, dtype=torch.bool if doc.dtype == "bool" else torch.long)
     if doc.dtype == "long":
+        grid = _image_grid(doc, made)
+        if grid is not None:
+            return torch.tensor([grid] * shape[0], dtype=torch.long)
         high = config_int(config, "vocab_size") or 2
         return torch.randint(0, high, shape, generator=gen)
     return torch.randn(*shape, generator=gen)
+
+
+#: documented dims that are an image's side, not a width
+SPATIAL = {"height", "width", "image_size", "h", "w", "frame_size", "patch_size", "patch_height", "patch_width"}
+
+
+def _documented_shape(p: str, documented: dict, resolver: Resolver, made: dict) -> tuple[tuple | None, set[int]]:
+    """(shape, free axes) of p from its documented dims, where the config and the processor win over
+    the docstring: a mask over another input takes that input's made shape (_mask_over); a dim the
+    documentation defines by a formula (Pix2Struct's "`hidden_size` = `num_channels` * `patch_size` *
+    `patch_size`") is the formula over the config's / processor's sizes, else the name as the
+    config means it, a first guess; documented images whose sides nothing gives are the patch
+    sequence the config names (_patch_layout). The width of pixels cut into patches is the model's
+    to say: the eager check may correct it from the model's own projection (probe)."""
+    doc = documented[p]
+    if "mask" in p and (over := _mask_over(p, doc, documented, made)) is not None:
+        return over, set()
+    dims = [doc.formulas.get(d.strip(), d) for d in doc.dims]
+    shape, free, _ = resolver.shape(dims)
+    if shape is None and dims != doc.dims:
+        shape, free, _ = resolver.shape(doc.dims)
+    if shape is None and _pixels(p) and _is_image(doc.dims) \
+            and (layout := _patch_layout(resolver.config, resolver.folder)) is not None:
+        return (resolver.batch, *layout), set()
+    last = dims[-1].strip().lower() if shape is not None else ""
+    if shape is not None and _pixels(p) and len(shape) >= 3 and last not in SPATIAL and not last.isdigit():
+        free = set(free) | {len(shape) - 1}  # flattened patches: the model's patch projection says the width
+    return shape, free
+
+
+def _pixels(p: str) -> bool:
+    """An input that carries pixels (pixel_values, flattened_patches, image_patches), not something of them."""
+    return bool(re.search(r"pixel|patch", p)) and not re.search(r"emb|mask|ids|position|shape|size|grid", p)
+
+
+def _is_image(dims: list[str]) -> bool:
+    """A documented image: (batch, channels, height, width) or the like, its sides named."""
+    names = [d.strip().lower() for d in dims]
+    return len(names) >= 4 and any("channel" in n for n in names) and sum(n in SPATIAL for n in names) >= 2
+
+
+def _patch_layout(config, folder: dict) -> tuple[int, int] | None:
+    """(patches, width) of pixels cut into a padded patch sequence [B, patches, channels x patch x
+    patch] (Siglip2's NaFlex), when the config names no image size but a patch count
+    (`num_patches`) and a patch size, or the processor does (`max_num_patches`, `max_patches`, its
+    `patch_size`); the processor's count first (it pads to it), the config's patch size first (the
+    weights take it)."""
+    if _config_image_size(config) or folder.get("height"):
+        return None
+    count = folder.get("max_num_patches") or folder.get("max_patches") or config_int(config, "num_patches") \
+        or config_int(config, "max_num_patches")
+    patch = config_int(config, "patch_size") or folder.get("patch_size")
+    channels = config_int(config, "num_channels") or folder.get("num_channels")
+    if not (count and patch and channels):
+        return None
+    return int(count), int(channels) * int(patch) * int(patch)
+
+
+def _mask_over(p: str, doc, documented: dict, made: dict) -> tuple | None:
+    """The shape of a mask documented over another input's dims less one axis (pixel_attention_mask
+    `(batch, H, W)` over pixel_values `(batch, C, H, W)`): that input's made shape less the axis,
+    or less its last (feature) axis where it was made as a patch sequence [B, N, C*p*p]."""
+    mine = [d.strip().lower() for d in doc.dims]
+    words = set(p.split("_")) - {"mask", "attention"}
+    for q, t in made.items():
+        dq = documented.get(q)
+        if q == p or not isinstance(t, torch.Tensor) or dq is None or not dq.dims or len(dq.dims) != len(mine) + 1 \
+                or not words & set(q.split("_")):
+            continue
+        theirs = [d.strip().lower() for d in dq.dims]
+        for a in range(1, len(theirs)):
+            if theirs[:a] + theirs[a + 1:] != mine:
+                continue
+            if t.dim() == len(theirs):
+                return tuple(int(s) for i, s in enumerate(t.shape) if i != a)
+            if t.dim() == len(theirs) - 1:
+                return tuple(int(s) for s in t.shape[:-1])
+    return None
+
+
+def _image_grid(doc, made: dict) -> list[int] | None:
+    """(height, width) per image for an int tensor documented `(batch_size, 2)` as the images'
+    "(height, width)" (Siglip2's spatial_shapes, LLaVA-NeXT's image_sizes): the sides of the made
+    image [B, C, H, W], the patch grid of a made patch sequence [B, N, C*p*p] (as square as N allows)."""
+    if len(doc.dims) != 2 or doc.dims[1].strip() != "2" or not re.search(r"height\W+(?:and\s+)?width", doc.doc, re.I):
+        return None
+    for q, t in made.items():
+        if not _pixels(q) or not isinstance(t, torch.Tensor) or not t.is_floating_point():
+            continue
+        if t.dim() == 4:
+            return [int(t.shape[-2]), int(t.shape[-1])]
+        if t.dim() == 3:
+            n = int(t.shape[1])
+            h = max(d for d in range(1, int(n ** 0.5) + 1) if n % d == 0)
+            return [h, n // h]
+    return None
 
 
 def _count_of(p: str, documented: dict, made: dict) -> int | None:
@@ -265,8 +398,10 @@ def missing_message(cls_name: str, missing: dict[str, str]) -> str:
 
 
 def _dims_text(shape: str) -> str:
+    """The DIMS of an --input hint: the sizes when every one is a number (`2x6x12`, `2x6:bool`), else
+    `DIMS` (a size the config does not give is never written into the hint's syntax)."""
     inner = shape.removesuffix(" (made)").strip("[]")
-    return "DIMS" if not inner or "unknown" in inner else inner
+    return inner if re.fullmatch(r"\d+(x\d+)*(:\w+)?", inner) else "DIMS"
 
 
 def _batch_of(given: dict) -> int:
@@ -294,6 +429,9 @@ def _transformers_kwargs(model, config, required, gen, batch=BATCH, given=None, 
     given = given or {}
     folder = folder or {}
     if name == "pixel_values":
+        layout = _patch_layout(config, folder)
+        if layout is not None:  # a patch sequence (NaFlex): the layout the config names, not the docs' image
+            return {name: torch.randn(batch, *layout, generator=gen)}, {}
         channels, side = _image_sizes(config)
         channels = channels or folder.get("num_channels")  # the processor's image_mean has one value per channel
         channels = channels or _first_conv_channels(model)  # what the model's own first convolution takes
@@ -403,6 +541,8 @@ class _Sizes:
                           "encoder_hid_dim", "cross_attention_dim")  # encoder_hid_dim: the encoder's, projected to cross_attention_dim
         if isinstance(self.text_dim, (list, tuple)):
             self.text_dim = self.text_dim[0]
+        # a text width under another name (UVit2D's encoder_hidden_size): the config key named for the input
+        self.text_dim = self.text_dim or config_width(config, "encoder_hidden_states")
         self.text_seq = int(c("max_text_seq_length", default=TEXT_SEQ)) if c("use_learned_positional_embeddings") \
             else TEXT_SEQ
         text = given.get("encoder_hidden_states")
@@ -435,16 +575,42 @@ class _Sizes:
             return self.batch, self.in_ch, self.frames, self.height, self.width
         return self.batch, self.in_ch, self.height, self.width
 
-    def expected(self, p: str) -> str:
+    def pooled_dim(self, name: str = "pooled_projections", doc: str = "") -> int | None:
+        """The width of a pooled embedding: pooled_projection_dim, else the config key named for the
+        input (UVit2D's `pooled_text_emb`, "Pooled text embeddings used for additional
+        conditioning": cond_embed_dim)."""
+        v = _cfg(self.config, "pooled_projection_dim")
+        return int(v) if v else config_width(self.config, name, doc, role=("pooled",))
+
+    def values(self, p: str, doc: str = "") -> int | None:
+        """The count of conditioning values p holds (embedded one by one): by its name
+        (entries.value_count: time_ids 6, original_size 2), else the ratio of the config's two
+        widths named for it, all of them embedded over one encoded (UVit2D's micro_conds:
+        micro_cond_embed_dim / micro_cond_encode_dim)."""
+        n = entries.value_count(p)
+        if n is not None:
+            return n
+        if not re.search(r"\bvalues?\b|\bconditioning\b", doc, re.I):
+            return None
+        widths = config_widths(self.config, p)
+        if len(widths) >= 2 and max(widths) % min(widths) == 0 and max(widths) > min(widths):
+            return max(widths) // min(widths)
+        return None
+
+    def expected(self, p: str, name: str | None = None, doc: str = "") -> str:
+        """The shape of input p (made under the name `name`, documented `doc`) the config implies; a
+        width the config does not give is a word (TEXT_DIM, DIM)."""
         latents = "x".join(map(str, self.hidden_shape()))
+        pooled = self.pooled_dim(name or p, doc) if p == "pooled_projections" else None
         shapes = {"hidden_states": latents, "sample": latents, "timestep": f"{self.batch}",
                   "encoder_hidden_states": f"{self.batch}x{self.text_seq}x{self.text_dim or 'TEXT_DIM'}",
                   "encoder_attention_mask": f"{self.batch}x{self.text_seq}:bool",
-                  "pooled_projections": f"{self.batch}x{_cfg(self.config, 'pooled_projection_dim', default='DIM')}",
+                  "pooled_projections": f"{self.batch}x{pooled or 'DIM'}",
                   "img_ids": f"{self.seq}x{self.id_cols}", "txt_ids": f"{self.text_seq}x{self.id_cols}"}
         return "[" + shapes.get(p, "shape unknown") + "]"
 
-    def make(self, p: str, prm, gen, required: bool):
+    def make(self, p: str, prm, gen, required: bool, name: str | None = None, doc: str = ""):
+        """A value for input p (or for an input named `name` whose documentation `doc` names p's role)."""
         c = lambda *n, default=None: _cfg(self.config, *n, default=default)  # noqa: E731
         annotation = str(prm.annotation)
         if p in ("hidden_states", "sample"):  # the latents (an autoencoder's: its images)
@@ -462,8 +628,8 @@ class _Sizes:
             if self.cls not in MASK_READ_AS_VALUES:
                 mask[1:, -2:] = False  # padding in all but the first prompt
             return mask
-        if p == "pooled_projections" and c("pooled_projection_dim"):
-            return torch.randn(self.batch, int(c("pooled_projection_dim")), generator=gen)
+        if p == "pooled_projections" and (width := self.pooled_dim(name or p, doc)):
+            return torch.randn(self.batch, int(width), generator=gen)
         if p == "class_labels" and c("num_embeds_ada_norm"):
             return torch.randint(0, int(c("num_embeds_ada_norm")), (self.batch,), generator=gen)
         if p == "img_ids":

@@ -5,6 +5,11 @@ frames) and the generation config (decoder start token), as sizes by name.
 The names are the ones the libraries document argument shapes with (`num_channels`, `height`,
 `width`, `image_size`, `feature_size`, `num_frames`), so examples can resolve a documented shape
 `(batch_size, num_channels, height, width)` against them.
+
+transformers >= 5 saves a processor's parts nested in processor_config.json (`{"image_processor":
+{...}, "processor_class": ...}`), and its loaders take that nested section before the part's own
+file (AutoImageProcessor: "nested config if found -> image processor config"): so do we, so a
+stale preprocessor_config.json beside a newer processor_config.json does not win.
 """
 
 from __future__ import annotations
@@ -13,23 +18,36 @@ import json
 from pathlib import Path
 
 #: the processor files save_pretrained writes beside config.json (an image processor or feature
-#: extractor writes preprocessor_config.json; a processor may nest them in processor_config.json)
+#: extractor writes preprocessor_config.json; a processor writes processor_config.json, its parts
+#: nested in it under their attribute names: image_processor, feature_extractor, video_processor)
+PROCESSOR = "processor_config.json"
 FILES = ("preprocessor_config.json", "feature_extractor_config.json", "video_preprocessor_config.json",
-         "processor_config.json", "generation_config.json")
+         PROCESSOR, "generation_config.json")
 
 
 def folder_sizes(path: Path) -> dict[str, int]:
-    """{size name: value} read from the folder's processor and generation configs ({} when it has none)."""
+    """{size name: value} read from the folder's processor and generation configs ({} when it has none).
+    Where two say a size, the first in transformers' own loading order wins: the parts nested in
+    processor_config.json, then the parts' own files, then the processor's own attributes."""
     out: dict[str, int] = {}
-    for name in FILES:
-        data = _read(path / name)
-        if not data:
-            continue
-        for section in [data] + [v for k, v in data.items() if isinstance(v, dict) and k.endswith(("processor",
-                                                                                                  "extractor"))]:
-            for k, v in _sizes_of(section).items():
-                out.setdefault(k, v)
+    for section in _sections(path):
+        for k, v in _sizes_of(section).items():
+            out.setdefault(k, v)
     return out
+
+
+def _sections(path: Path) -> list[dict]:
+    """The folder's processor settings, in the order transformers loads them."""
+    processor = _read(path / PROCESSOR) or {}
+    nested = [v for k, v in processor.items() if isinstance(v, dict) and k.endswith(("processor", "extractor"))]
+    own = []
+    for name in FILES:
+        data = processor if name == PROCESSOR else _read(path / name)
+        if data:
+            own.append(data)
+            if name != PROCESSOR:
+                own += [v for k, v in data.items() if isinstance(v, dict) and k.endswith(("processor", "extractor"))]
+    return nested + own
 
 
 def _read(file: Path) -> dict | None:
@@ -57,8 +75,18 @@ def _sizes_of(cfg: dict) -> dict[str, int]:
         out["num_channels"] = len(mean)
     elif _int(cfg.get("num_channels")):
         out["num_channels"] = _int(cfg["num_channels"])
-    if _int(cfg.get("patch_size")):
-        out["patch_size"] = _int(cfg["patch_size"])
+    elif cfg.get("do_convert_rgb") is True:  # converted to RGB, normalized per image (Pix2Struct): 3 channels
+        out["num_channels"] = 3
+    patch = _height_width(cfg.get("patch_size"))  # 16, or {"height": 16, "width": 16} (Pix2Struct, Pixtral)
+    if patch:
+        out["patch_height"], out["patch_width"] = patch
+        if patch[0] == patch[1]:
+            out["patch_size"] = patch[0]
+    # patches per image of a processor that cuts images into a padded patch sequence (Siglip2's
+    # max_num_patches, Pix2Struct's max_patches): the sequence length of its patchified pixels
+    for key in ("max_num_patches", "max_patches"):
+        if _int(cfg.get(key)):
+            out.setdefault(key, _int(cfg[key]))
     # audio: mel bins / feature size, sampling rate, frames of one chunk
     for key, name in (("feature_size", "feature_size"), ("num_mel_bins", "feature_size"), ("n_mels", "feature_size"),
                       ("sampling_rate", "sampling_rate"), ("nb_max_frames", "num_frames"), ("hop_length", "hop_length"),

@@ -151,6 +151,16 @@ def _alternative(model, error, kwargs, remake, given, free, unmade):
             for a in free[n]:
                 shape[a] *= GROW
             return {**kwargs, n: _like(kwargs[n], shape)}, f"{n} {'x'.join(map(str, shape))}"
+    # an embedding looked up with values of a made float tensor (Pix2Struct reads the row / column of
+    # each flattened patch from its first two columns: `flattened_patches[:, :, 0].long()`): the made
+    # float tensors with negative values become values in [0, 1), whose integer part is a valid index
+    if re.search(r"index out of range in self|index -?\d+ is out of bounds", msg):
+        floats = [n for n, v in kwargs.items() if n not in given and isinstance(v, torch.Tensor)
+                  and v.is_floating_point() and v.numel() and bool((v < 0).any())]
+        if floats:
+            g = torch.Generator().manual_seed(2)
+            return ({**kwargs, **{n: torch.rand(kwargs[n].shape, generator=g, dtype=kwargs[n].dtype) for n in floats}},
+                    f"{', '.join(floats)} in [0, 1) (read as indices)")
     # a pair the model takes only one of: drop the one we made
     m = re.search(r"(?:both|and not both|only one of)\W+(\w+)\W+(?:and|or)\W+(\w+)", msg, re.I)
     if m and m.group(1) in kwargs and m.group(2) in kwargs:
