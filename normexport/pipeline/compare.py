@@ -35,6 +35,7 @@ from ..load import pipeline as folder_pipeline
 from ..load._util import quiet
 from ..parity.tolerances import PLAIN_FACTOR, floor_for
 from . import manifest as manifest_mod
+from . import optimum_names
 
 
 def run(args) -> int:
@@ -264,6 +265,7 @@ def _plain_rule(out: Path, ref: Path, index: dict, manifest: dict, side: int, st
                                        output_names=entry["outputs"], dynamic_axes=dynamic or None, fold_bn=False,
                                        swap_norms=False, rewrite=False)
             save_onnx(model, tmp / "out" / entry["file"])
+            optimum_names.rename_file(tmp / "out" / entry["file"], slot)
         del eager
         plain_pipe = load(tmp / "out")
         for slot, c in components.items():  # each component: the plain file on the same call

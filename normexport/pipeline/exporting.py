@@ -30,11 +30,12 @@ import torch
 from torch import nn
 
 from .. import convert as convert_stages
-from ..errors import UsageError, first_line
+from ..errors import ExportError, UsageError, first_line
 from ..load import pipeline as folder_pipeline
 from ..load.call import CallAdapter
 from ..load.pretrained import batched_axes, load_module
 from . import manifest as manifest_mod
+from . import optimum_names
 from .recording import LATENT_PARAMETERS, METHODS, Slot, record, save_call
 
 
@@ -162,20 +163,22 @@ def _export_slot(args, src: Path, slot: Slot, tmp: Path) -> dict | None:
             loaded = folder_pipeline._component_model(module, file, source, "")
             loaded.dynamic_axes = None
             rec = convert_stages.convert(ns, loaded)
-    except UsageError as e:
+    except (UsageError, ExportError) as e:
         print(f"  {slot.name}: {first_line(e, 300)}")
         return None
     if rec.exit_code:
         return None
     shutil.copy2(src / slot.component / "config.json", folder / "config.json")
+    spread = optimum_names.rename_file(folder / "model.onnx", slot.name)  # the names optimum reads
     report = json.loads((folder / "normexport_report.json").read_text())
+    outputs = [optimum_names.OUTPUTS.get(slot.name, {}).get(n, n) for n in rec.output_names or []]
     entry = {"component": slot.component, "method": slot.method, "file": f"{slot.name}/model.onnx",
-             "inputs": {n: {"shape": list(t.shape), "dtype": str(t.dtype).replace("torch.", ""),
-                            "dynamic": list((rec.kept or {}).get(n, []))}
+             "inputs": {spread.get(n, n): {"shape": list(t.shape), "dtype": str(t.dtype).replace("torch.", ""),
+                                          "dynamic": list((rec.kept or {}).get(n, []))}
                         for n, t in zip(rec.names, rec.inputs)},
              "constants": {k: repr(v) for k, v in constants.items()},
-             "outputs": list(rec.output_names or []), "structure": rec.output_structure,
-             "renames": slot.renames, "op_counts": report.get("op_counts", {}),
+             "outputs": outputs, "structure": rec.output_structure,
+             "renames": {**slot.renames, **spread}, "op_counts": report.get("op_counts", {}),
              "parity": _parity_summary(report)}
     del module, loaded, rec
     gc.collect()
@@ -219,7 +222,7 @@ def _parity_summary(report: dict) -> dict:
 def _copy_rest(src: Path, index: dict, tmp: Path, exported: set[str]) -> None:
     """model_index.json and every component folder that is not an exported module (scheduler,
     tokenizers, feature extractors), as they are."""
-    shutil.copy2(src / "model_index.json", tmp / "model_index.json")
+    (tmp / "model_index.json").write_text(json.dumps(optimum_names.tokenizer_classes(index, src), indent=2) + "\n")
     for name in folder_pipeline.components(index):
         if name in exported or not (src / name).is_dir():
             continue

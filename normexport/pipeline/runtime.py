@@ -171,6 +171,7 @@ class _Session:
         feeds = {}
         for path, leaf in pytree.tree_flatten_with_path(bound)[0]:
             name = ".".join(_key(k) for k in path)
+            name = self.renames.get(name, name)  # a nested entry fed by its own name (added_cond_kwargs.time_ids)
             if isinstance(leaf, torch.Tensor):
                 if name in self.inputs:
                     t = leaf.detach().cpu()
