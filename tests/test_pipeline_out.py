@@ -72,7 +72,7 @@ def test_folder_layout_and_fused_norms(exported):
     for name in ("tokenizer", "tokenizer_2"):
         assert (out / name).is_dir() == (folder / name).is_dir(), name
     assert not (out / "vae").exists()  # the VAE is there as its decoder (optimum's name)
-    denoiser = "unet" if kind == "sd" else "transformer"
+    denoiser = "unet" if kind in ("sd", "img2img") else "transformer"
     counts = norm_ops(out / denoiser / "model.onnx")
     for op, least in fused.items():
         assert counts[op] >= least, counts
