@@ -143,24 +143,16 @@ def build(kind, d):
             sample_size=8, patch_size=2, num_embeds_ada_norm=1000, norm_num_groups=4)  # DiTPipeline: null class 1000
         pipe = diffusers.DiTPipeline(transformer=_perturb(transformer), vae=vae(),
                                      scheduler=diffusers.DDIMScheduler())
-    elif kind == "img2img":  # an image input: the VAE encodes it (the vae_encoder slot)
+    else:  # SD 1.5-like (UNet); img2img: the same with an image input (the VAE encodes it: the vae_encoder slot)
         unet = diffusers.UNet2DConditionModel(
             sample_size=8, in_channels=4, out_channels=4, layers_per_block=1, block_out_channels=(8,),
             norm_num_groups=4, cross_attention_dim=16, down_block_types=("CrossAttnDownBlock2D",),
             up_block_types=("CrossAttnUpBlock2D",), attention_head_dim=2)
-        pipe = diffusers.StableDiffusionImg2ImgPipeline(
-            vae=vae(), text_encoder=clip_text(transformers.CLIPTextModel), tokenizer=clip_tokenizer(d / "tok"),
-            unet=_perturb(unet), scheduler=diffusers.DDIMScheduler(), safety_checker=None,
-            feature_extractor=None, requires_safety_checker=False)
-    else:
-        unet = diffusers.UNet2DConditionModel(
-            sample_size=8, in_channels=4, out_channels=4, layers_per_block=1, block_out_channels=(8,),
-            norm_num_groups=4, cross_attention_dim=16, down_block_types=("CrossAttnDownBlock2D",),
-            up_block_types=("CrossAttnUpBlock2D",), attention_head_dim=2)
-        pipe = diffusers.StableDiffusionPipeline(
-            vae=vae(), text_encoder=clip_text(transformers.CLIPTextModel), tokenizer=clip_tokenizer(d / "tok"),
-            unet=_perturb(unet), scheduler=diffusers.EulerDiscreteScheduler(), safety_checker=None,
-            feature_extractor=None, requires_safety_checker=False)
+        cls, scheduler = ((diffusers.StableDiffusionImg2ImgPipeline, diffusers.DDIMScheduler()) if kind == "img2img"
+                          else (diffusers.StableDiffusionPipeline, diffusers.EulerDiscreteScheduler()))
+        pipe = cls(vae=vae(), text_encoder=clip_text(transformers.CLIPTextModel), tokenizer=clip_tokenizer(d / "tok"),
+                   unet=_perturb(unet), scheduler=scheduler, safety_checker=None, feature_extractor=None,
+                   requires_safety_checker=False)
     pipe.save_pretrained(d / kind)
     return d / kind
 
