@@ -100,14 +100,14 @@ class _Run:
 
     def _forward_hook(self, name: str, first: bool):
         def hook(module, args, kwargs):
-            self._note(name, name, "forward", _bind(module.forward, args, kwargs), args, kwargs, first)
+            self._note(name, name, "forward", bind_call(module.forward, args, kwargs), args, kwargs, first)
         return hook
 
     def _method_hook(self, name: str, method: str, module: nn.Module, first: bool):
         renames = METHODS[method][1]
 
         def hook(args, kwargs):
-            bound = _bind(getattr(type(module), method).__get__(module), args, kwargs)  # not the wrapper
+            bound = bind_call(getattr(type(module), method).__get__(module), args, kwargs)  # not the wrapper
             if method == "decode" and self.decoded is None:
                 z = bound.get("z", next(iter(bound.values()), None))
                 if isinstance(z, torch.Tensor):
@@ -156,7 +156,7 @@ def _wrap_result(stack: contextlib.ExitStack, obj, attr: str, after) -> None:
     stack.callback(lambda: delattr(obj, attr) if attr in vars(obj) else None)
 
 
-def _bind(fn, args, kwargs) -> dict:
+def bind_call(fn, args, kwargs) -> dict:
     """(args, kwargs) by parameter name (a **kwargs parameter's items spread)."""
     try:
         bound = inspect.signature(fn).bind_partial(*args, **kwargs).arguments
@@ -176,10 +176,10 @@ def _leaves(bound: dict):
     """(dotted path, tensor) of every tensor in a bound call."""
     for path, leaf in pytree.tree_flatten_with_path(bound)[0]:
         if isinstance(leaf, torch.Tensor):
-            yield ".".join(_key(k) for k in path), leaf
+            yield ".".join(key_text(k) for k in path), leaf
 
 
-def _key(k) -> str:
+def key_text(k) -> str:
     for attr in ("key", "idx", "name"):
         if hasattr(k, attr):
             return str(getattr(k, attr))

@@ -29,7 +29,7 @@ from torch import nn
 
 from ..errors import UsageError, first_line
 from . import manifest as manifest_mod
-from .recording import LATENT_PARAMETERS
+from .recording import LATENT_PARAMETERS, bind_call, key_text
 
 #: the libraries model_index.json may name a class of (nothing else is imported from a folder)
 LIBRARIES = ("diffusers", "transformers")
@@ -147,7 +147,10 @@ class OrtComponent(nn.Module):
             raise RuntimeError(f"{self.component}.{method} was not exported (the pipeline did not call it when the "
                                "folder was converted)")
         original = getattr(type(self._meta), method, None) if self._meta is not None else None
-        bound = _bind(original.__get__(self._meta) if original is not None else None, args, kwargs)
+        if original is None and args:
+            raise RuntimeError(f"{self.component}.{method} called positionally; its class could not be built to name "
+                               "the arguments: call it by keyword")
+        bound = bind_call(original.__get__(self._meta), args, kwargs) if original is not None else dict(kwargs)
         return session(self.component, method, bound)
 
 
@@ -170,7 +173,7 @@ class _Session:
         bound = {self.renames.get(k, k): v for k, v in bound.items()}
         feeds = {}
         for path, leaf in pytree.tree_flatten_with_path(bound)[0]:
-            name = ".".join(_key(k) for k in path)
+            name = ".".join(key_text(k) for k in path)
             name = self.renames.get(name, name)  # a nested entry fed by its own name (added_cond_kwargs.time_ids)
             if isinstance(leaf, torch.Tensor):
                 if name in self.inputs:
@@ -215,30 +218,6 @@ def _numpy(t: torch.Tensor) -> np.ndarray:
 
         return t.contiguous().view(torch.uint16).numpy().view(BF16)
     return t.contiguous().numpy()
-
-
-def _bind(fn, args, kwargs) -> dict:
-    """(args, kwargs) by parameter name (a **kwargs parameter's items spread), as the export named them."""
-    if fn is None:
-        if args:
-            raise RuntimeError("positional arguments need the component's class to name them")
-        return dict(kwargs)
-    sig = inspect.signature(fn)
-    bound = sig.bind_partial(*args, **kwargs).arguments
-    out = {}
-    for k, v in bound.items():
-        if sig.parameters[k].kind == inspect.Parameter.VAR_KEYWORD:
-            out.update(v)
-        else:
-            out[k] = v
-    return out
-
-
-def _key(k) -> str:
-    for attr in ("key", "idx", "name"):
-        if hasattr(k, attr):
-            return str(getattr(k, attr))
-    return str(k)
 
 
 def _meta_module(folder: Path, library_class: list, slots: dict):
