@@ -374,7 +374,10 @@ def load_kernels(path: str | os.PathLike) -> ctypes.CDLL:
     so.normexport_adaln_zero.argtypes = [p, p, p, p, p, p, i64, i64, i64, c_int, c_int, f32, p]
     so.normexport_skip_rms_norm.argtypes = [p, p, p, p, p, p, i64, i64, c_int, f32, p]
     so.normexport_gated_adaln_zero.argtypes = [p, p, p, p, p, p, p, p, p, i64, i64, i64, c_int, c_int, f32, p]
+    so.normexport_adaln_zero_axis.argtypes = [p, p, p, p, p, p, i64, i64, i64, i64, c_int, f32, p]
+    so.normexport_gated_adaln_zero_axis.argtypes = [p, p, p, p, p, p, p, p, p, i64, i64, i64, i64, c_int, f32, p]
     for fn in (so.normexport_rms_norm, so.normexport_layer_norm, so.normexport_adaln_zero, so.normexport_skip_rms_norm,
-               so.normexport_gated_adaln_zero, so.normexport_kernels_abi_version):
+               so.normexport_gated_adaln_zero, so.normexport_adaln_zero_axis, so.normexport_gated_adaln_zero_axis,
+               so.normexport_kernels_abi_version):
         fn.restype = c_int
     return so

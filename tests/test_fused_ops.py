@@ -148,3 +148,47 @@ def test_export_both_ops(tmp_path):
         want = [t.numpy() for t in m(*args)]
     for g, w in zip(got, want):
         assert rel_err(g, w.astype(np.float64)) < 1e-5
+
+
+# ---- modulation_axis (a [B, H] gate / shift / scale following X's dim 1: sequence-first [S, B, H]) --
+def _seq_first_gated(x, upd, gate, shift, scale, w=None, b=None, eps=1e-6):
+    """float64 (Y, Sum) with numpy broadcasting: [B, H] against [S, B, H] follows x's dim 1 (written
+    here from the formula)."""
+    s = f64(x) + f64(gate) * f64(upd)
+    m = s.mean(-1, keepdims=True)
+    y = (s - m) / np.sqrt(((s - m) ** 2).mean(-1, keepdims=True) + eps)
+    y = y * (1.0 if w is None else f64(w)) + (0.0 if b is None else f64(b))
+    return y * (1.0 + f64(scale)) + f64(shift), s
+
+
+@pytest.mark.parametrize("affine", [False, True])
+def test_gated_adaln_zero_op_modulation_axis(affine):
+    shape = (7, 3, 48)
+    x, upd = rand(*shape, scale=2.0, offset=0.5), rand(*shape)
+    gate, shift, scale = rand(3, 48, offset=0.5), rand(3, 48), rand(3, 48, scale=0.5)
+    w = rand(48, offset=1.0, scale=0.3) if affine else None
+    b = rand(48, scale=0.3) if affine else None
+    y, s = torch.ops.normexport.gated_adaln_zero(x, upd, gate, shift, scale, w, b, 1e-6, 1)
+    ref_y, ref_s = _seq_first_gated(x, upd, gate, shift, scale, w, b)
+    assert rel_err(s, ref_s) < 1e-6 and rel_err(y, ref_y) < 1e-5
+    spec_y, spec_s = gated_adaln_zero.reference(f64(x), f64(upd), f64(gate), f64(shift), f64(scale), f64(w), f64(b),
+                                                1e-6, modulation_axis=1)
+    np.testing.assert_allclose(spec_y, ref_y, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("affine", [False, True])
+def test_gated_adaln_zero_body_modulation_axis(dtype, affine):
+    """The body declaring modulation_axis, in onnxruntime, at S = B (where the default layout would
+    also run): both outputs against float64; without the attribute the same inputs are measurably off."""
+    shape = (4, 4, 64)
+    inputs = {"X": rand(*shape, dtype=dtype, scale=2.0, offset=0.5), "update": rand(*shape, dtype=dtype),
+              "gate": rand(4, 64, dtype=dtype, offset=0.5), "shift": rand(4, 64, dtype=dtype),
+              "scale": rand(4, 64, dtype=dtype, scale=0.5)}
+    if affine:
+        inputs |= {"weight": rand(64, dtype=dtype, offset=1.0, scale=0.3), "bias": rand(64, dtype=dtype, scale=0.3)}
+    y, s = _one_node("GatedAdaLNZero", inputs, {"epsilon": 1e-6, "modulation_axis": 1}, dtype)
+    ref_y, ref_s = _seq_first_gated(*inputs.values())
+    assert rel_err(s, ref_s) < TOL[dtype] and rel_err(y, ref_y) < TOL[dtype]
+    wrong_y, _ = _one_node("GatedAdaLNZero", inputs, {"epsilon": 1e-6}, dtype)
+    assert rel_err(wrong_y, ref_y) > 1e-2

@@ -158,6 +158,38 @@ def test_dispatcher_configs_meet_the_budgets(table):
     assert len(common) == 20 and all(r["rule"].startswith("occupancy") for r in common)
 
 
+#: the kernels AdaLNZero / GatedAdaLNZero run when their [B, H] modulation follows another dim of x
+#: (modulation_axis, e.g. sequence-first x [S, B, H]): norm_common.cuh's kAdaLNModAxis /
+#: kGatedAdaLNModAxis instantiations, launched with their op's configuration (the default kernels'
+#: code is not touched by them)
+MOD_AXIS_KIND = {2: 5, 4: 6}
+
+
+def test_modulation_axis_kernels_meet_the_budgets(table, build, usage):
+    """The modulation-axis kernels at the dispatcher's configurations of their op (2 ops x 3 dtypes x
+    5 hidden sizes): the same budgets as the default kernels (the 75 above), spill-free."""
+    lib = load_kernels(build.kernels_lib)
+    lib.normexport_launch_config_for.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64,
+                                                  ctypes.c_int, ctypes.c_void_p]
+    rows = []
+    for dtype in DTYPES:
+        for op in sorted(ADALN):
+            for hidden in HIDDEN:
+                cfg = launch_config(lib, op, dtype, hidden)
+                names = [n for n in usage if kernel_pattern(dtype, MOD_AXIS_KIND[op], cfg).search(n)]
+                assert len(names) == 1, f"{OPS[op]} {DTYPES[dtype][0]} {hidden}: {names}"
+                default = next(r for r in table if r["op"] == OPS[op] and r["dtype"] == DTYPES[dtype][0]
+                               and r["hidden"] == hidden)
+                rows.append((OPS[op], DTYPES[dtype][0], hidden, default["regs"], verdict(op, cfg, usage[names[0]])))
+    print(f"\n{'op':<15}{'dtype':<6}{'hidden':>7}  regs (default kernel)  rule")
+    for op, dt, hidden, regs, v in rows:
+        print(f"{op:<15}{dt:<6}{hidden:>7}  {v['regs']:>4} ({regs:>4})         {v['rule']}: {v['value']} "
+              f"{'ok' if v['ok'] else 'MISS'}")
+    assert len(rows) == 30
+    missed = [f"{op} {dt} {hidden}: {v}" for op, dt, hidden, _, v in rows if not v["ok"]]
+    assert not missed, "\n".join(missed)
+
+
 def test_row_kernels_have_at_most_one_barrier(build, cuobjdump):
     sass = sass_by_function(cuobjdump, build.kernels_lib, "sm_90")
     rows = {n: t for n, t in sass.items() if "norm_looped" not in n}

@@ -314,6 +314,171 @@ def test_fused_checks_catch_planted_bugs():
         _check_skip_rms(rc, y, out_sum, x, skip, bias, w, "fp16", "planted")
 
 
+# ---- a [B, H] modulation following another dim of x (the ops' modulation_axis) --------------------
+# normexport_adaln_zero_axis / normexport_gated_adaln_zero_axis: x [outer, B, inner, H], row r of x
+# takes modulation row (r / inner) % B; sequence-first x [S, B, H] (modulation_axis 1) is outer S,
+# inner 1: row r % B. The reference broadcasts [B, H] over x's other dims with numpy (no row
+# arithmetic), in float64.
+def ref_adaln_axis(x, shift, scale, w, b, axis):
+    """LayerNorm(x) * (1 + scale) + shift with shift / scale [B, H] viewed as [1.., B, 1.., H], B at
+    x's dim `axis`."""
+    view = [1] * x.ndim
+    view[axis], view[-1] = shift.shape[0], shift.shape[-1]
+    return ref_ln(x, w, b) * (1 + scale.reshape(view)) + shift.reshape(view)
+
+
+def _axis_shape(hidden: int, layout: str) -> tuple[tuple[int, ...], int]:
+    """(x's shape, modulation axis) of a layout: "seq_first" [S, B, H] (S = 7, B = 3; S = 3, B = 2 for
+    long rows: one host thread per CUDA thread), "rank4_axis1" [2, 3, 4, H], "rank4_axis2" [2, 3, 4, H]
+    with B = 4 (inner 1)."""
+    if layout == "seq_first":
+        return ((7, 3, hidden) if hidden <= 1032 else (3, 2, hidden)), 1
+    return (2, 3, 4, hidden), int(layout[-1])
+
+
+def _run_adaln_axis(lib, x, shift, scale, w, b, shape, axis, dtype_id):
+    dtype, code = DTYPES[dtype_id]
+    outer, batch = int(np.prod(shape[:axis])), shape[axis]
+    inner = int(np.prod(shape[axis + 1:-1]))
+    y = Buf(np.zeros(shape), dtype)
+    rc = lib.normexport_adaln_zero_axis(x.ptr, shift.ptr, scale.ptr, w and w.ptr, b and b.ptr, y.ptr, outer, batch,
+                                        inner, shape[-1], code, EPS, None)
+    return rc, y
+
+
+def _adaln_axis_case(hidden, dtype_id, layout, affine, seed):
+    dtype, _ = DTYPES[dtype_id]
+    rng = np.random.default_rng(seed)
+    shape, axis = _axis_shape(hidden, layout)
+    x = _inputs(shape, dtype, rng, mean=0.2, std=1.5)
+    shift = _inputs((shape[axis], hidden), dtype, rng, std=0.3)
+    scale = _inputs((shape[axis], hidden), dtype, rng, std=0.3)
+    w = _inputs((hidden,), dtype, rng, mean=1.0, std=0.2) if affine else None
+    b = _inputs((hidden,), dtype, rng, std=0.2) if affine else None
+    return x, shift, scale, w, b, shape, axis
+
+
+@pytest.mark.parametrize("dtype_id", list(DTYPES))
+@pytest.mark.parametrize("hidden", HIDDEN)
+@pytest.mark.parametrize("affine", [False, True], ids=["noaffine", "affine"])
+def test_adaln_zero_seq_first(lib, hidden, dtype_id, affine):
+    """x [S, B, H] with [B, H] shift / scale over S (modulation_axis 1): every launch kind."""
+    x, shift, scale, w, b, shape, axis = _adaln_axis_case(hidden, dtype_id, "seq_first", affine, hidden + 5)
+    rc, y = _run_adaln_axis(lib, x, shift, scale, w, b, shape, axis, dtype_id)
+    assert rc == 0, f"cudaError {rc}"
+    ref = ref_adaln_axis(_f64(x), _f64(shift), _f64(scale), _f64(w), _f64(b), axis)
+    _check(y, ref, dtype_id, f"AdaLNZero seq-first {dtype_id} {shape} affine={affine}")
+
+
+@pytest.mark.parametrize("dtype_id", ["fp32", "bf16"])
+@pytest.mark.parametrize("hidden", [8, 37, 256, 1000, 4096, 40000])
+@pytest.mark.parametrize("layout", ["rank4_axis1", "rank4_axis2"])
+def test_adaln_zero_rank4_axis(lib, hidden, dtype_id, layout):
+    """x [2, 3, 4, H], [B, H] following dim 1 (row (r / 4) % 3) or dim 2 (row r % 4)."""
+    x, shift, scale, w, b, shape, axis = _adaln_axis_case(hidden, dtype_id, layout, True, hidden + 6)
+    rc, y = _run_adaln_axis(lib, x, shift, scale, w, b, shape, axis, dtype_id)
+    assert rc == 0, f"cudaError {rc}"
+    ref = ref_adaln_axis(_f64(x), _f64(shift), _f64(scale), _f64(w), _f64(b), axis)
+    _check(y, ref, dtype_id, f"AdaLNZero {dtype_id} {shape} modulation axis {axis}")
+
+
+@pytest.mark.parametrize("shape, axis", [((1, 3, 64), 1), ((5, 1, 64), 1), ((3, 2, 64), 0), ((0, 2, 64), 1)],
+                         ids=["S1", "B1", "axis0", "empty"])
+def test_adaln_zero_axis_degenerate(lib, shape, axis):
+    """outer 1 ([B, H] of x's first dim that is not 1: the default kernels), B = 1 (one modulation row
+    for all), axis 0 itself, and no rows (a no-op)."""
+    dtype, code = DTYPES["fp32"]
+    rng = np.random.default_rng(9)
+    x = _inputs(shape, dtype, rng, mean=0.2, std=1.5)
+    shift = _inputs((shape[axis], shape[-1]), dtype, rng, std=0.3)
+    scale = _inputs((shape[axis], shape[-1]), dtype, rng, std=0.3)
+    rc, y = _run_adaln_axis(lib, x, shift, scale, None, None, shape, axis, "fp32")
+    assert rc == 0, f"cudaError {rc}"
+    if x.n == 0:
+        assert y.guards_intact()
+        return
+    _check(y, ref_adaln_axis(_f64(x), _f64(shift), _f64(scale), None, None, axis), "fp32", f"{shape} axis {axis}")
+
+
+def _run_gated_axis(lib, x, upd, gate, shift, scale, w, b, shape, dtype_id):
+    dtype, code = DTYPES[dtype_id]
+    y, out_sum = Buf(np.zeros(shape), dtype), Buf(np.zeros(shape), dtype)
+    rc = lib.normexport_gated_adaln_zero_axis(x.ptr, upd.ptr, gate.ptr, shift.ptr, scale.ptr, w and w.ptr, b and b.ptr,
+                                              y.ptr, out_sum.ptr, shape[0], shape[1], 1, shape[-1], code, EPS, None)
+    return rc, y, out_sum
+
+
+def _gated_seq_first_case(hidden, dtype_id, affine, seed):
+    dtype, _ = DTYPES[dtype_id]
+    rng = np.random.default_rng(seed)
+    shape = (7, 3, hidden) if hidden <= 1032 else (3, 2, hidden)
+    mod = (shape[1], hidden)
+    x = _inputs(shape, dtype, rng, mean=0.2, std=1.5)
+    upd = _inputs(shape, dtype, rng, mean=0.4, std=2.0)
+    gate = _inputs(mod, dtype, rng, mean=0.5, std=0.5)
+    shift, scale = _inputs(mod, dtype, rng, std=0.3), _inputs(mod, dtype, rng, std=0.3)
+    w = _inputs((hidden,), dtype, rng, mean=1.0, std=0.2) if affine else None
+    b = _inputs((hidden,), dtype, rng, std=0.2) if affine else None
+    return x, upd, gate, shift, scale, w, b, shape
+
+
+def _check_gated_seq_first(rc, y, out_sum, case, dtype_id, what):
+    x, upd, gate, shift, scale, w, b, shape = case
+    assert rc == 0, f"{what}: cudaError {rc}"
+    ref_sum = _f64(x) + _f64(gate)[None] * _f64(upd)  # [B, H] broadcast over S
+    _check(out_sum, ref_sum, dtype_id, f"{what} Sum")
+    ref = ref_adaln_axis(_round(ref_sum, DTYPES[dtype_id][0]), _f64(shift), _f64(scale), _f64(w), _f64(b), 1)
+    _check(y, ref, dtype_id, f"{what} Y")
+
+
+@pytest.mark.parametrize("dtype_id", list(DTYPES))
+@pytest.mark.parametrize("hidden", FUSED_HIDDEN)
+@pytest.mark.parametrize("affine", [False, True], ids=["noaffine", "affine"])
+def test_gated_adaln_zero_seq_first(lib, hidden, dtype_id, affine):
+    """GatedAdaLNZero with x, update [S, B, H] and gate / shift / scale [B, H] over S."""
+    case = _gated_seq_first_case(hidden, dtype_id, affine, hidden + 7)
+    x, upd, gate, shift, scale, w, b, shape = case
+    rc, y, out_sum = _run_gated_axis(lib, x, upd, gate, shift, scale, w, b, shape, dtype_id)
+    _check_gated_seq_first(rc, y, out_sum, case, dtype_id,
+                           f"GatedAdaLNZero seq-first {dtype_id} {shape} affine={affine}")
+
+
+def test_adaln_axis_bad_sizes(lib):
+    """Negative sizes, a batch past 2^32 and missing modulation pointers are refused."""
+    inval = 1  # cudaErrorInvalidValue
+    f = Buf(np.zeros(64), np.float32)
+    assert lib.normexport_adaln_zero_axis(f.ptr, f.ptr, f.ptr, None, None, f.ptr, -1, 2, 1, 8, 0, EPS, None) == inval
+    assert lib.normexport_adaln_zero_axis(f.ptr, f.ptr, f.ptr, None, None, f.ptr, 2, 1 << 32, 0, 8, 0, EPS,
+                                          None) == inval
+    assert lib.normexport_adaln_zero_axis(f.ptr, None, f.ptr, None, None, f.ptr, 2, 2, 1, 8, 0, EPS, None) == inval
+    assert lib.normexport_gated_adaln_zero_axis(f.ptr, f.ptr, None, f.ptr, f.ptr, None, None, f.ptr, f.ptr, 2, 2, 1, 8,
+                                                0, EPS, None) == inval
+
+
+# The sequence-first modulation row computed as the default layout's (row / S, S = rows / B) instead
+# of row % B: in the row kernels and in the looped kernel (one build).
+MOD_AXIS_PLANTS = (
+    ("mrow %= p.mod_rows; // rows < 2^31 here", "mrow /= static_cast<uint32_t>(p.rows) / p.mod_rows;"),
+    ("            mrow %= p.mod_rows;\n", "            mrow /= p.rows / p.mod_rows;\n"),
+)
+
+
+def test_seq_first_checks_catch_planted_bug():
+    """The sequence-first checks can fail: modulation row r / S instead of r % B (row kernel at
+    hidden 256, looped kernel at 40000; AdaLNZero and GatedAdaLNZero) fails each check."""
+    bad = load_kernels(build_emulated_kernels(MOD_AXIS_PLANTS, barrier_timeout_ms=2000))
+    for hidden in (256, 40000):
+        x, shift, scale, w, b, shape, axis = _adaln_axis_case(hidden, "fp32", "seq_first", True, 12)
+        rc, y = _run_adaln_axis(bad, x, shift, scale, w, b, shape, axis, "fp32")
+        with pytest.raises(AssertionError):
+            assert rc == 0
+            _check(y, ref_adaln_axis(_f64(x), _f64(shift), _f64(scale), _f64(w), _f64(b), axis), "fp32", "planted")
+        case = _gated_seq_first_case(hidden, "fp32", True, 13)
+        rc, y, out_sum = _run_gated_axis(bad, *case[:7], case[7], "fp32")
+        with pytest.raises(AssertionError):
+            _check_gated_seq_first(rc, y, out_sum, case, "fp32", f"planted {hidden}")
+
+
 @pytest.mark.parametrize("which", ["shift", "scale", "weight"])
 def test_adaln_zero_misaligned_parameter(lib, which):
     """One misaligned parameter pointer sends the whole call to the scalar path."""

@@ -226,3 +226,134 @@ def test_plugin_header_generated_from_the_specs():
     spelled = {a.name for s in SPECS.values() for a in s.attributes} | set(SPECS) | {"normexport"}
     for name in spelled:
         assert not re.search(rf'"{name}"', sources), f'plugin sources spell "{name}": use opSpecs.h'
+
+
+# ---- modulation_axis: a [B, H] modulation following another dim of X -------------------------------
+def seq_first_formula(x, shift, scale, w=None, b=None, eps=1e-6):
+    """float64 LayerNorm(x) * (1 + scale) + shift with numpy broadcasting aligning the trailing dims:
+    a [B, H] shift / scale over x [S, B, H] follows x's dim 1 (written here, not the spec's reference)."""
+    x = np.asarray(x, np.float64)
+    m = x.mean(-1, keepdims=True)
+    y = (x - m) / np.sqrt(((x - m) ** 2).mean(-1, keepdims=True) + eps)
+    y = y * (1.0 if w is None else np.asarray(w, np.float64)) + (0.0 if b is None else np.asarray(b, np.float64))
+    return y * (1.0 + np.asarray(scale, np.float64)) + np.asarray(shift, np.float64)
+
+
+def test_reference_modulation_axis():
+    x = rand(5, 3, 16, scale=2.0, offset=0.5)
+    shift, scale = rand(3, 16), rand(3, 16, scale=0.5)
+    np.testing.assert_allclose(adaln_zero.reference(f64(x), f64(shift), f64(scale), epsilon=1e-6, modulation_axis=1),
+                               seq_first_formula(f64(x), f64(shift), f64(scale)), rtol=1e-12, atol=1e-12)
+    x4 = rand(2, 3, 4, 16)
+    s4 = rand(3, 16)  # x's dim 1 of four: [3, H] viewed as [1, 3, 1, H]
+    want = seq_first_formula(f64(x4), f64(s4)[None, :, None], f64(s4)[None, :, None])
+    np.testing.assert_allclose(adaln_zero.reference(f64(x4), f64(s4), f64(s4), modulation_axis=1), want, rtol=1e-12)
+    for bad in (-1, 2):
+        with pytest.raises(ValueError, match="modulation_axis"):
+            adaln_zero.reference(f64(x), f64(shift), f64(scale), modulation_axis=bad)
+
+
+@pytest.mark.parametrize("affine", [False, True])
+def test_adaln_zero_op_modulation_axis(affine):
+    """torch.ops.normexport.adaln_zero(..., modulation_axis=1) on x [S, B, H] (S != B), also as
+    prepare.nn.AdaLNZero(modulation_axis=1); a [S, H] modulation does not fit it."""
+    x = rand(7, 3, 40, scale=2.0, offset=0.5)
+    shift, scale = rand(3, 40), rand(3, 40, scale=0.5)
+    w = rand(40, offset=1.0, scale=0.3) if affine else None
+    b = rand(40, scale=0.3) if affine else None
+    y = torch.ops.normexport.adaln_zero(x, shift, scale, w, b, 1e-6, 1)
+    ref = seq_first_formula(f64(x), f64(shift), f64(scale), None if w is None else f64(w),
+                            None if b is None else f64(b))
+    assert rel_err(y, ref) < 1e-6
+    assert rel_err(AdaLNZero(40, 1e-6, w, b, modulation_axis=1)(x, shift, scale), ref) < 1e-6
+    with pytest.raises(RuntimeError):
+        torch.ops.normexport.adaln_zero(x, rand(7, 40), rand(7, 40), w, b, 1e-6, 1)
+
+
+@pytest.mark.parametrize("shape, axis", [((5, 3, 33), 1), ((2, 3, 4, 33), 1), ((2, 3, 4, 33), 2), ((5, 1, 33), 1)])
+@pytest.mark.parametrize("affine", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_adaln_zero_function_body_modulation_axis(shape, axis, affine, dtype):
+    """The function body of a node with modulation_axis in plain onnxruntime (the body that declares
+    the attribute comes with it), against float64 from numpy broadcasting; no worse than eager
+    PyTorch in the same dtype."""
+    x = rand(*shape, scale=2.0, offset=0.5, dtype=dtype)
+    mod = (shape[axis], shape[-1])
+    inputs = {"X": x, "shift": rand(*mod, dtype=dtype), "scale": rand(*mod, scale=0.5, dtype=dtype)}
+    if affine:
+        inputs.update(weight=rand(33, offset=1.0, scale=0.3, dtype=dtype), bias=rand(33, scale=0.3, dtype=dtype))
+    model = single_node_model("AdaLNZero", inputs, 20, dtype, epsilon=1e-5, modulation_axis=axis)
+    (fn,) = model.functions
+    assert "modulation_axis" in {a.name for a in fn.attribute_proto}
+    got = ort_run(model, inputs)
+    view = [1] * len(shape)
+    view[axis], view[-1] = mod
+    sh, sc = inputs["shift"].reshape(view), inputs["scale"].reshape(view)
+    w, b = inputs.get("weight"), inputs.get("bias")
+    ref = seq_first_formula(f64(x), f64(sh), f64(sc), None if w is None else f64(w), None if b is None else f64(b),
+                            1e-5)
+    err = rel_err(torch.from_numpy(got), ref)
+    eager = torch.nn.functional.layer_norm(x, (33,), w, b, 1e-5) * (1 + sc) + sh
+    assert no_worse_than_eager(err, rel_err(eager, ref), dtype), (err, rel_err(eager, ref))
+
+
+def test_function_body_modulation_axis_catches_the_default_layout():
+    """S = B: a body that ignored modulation_axis (the default [B, 1, H] view) would run, and be off."""
+    x, shift, scale = rand(4, 4, 16, scale=2.0), rand(4, 16), rand(4, 16, scale=0.5)
+    inputs = {"X": x, "shift": shift, "scale": scale}
+    ref = seq_first_formula(f64(x), f64(shift), f64(scale), eps=1e-5)
+    got = ort_run(single_node_model("AdaLNZero", inputs, 18, torch.float32, epsilon=1e-5, modulation_axis=1), inputs)
+    wrong = ort_run(single_node_model("AdaLNZero", inputs, 18, torch.float32, epsilon=1e-5), inputs)
+    assert rel_err(torch.from_numpy(got), ref) < 1e-6 and rel_err(torch.from_numpy(wrong), ref) > 1e-2
+
+
+def test_default_nodes_keep_the_body_without_modulation_axis():
+    """A model whose AdaLNZero nodes leave modulation_axis out gets the function as it was before the
+    attribute (not declaring it), so its file does not change; one node carrying it gets the other."""
+    spec = ops.SPECS["AdaLNZero"]
+    plain, full = spec.function_proto(18, 3), spec.function_proto(18, 3, {"epsilon", "modulation_axis"})
+    assert {a.name for a in plain.attribute_proto} == {"epsilon", "plugin_namespace", "plugin_version"}
+    assert {a.name for a in full.attribute_proto} == {"epsilon", "modulation_axis", "plugin_namespace",
+                                                      "plugin_version"}
+    assert plain.name == full.name == "AdaLNZero"
+    assert spec.function_proto(18, 3, {"epsilon"}).SerializeToString() == plain.SerializeToString()
+    # optional in the schema with no default there (torch.onnx would write a default into every node);
+    # the default, 0, is the body's
+    for op_type in ("AdaLNZero", "GatedAdaLNZero"):
+        attr = onnx.defs.get_schema(op_type, 1, ops.DOMAIN).attributes["modulation_axis"]
+        assert not attr.required and attr.type == onnx.defs.OpSchema.AttrType.INT
+        assert not attr.default_value.HasField("i") and not attr.default_value.name
+    assert onnx.helper.get_attribute_value(next(a for a in full.attribute_proto if a.name == "modulation_axis")) == 0
+
+
+class SeqFirstOps(torch.nn.Module):
+    def __init__(self, axis):
+        super().__init__()
+        self.mod = AdaLNZero(24, 1e-6, rand(24, offset=1.0, scale=0.3), rand(24, scale=0.3), modulation_axis=axis)
+
+    def forward(self, x, c):
+        shift, scale = c.chunk(2, dim=-1)
+        return self.mod(x, shift, scale)
+
+
+def test_export_modulation_axis():
+    """torch.onnx (dynamo) with the translation table: modulation_axis 1 becomes the node's
+    attribute; left out of the node when 0. The file runs at other S and B than exported."""
+    x, c = rand(5, 2, 24), rand(2, 48)
+    s, b = torch.export.Dim("s"), torch.export.Dim("b")
+    m = SeqFirstOps(1).eval()
+    program = torch.onnx.export(m, (x, c), dynamo=True, custom_translation_table=ops.TRANSLATION_TABLE,
+                                dynamic_shapes=({0: s, 1: b}, {0: b}), verbose=False)
+    model = ops.attach_functions(program.model_proto)
+    onnx.checker.check_model(model, full_check=True)
+    (node,) = ops.custom_nodes(model)
+    assert {a.name: helper.get_attribute_value(a) for a in node.attribute}["modulation_axis"] == 1
+    x2, c2 = rand(7, 3, 24), rand(3, 48)
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    got = sess.run(None, dict(zip([i.name for i in sess.get_inputs()], (x2.numpy(), c2.numpy()))))[0]
+    ref = seq_first_formula(f64(x2), f64(c2[:, :24]), f64(c2[:, 24:]), f64(m.mod.weight.data), f64(m.mod.bias.data))
+    assert rel_err(torch.from_numpy(got), ref) < 1e-5
+    default = torch.onnx.export(TwoOps().eval(), (rand(2, 5, 37), rand(2, 74)), dynamo=True,
+                                custom_translation_table=ops.TRANSLATION_TABLE, verbose=False).model_proto
+    for n in ops.custom_nodes(default):
+        assert "modulation_axis" not in {a.name for a in n.attribute}, n

@@ -2,8 +2,8 @@
 
 - CMake says whether it builds the TensorRT plugin or kernels only.
 - The fatbinary holds SASS for sm_80, sm_86, sm_89 and sm_90.
-- In the sm_90 SASS, the vectorised RMSNorm / LayerNorm / AdaLNZero kernels use 128-bit global
-  loads and stores (`LDG.E.128`, `LDG.E.128.CONSTANT`, `STG.E.128`).
+- In the sm_90 SASS, the vectorised RMSNorm / LayerNorm / AdaLNZero kernels (the modulation-axis
+  AdaLN ones too) use 128-bit global loads and stores (`LDG.E.128`, `LDG.E.128.CONSTANT`, `STG.E.128`).
 - No kernel uses local memory on any architecture (no LDL/STL; -res-usage STACK:0 LOCAL:0).
 - The C ABI is exported and validates its arguments (that part runs on the CPU).
 """
@@ -44,7 +44,10 @@ _KERNEL_RE = re.compile(
 )
 _DTYPE = {"13__nv_bfloat16": "bf16", "6__half": "fp16", "f": "fp32"}
 _FULL_VEC = {"bf16": 8, "fp16": 8, "fp32": 4}
-_OP = {"0": "RMSNorm", "1": "LayerNorm", "2": "AdaLNZero", "3": "SkipRMSNorm", "4": "GatedAdaLNZero"}
+_OP = {"0": "RMSNorm", "1": "LayerNorm", "2": "AdaLNZero", "3": "SkipRMSNorm", "4": "GatedAdaLNZero",
+       # the AdaLN kernels of a [B, H] modulation following another dim of x (modulation_axis > 0)
+       "5": "AdaLNZero", "6": "GatedAdaLNZero"}
+_MOD_AXIS = {"5", "6"}
 
 LDG128 = re.compile(r"\bLDG\.E(?:\.[A-Z0-9_]+)*\.128\b")
 STG128 = re.compile(r"\bSTG\.E(?:\.[A-Z0-9_]+)*\.128\b")
@@ -59,6 +62,7 @@ def _describe(mangled: str) -> dict | None:
     dtype = _DTYPE[d["dtype"]]
     return {
         "op": _OP[d["op"]],
+        "mod_axis": d["op"] in _MOD_AXIS,
         "dtype": dtype,
         "kind": d["kind"],
         "vec": int(d["vec"]),
@@ -73,10 +77,12 @@ def _short_name(mangled: str) -> str:
     if info is None:
         m = re.search(r"norm_looped_kernelI(13__nv_bfloat16|6__half|f)LNS_8NormKindE(\d)E", mangled)
         if m:
-            return f"looped {_OP[m.group(2)]} {_DTYPE[m.group(1)]}"
+            axis = " (modulation axis)" if m.group(2) in _MOD_AXIS else ""
+            return f"looped {_OP[m.group(2)]}{axis} {_DTYPE[m.group(1)]}"
         return mangled
     lanes = f" lanes={info['lanes']}" if info["lanes"] else ""
-    return f"{info['kind']} {info['op']} {info['dtype']} vec={info['vec']} vpt={info['vpt']}{lanes}"
+    axis = " (modulation axis)" if info["mod_axis"] else ""
+    return f"{info['kind']} {info['op']}{axis} {info['dtype']} vec={info['vec']} vpt={info['vpt']}{lanes}"
 
 
 @pytest.fixture(scope="module")
@@ -128,11 +134,12 @@ def test_fatbinary_has_all_architectures(build, cuobjdump):
 def test_vectorised_kernels_use_128bit_accesses(sass_sm90):
     vectorised = {name: _describe(name) for name in sass_sm90 if (_describe(name) or {}).get("vectorised")}
     # Every op x dtype has vectorised group (warp / sub-warp) and block kernels.
-    seen = {(i["op"], i["dtype"], i["kind"]) for i in vectorised.values()}
-    for op in ("RMSNorm", "LayerNorm", "AdaLNZero", "SkipRMSNorm", "GatedAdaLNZero"):
+    seen = {(i["op"], i["mod_axis"], i["dtype"], i["kind"]) for i in vectorised.values()}
+    for op, mod_axis in [(op, False) for op in ("RMSNorm", "LayerNorm", "AdaLNZero", "SkipRMSNorm", "GatedAdaLNZero")] \
+            + [("AdaLNZero", True), ("GatedAdaLNZero", True)]:
         for dtype in ("fp32", "fp16", "bf16"):
             for kind in ("group", "block"):
-                assert (op, dtype, kind) in seen, f"missing vectorised {kind} kernel for {op} {dtype}"
+                assert (op, mod_axis, dtype, kind) in seen, f"missing vectorised {kind} kernel for {op} {dtype}"
     for name, info in vectorised.items():
         sass = sass_sm90[name]
         assert LDG128.search(sass), f"{_short_name(name)}: no 128-bit global load"
@@ -200,9 +207,15 @@ def test_abi_rejects_bad_arguments(lib):
     assert lib.normexport_adaln_zero(fake, None, fake, None, None, fake, 2, 3, 8, 0, 2, 1e-6, None) == inval
     assert lib.normexport_adaln_zero(fake, fake, fake, None, None, fake, 2, 3, 8, 2, 2, 1e-6, None) == inval
     assert lib.normexport_adaln_zero(fake, fake, fake, None, None, fake, -2, 3, 8, 0, 2, 1e-6, None) == inval
+    # the modulation-axis entry points ([outer, batch, inner, hidden]): shift / gate required, sizes >= 0
+    assert lib.normexport_adaln_zero_axis(fake, None, fake, None, None, fake, 3, 2, 1, 8, 2, 1e-6, None) == inval
+    assert lib.normexport_adaln_zero_axis(fake, fake, fake, None, None, fake, 3, -2, 1, 8, 2, 1e-6, None) == inval
+    assert lib.normexport_gated_adaln_zero_axis(fake, fake, None, fake, fake, None, None, fake, fake, 3, 2, 1, 8, 2,
+                                                1e-6, None) == inval
 
 
 def test_abi_empty_is_a_noop(lib):
     assert lib.normexport_rms_norm(None, None, None, 0, 8, 0, 1e-6, None) == 0
     assert lib.normexport_layer_norm(None, None, None, None, 0, 8, 1, 1e-5, None) == 0
     assert lib.normexport_adaln_zero(None, None, None, None, None, None, 0, 5, 8, 0, 2, 1e-6, None) == 0
+    assert lib.normexport_adaln_zero_axis(None, None, None, None, None, None, 0, 2, 1, 8, 2, 1e-6, None) == 0

@@ -72,3 +72,46 @@ def test_one_plugin_layer_per_node(plugin_lib, dtype, affine, bias, tmp_path):
     result = _build(_chain(dtype, affine, bias), tmp_path, plugin_lib)
     assert result.engine_bytes > 0
     assert result.normexport_nodes == 2 and len(result.plugin_layers) == 2, result.plugin_layers
+
+
+def _seq_first(dtype: str, gated: bool, affine: bool) -> onnx.ModelProto:
+    """A sequence-first x ["s", 3, H] (S dynamic) with [3, H] shift / scale (and gate) following x's
+    dim 1: AdaLNZero(x, shift, scale[, w, b], modulation_axis=1), or GatedAdaLNZero(x, u, gate, ...)
+    with both outputs; the function body that declares modulation_axis."""
+    elem, _ = _ELEM[dtype]
+    rng = np.random.default_rng(1)
+    H, B = 64, 3
+    inits = [_tensor(n, (B, H), dtype, rng) for n in (["gate"] if gated else []) + ["shift", "scale"]]
+    ins = (["x", "u", "gate"] if gated else ["x"]) + ["shift", "scale"]
+    if affine:
+        inits += [_tensor("w", (H,), dtype, rng), _tensor("b", (H,), dtype, rng)]
+        ins += ["w", "b"]
+    outs = ["y", "h"] if gated else ["y"]
+    node = helper.make_node("GatedAdaLNZero" if gated else "AdaLNZero", ins, outs, domain=ops.DOMAIN, epsilon=1e-6,
+                            modulation_axis=1)
+    dims = ["s", B, H]
+    graph = helper.make_graph([node], "g",
+                              [helper.make_tensor_value_info(n, elem, dims) for n in (["x", "u"] if gated else ["x"])],
+                              [helper.make_tensor_value_info(n, elem, dims) for n in outs], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 22), helper.make_opsetid(ops.DOMAIN, 1)])
+    ops.attach_functions(model)
+    assert "modulation_axis" in {a.name for a in model.functions[0].attribute_proto}
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+@pytest.mark.parametrize("dtype, gated, affine", [("fp32", False, True), ("fp16", True, False), ("bf16", True, True),
+                                                  ("fp32", False, False)])
+def test_modulation_axis_body_builds_without_plugin(dtype, gated, affine, tmp_path):
+    """modulation_axis 1 (x [S, B, H], [B, H] over S): the body that reads the attribute (Constant of
+    it, Min, Expand, Reshape) parses and builds in TensorRT for RTX."""
+    result = _build(_seq_first(dtype, gated, affine), tmp_path, None)
+    assert result.engine_bytes > 0 and result.normexport_nodes == 1 and not result.plugin_layers
+
+
+@pytest.mark.parametrize("gated", [False, True])
+def test_modulation_axis_one_plugin_layer(plugin_lib, gated, tmp_path):
+    """With the plugin library: the node (its modulation_axis a plugin field) becomes one plugin layer."""
+    result = _build(_seq_first("fp16", gated, True), tmp_path, plugin_lib)
+    assert result.engine_bytes > 0
+    assert result.normexport_nodes == 1 and len(result.plugin_layers) == 1, result.plugin_layers

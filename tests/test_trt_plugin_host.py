@@ -8,8 +8,9 @@ drives it, without a TensorRT engine.
   parser fields), the build-time calls, serialisation -> deserialisation, onShapeChange and enqueue
   (on a GPU: real kernels vs a float64 reference; without one: a logged launch failure).
 - The same program against the plugin sources linked with the CPU-emulated kernels
-  (tests/cuda_emu): enqueue's layout handling (axis, rank, [B,H] / [1,H] / full modulation,
-  optional affine) runs end to end on host memory and is compared with float64.
+  (tests/cuda_emu): enqueue's layout handling (axis, rank, [B,H] / [1,H] / full modulation, a [B,H]
+  modulation following X's dim modulation_axis (sequence-first [S, B, H]), optional affine) runs
+  end to end on host memory and is compared with float64.
 
 Skips, with the reason, where no TensorRT headers are found (TensorRT_ROOT).
 """
@@ -97,4 +98,6 @@ def test_plugin_enqueue_on_emulated_kernels():
     failed = [line for line in run.stdout.splitlines() if line.startswith("FAIL")]
     assert run.returncode == 0 and not failed, f"rc={run.returncode}\n{run.stdout}\n{run.stderr}"
     enqueued = [line for line in run.stdout.splitlines() if line.startswith("PASS") and "on emulated kernels" in line]
-    assert len(enqueued) == 19, enqueued  # 11 RMSNorm / AdaLNZero, 8 fused
+    # 18 RMSNorm / AdaLNZero, 10 fused; 9 of them with modulation_axis (sequence-first [S, B, H] and rank 4)
+    assert len(enqueued) == 28, enqueued
+    assert len([line for line in enqueued if "modulation_axis" in line]) == 9, enqueued

@@ -61,14 +61,16 @@ def attach_functions(model: onnx.ModelProto) -> onnx.ModelProto:
     if not any(o.domain == DOMAIN for o in model.opset_import):
         model.opset_import.append(onnx.helper.make_opsetid(DOMAIN, VERSION))
     by_type: dict[str, set[int]] = {}
+    attrs: dict[str, set[str]] = {}  # the attribute names the op's nodes carry (which body: OpSpec.function_proto)
     for n in nodes:
         if n.op_type not in SPECS:
             raise ValueError(f"unknown op {DOMAIN}::{n.op_type}")
         by_type.setdefault(n.op_type, set()).add(len([i for i in n.input]))
+        attrs.setdefault(n.op_type, set()).update(a.name for a in n.attribute)
     for op_type, arities in sorted(by_type.items()):
         if len(arities) > 1:
             raise ValueError(f"{DOMAIN}::{op_type} is used with {sorted(arities)} inputs in one model; use one form")
-        model.functions.append(SPECS[op_type].function_proto(opset, arities.pop()))
+        model.functions.append(SPECS[op_type].function_proto(opset, arities.pop(), attrs[op_type]))
     mark_plugin_nodes(model)
     return model
 
@@ -96,11 +98,13 @@ def attach_functions_ir(model) -> None:
     for key in [k for k, f in model.functions.items() if f.domain == DOMAIN]:
         del model.functions[key]
     by_type: dict[str, set[int]] = {}
+    attrs: dict[str, set[str]] = {}
     for n in model.graph:
         if n.domain == DOMAIN:
             if n.op_type not in SPECS:
                 raise ValueError(f"unknown op {DOMAIN}::{n.op_type}")
             by_type.setdefault(n.op_type, set()).add(len(n.inputs))
+            attrs.setdefault(n.op_type, set()).update(n.attributes)
     if not by_type:
         return
     opset = model.opset_imports.get("", 0)
@@ -110,7 +114,7 @@ def attach_functions_ir(model) -> None:
     for op_type, arities in sorted(by_type.items()):
         if len(arities) > 1:
             raise ValueError(f"{DOMAIN}::{op_type} is used with {sorted(arities)} inputs in one model; use one form")
-        f = ir.serde.deserialize_function(SPECS[op_type].function_proto(opset, arities.pop()))
+        f = ir.serde.deserialize_function(SPECS[op_type].function_proto(opset, arities.pop(), attrs[op_type]))
         model.functions[f.identifier()] = f
     mark_plugin_nodes_ir(model)
 

@@ -38,6 +38,11 @@ class Attr:
     name: str
     default: float | int
     doc: str
+    #: declared only by the op's `full_body`: a model gets that body where one of its nodes of the op
+    #: carries the attribute, else `body`, which does not declare it, so the function (and every file
+    #: whose nodes leave the attribute out) stays as it was before the attribute existed; optional
+    #: with no default in the ONNX schema, so that torch.onnx does not write it into every node
+    body_when_set: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,6 +58,8 @@ class OpSpec:
     body: Callable[[], onnx.FunctionProto]
     #: (name, doc) of each output, in order
     outputs: tuple[tuple[str, str], ...] = (("Y", "same shape and type as X"),)
+    #: the FunctionProto declaring every attribute, those with `body_when_set` too (None: `body` does)
+    full_body: Callable[[], onnx.FunctionProto] | None = None
 
     @property
     def defaults(self) -> dict[str, float | int]:
@@ -71,19 +78,21 @@ class OpSpec:
             inputs=[param(i) for i in self.inputs],
             outputs=[OpSchema.FormalParameter(name, "T", doc) for name, doc in self.outputs],
             type_constraints=[("T", list(FLOAT_TYPES), "float32, float16 or bfloat16")],
-            attributes=[OpSchema.Attribute(a.name, onnx.helper.make_attribute(a.name, a.default), a.doc) for a in self.attributes]
+            attributes=[_schema_attribute(a) for a in self.attributes]
             + [OpSchema.Attribute(k, onnx.helper.make_attribute(k, v), _PLUGIN_ATTRIBUTE_DOC)
                for k, v in PLUGIN_ATTRIBUTES.items()],
         )
 
-    def function_proto(self, opset: int, n_inputs: int) -> onnx.FunctionProto:
-        """The FunctionProto of this op for a model importing default-domain `opset`."""
+    def function_proto(self, opset: int, n_inputs: int, attributes=()) -> onnx.FunctionProto:
+        """The FunctionProto of this op for a model importing default-domain `opset` whose nodes of
+        the op carry the attribute names `attributes` (the full body where one of them is a
+        `body_when_set` attribute)."""
         if opset < MIN_OPSET:
             raise ValueError(f"normexport::{self.name} function bodies need opset >= {MIN_OPSET}, got {opset}")
         required = sum(not i.optional for i in self.inputs)
         if not required <= n_inputs <= len(self.inputs):
             raise ValueError(f"normexport::{self.name} takes {required} to {len(self.inputs)} inputs, got {n_inputs}")
-        fn = self.body()
+        fn = (self.full_body if self.needs_full_body(attributes) else self.body)()
         if n_inputs < len(self.inputs):
             _fill_absent(fn, self.inputs[n_inputs:])
         for imp in fn.opset_import:
@@ -95,9 +104,25 @@ class OpSpec:
                 fn.attribute_proto.append(onnx.helper.make_attribute(k, v))
         return fn
 
+    def needs_full_body(self, attributes) -> bool:
+        """Whether nodes carrying the attribute names `attributes` need `full_body`."""
+        names = set(attributes)
+        return self.full_body is not None and any(a.body_when_set and a.name in names for a in self.attributes)
+
     def register_schema(self) -> None:
         if not onnx.defs.has(self.name, DOMAIN):
             onnx.defs.register_schema(self.schema())
+
+
+def _schema_attribute(a: Attr) -> OpSchema.Attribute:
+    """The schema's entry for `a`: with its default, except a `body_when_set` attribute, which is
+    optional with no default in the schema (its default is the function body's): torch.onnx writes
+    every schema default into the nodes it makes, and such an attribute must stay out of a node
+    that does not set it."""
+    if a.body_when_set:
+        kind = OpSchema.AttrType.INT if isinstance(a.default, int) else OpSchema.AttrType.FLOAT
+        return OpSchema.Attribute(a.name, kind, f"{a.doc} (default {a.default!r})", required=False)
+    return OpSchema.Attribute(a.name, onnx.helper.make_attribute(a.name, a.default), a.doc)
 
 
 def _fill_absent(fn: onnx.FunctionProto, absent: tuple[Input, ...]) -> None:

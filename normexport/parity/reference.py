@@ -32,7 +32,8 @@ def _fp64_custom_op(func, args, kwargs):
         y = SPECS["RMSNorm"].reference(np_(bound["x"]), np_(bound["scale"]), epsilon=bound["epsilon"], axis=bound["axis"])
     elif name.startswith("adaln_zero"):
         y = SPECS["AdaLNZero"].reference(np_(bound["x"]), np_(bound["shift"]), np_(bound["scale"]),
-                                         np_(bound.get("weight")), np_(bound.get("bias")), epsilon=bound["epsilon"])
+                                         np_(bound.get("weight")), np_(bound.get("bias")), epsilon=bound["epsilon"],
+                                         modulation_axis=int(bound.get("modulation_axis", 0)))
     else:
         return None
     return torch.from_numpy(np.ascontiguousarray(y)).to(args[0].device)

@@ -30,13 +30,15 @@ class RMSNorm(nn.Module):
 class AdaLNZero(nn.Module):
     """y = LayerNorm(x; weight, bias, eps) * (1 + scale) + shift, statistics in float32.
 
-    shift/scale: [B, H] (broadcast over the middle dims) or the shape of x."""
+    shift/scale: [B, H] (broadcast over the dims of x but `modulation_axis` and the last: 0 for
+    x [B, ..., H], 1 for a sequence-first x [S, B, H]) or the shape of x."""
 
     def __init__(self, hidden: int, eps: float = 1e-6, weight: torch.Tensor | None = None,
-                 bias: torch.Tensor | None = None):
+                 bias: torch.Tensor | None = None, modulation_axis: int = 0):
         super().__init__()
         self.hidden = int(hidden)
         self.eps = float(eps)
+        self.modulation_axis = int(modulation_axis)
         if weight is not None or bias is not None:  # the op takes both or neither
             w = weight.detach().clone() if weight is not None else torch.ones(hidden)
             b = bias.detach().clone() if bias is not None else torch.zeros(hidden, dtype=w.dtype)
@@ -46,10 +48,14 @@ class AdaLNZero(nn.Module):
             self.weight = self.bias = None
 
     def forward(self, x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        if self.modulation_axis:
+            return torch.ops.normexport.adaln_zero(x, shift, scale, self.weight, self.bias, self.eps,
+                                                   self.modulation_axis)
         return torch.ops.normexport.adaln_zero(x, shift, scale, self.weight, self.bias, self.eps)
 
     def extra_repr(self) -> str:
-        return f"{self.hidden}, eps={self.eps}, affine={self.weight is not None}"
+        axis = f", modulation_axis={self.modulation_axis}" if self.modulation_axis else ""
+        return f"{self.hidden}, eps={self.eps}, affine={self.weight is not None}{axis}"
 
 
 class GatedRMSNorm(nn.Module):

@@ -95,6 +95,23 @@ NORMEXPORT_API cudaError_t normexport_gated_adaln_zero(void const* x, void const
     void const* shift, void const* scale, void const* weight, void const* bias, void* y, void* sum, int64_t batch,
     int64_t seq, int64_t hidden, int mod_full, int dtype, float eps, cudaStream_t stream);
 
+/*
+ * The two AdaLN ops with a [batch, hidden] modulation that follows a dim of x other than the first
+ * (the ops' modulation_axis attribute): x, y (and update, sum) are [outer, batch, inner, hidden]
+ * (outer: the product of x's dims before the modulation axis, inner: of those after it, before the
+ * last); shift, scale (and gate) are [batch, hidden]; row r of x (of outer * batch * inner) takes
+ * modulation row (r / inner) % batch. A sequence-first x [S, B, H] (axis 1) is outer = S,
+ * batch = B, inner = 1: modulation row r % B. outer = 1 is normexport_adaln_zero's [batch, hidden]
+ * layout (mod_full 0, seq = inner) and runs its kernels, as does batch = 1. Otherwise as the
+ * functions above (weight, bias: [hidden] or NULL; sum may not alias any input).
+ */
+NORMEXPORT_API cudaError_t normexport_adaln_zero_axis(void const* x, void const* shift, void const* scale,
+    void const* weight, void const* bias, void* y, int64_t outer, int64_t batch, int64_t inner, int64_t hidden,
+    int dtype, float eps, cudaStream_t stream);
+NORMEXPORT_API cudaError_t normexport_gated_adaln_zero_axis(void const* x, void const* update, void const* gate,
+    void const* shift, void const* scale, void const* weight, void const* bias, void* y, void* sum, int64_t outer,
+    int64_t batch, int64_t inner, int64_t hidden, int dtype, float eps, cudaStream_t stream);
+
 /* Which kernel a call runs, as the dispatcher picks it (normexport_launch_config). */
 typedef enum normexport_kernel
 {

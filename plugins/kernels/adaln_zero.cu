@@ -21,3 +21,26 @@ extern "C" NORMEXPORT_API cudaError_t normexport_adaln_zero(void const* x, void 
     p.eps = eps;
     return launch_norm_dtype<NormKind::kAdaLN>(p, dtype, stream);
 }
+
+extern "C" NORMEXPORT_API cudaError_t normexport_adaln_zero_axis(void const* x, void const* shift,
+    void const* scale, void const* weight, void const* bias, void* y, int64_t outer, int64_t batch, int64_t inner,
+    int64_t hidden, int dtype, float eps, cudaStream_t stream)
+{
+    using namespace normexport;
+    NormParams p{};
+    bool mod_axis = false;
+    if (!adaln_rows_axis(outer, batch, inner, p, mod_axis) || !valid_common(x, y, p.rows, hidden, dtype, eps))
+        return cudaErrorInvalidValue;
+    if (p.rows > 0 && (shift == nullptr || scale == nullptr))
+        return cudaErrorInvalidValue;
+    p.x = x;
+    p.weight = weight;
+    p.bias = bias;
+    p.shift = shift;
+    p.mod_scale = scale;
+    p.y = y;
+    p.hidden = hidden;
+    p.eps = eps;
+    return mod_axis ? launch_norm_dtype<NormKind::kAdaLNModAxis>(p, dtype, stream)
+                    : launch_norm_dtype<NormKind::kAdaLN>(p, dtype, stream);
+}

@@ -1,16 +1,15 @@
 // GatedAdaLNZero: sum = x + gate * update; y = LayerNorm(sum; weight, bias, eps) * (1 + scale) + shift.
 #include "norm_common.cuh"
 
-extern "C" NORMEXPORT_API cudaError_t normexport_gated_adaln_zero(void const* x, void const* update,
-    void const* gate, void const* shift, void const* scale, void const* weight, void const* bias, void* y, void* sum,
-    int64_t batch, int64_t seq, int64_t hidden, int mod_full, int dtype, float eps, cudaStream_t stream)
+namespace
 {
-    using namespace normexport;
-    NormParams p{};
-    if (!adaln_rows(batch, seq, mod_full, p) || !valid_common(x, y, p.rows, hidden, dtype, eps))
-        return cudaErrorInvalidValue;
+// The pointers and sizes every GatedAdaLNZero call sets; false when one that is needed is missing.
+bool gated_params(normexport::NormParams& p, void const* x, void const* update, void const* gate,
+    void const* shift, void const* scale, void const* weight, void const* bias, void* y, void* sum, int64_t hidden,
+    float eps)
+{
     if (p.rows > 0 && (update == nullptr || gate == nullptr || shift == nullptr || scale == nullptr || sum == nullptr))
-        return cudaErrorInvalidValue;
+        return false;
     p.x = x;
     p.residual = update;
     p.gate = gate;
@@ -22,5 +21,34 @@ extern "C" NORMEXPORT_API cudaError_t normexport_gated_adaln_zero(void const* x,
     p.sum = sum;
     p.hidden = hidden;
     p.eps = eps;
+    return true;
+}
+} // namespace
+
+extern "C" NORMEXPORT_API cudaError_t normexport_gated_adaln_zero(void const* x, void const* update,
+    void const* gate, void const* shift, void const* scale, void const* weight, void const* bias, void* y, void* sum,
+    int64_t batch, int64_t seq, int64_t hidden, int mod_full, int dtype, float eps, cudaStream_t stream)
+{
+    using namespace normexport;
+    NormParams p{};
+    if (!adaln_rows(batch, seq, mod_full, p) || !valid_common(x, y, p.rows, hidden, dtype, eps))
+        return cudaErrorInvalidValue;
+    if (!gated_params(p, x, update, gate, shift, scale, weight, bias, y, sum, hidden, eps))
+        return cudaErrorInvalidValue;
     return launch_norm_dtype<NormKind::kGatedAdaLN>(p, dtype, stream);
+}
+
+extern "C" NORMEXPORT_API cudaError_t normexport_gated_adaln_zero_axis(void const* x, void const* update,
+    void const* gate, void const* shift, void const* scale, void const* weight, void const* bias, void* y, void* sum,
+    int64_t outer, int64_t batch, int64_t inner, int64_t hidden, int dtype, float eps, cudaStream_t stream)
+{
+    using namespace normexport;
+    NormParams p{};
+    bool mod_axis = false;
+    if (!adaln_rows_axis(outer, batch, inner, p, mod_axis) || !valid_common(x, y, p.rows, hidden, dtype, eps))
+        return cudaErrorInvalidValue;
+    if (!gated_params(p, x, update, gate, shift, scale, weight, bias, y, sum, hidden, eps))
+        return cudaErrorInvalidValue;
+    return mod_axis ? launch_norm_dtype<NormKind::kGatedAdaLNModAxis>(p, dtype, stream)
+                    : launch_norm_dtype<NormKind::kGatedAdaLN>(p, dtype, stream);
 }

@@ -9,6 +9,10 @@
 //     half-precision / 4096 float32 values; 4 up to 4096 vectors). The AdaLN kinds with
 //     per-sample modulation take NORMEXPORT_ADALN_ROWS (4) consecutive rows per block.
 //   - norm_looped_kernel: one row per block, any hidden size, several passes over global memory.
+// The AdaLN kinds' [B, H] modulation rows follow x's first dim (row / seq); the *ModAxis kinds (own
+// instantiations, so the default kinds' code is untouched) follow another dim of x (the op's
+// modulation_axis: row r of x [outer, B, inner, H] takes modulation row (r / inner) % B; a
+// sequence-first x [S, B, H]: r % B).
 // The row kernels keep the whole row in registers as packed IO values (VPT vectors of VEC elements
 // per thread: a bf16/fp16 vector of 8 is 4 registers), loops fully unrolled so no register array is
 // indexed dynamically, read x once and write y once. VEC = 16 / sizeof(T) gives 128-bit
@@ -87,14 +91,30 @@ enum class NormKind
     kAdaLN,      // y = ((x - mean) * rstd [* weight] [+ bias]) * (1 + mod_scale) + shift
     kSkipRms,    // s = x + residual [+ res_bias]; y = s * rstd(s) * scale
     kGatedAdaLN, // s = x + gate * residual; y = AdaLN(s)
+    // Not ops of their own (normexport_op ends above): kAdaLN / kGatedAdaLN whose [B, H] modulation
+    // follows a dim of x other than the first (modulation row (row / mod_row_div) % mod_rows).
+    kAdaLNModAxis,
+    kGatedAdaLNModAxis,
 };
 
 template <NormKind K>
 constexpr bool kIsRms = K == NormKind::kRms || K == NormKind::kSkipRms;
 template <NormKind K>
-constexpr bool kIsAdaLN = K == NormKind::kAdaLN || K == NormKind::kGatedAdaLN;
+constexpr bool kModAxis = K == NormKind::kAdaLNModAxis || K == NormKind::kGatedAdaLNModAxis;
 template <NormKind K>
-constexpr bool kHasResidual = K == NormKind::kSkipRms || K == NormKind::kGatedAdaLN;
+constexpr bool kIsGated = K == NormKind::kGatedAdaLN || K == NormKind::kGatedAdaLNModAxis;
+template <NormKind K>
+constexpr bool kIsAdaLN = K == NormKind::kAdaLN || K == NormKind::kGatedAdaLN || kModAxis<K>;
+template <NormKind K>
+constexpr bool kHasResidual = K == NormKind::kSkipRms || kIsGated<K>;
+
+// The op a kind computes, for the dispatcher (a *ModAxis kind launches as its op does).
+constexpr NormKind base_kind(NormKind k)
+{
+    return k == NormKind::kAdaLNModAxis ? NormKind::kAdaLN
+        : k == NormKind::kGatedAdaLNModAxis ? NormKind::kGatedAdaLN
+                                            : k;
+}
 
 struct NormParams
 {
@@ -114,7 +134,11 @@ struct NormParams
     uint32_t block_rows;   // block kernel: consecutive rows per block (set at launch)
     float eps;
     float inv_hidden;      // 1 / hidden, computed on the host (a device fp32 division is a call)
+    // (in what was the struct's tail padding: the other kinds' kernels see the same layout)
+    uint32_t mod_rows;     // *ModAxis kinds: modulation row = (row / mod_row_div) % mod_rows (B)
 };
+static_assert(sizeof(NormParams) == 10 * sizeof(void*) + 3 * sizeof(int64_t) + 4 * sizeof(uint32_t),
+    "NormParams has no padding: a new field changes the kernels' parameter layout");
 
 // ---------------------------------------------------------------------------------------------
 // Type helpers
@@ -610,7 +634,10 @@ __device__ __forceinline__ void finish_row(NormParams const& p, uint32_t row, bo
     if constexpr (kIsAdaLN<K>)
     {
         uint32_t const div = static_cast<uint32_t>(p.mod_row_div);
-        mbase = static_cast<size_t>(div == 1 ? row : row / div) * static_cast<size_t>(p.hidden);
+        uint32_t mrow = div == 1 ? row : row / div;
+        if constexpr (kModAxis<K>)
+            mrow %= p.mod_rows; // rows < 2^31 here
+        mbase = static_cast<size_t>(mrow) * static_cast<size_t>(p.hidden);
     }
 
     if constexpr (kHasResidual<K>)
@@ -623,7 +650,7 @@ __device__ __forceinline__ void finish_row(NormParams const& p, uint32_t row, bo
                 continue;
             int const off = (tid + i * nthr) * VEC;
             float a[VEC];
-            if constexpr (K == NormKind::kGatedAdaLN)
+            if constexpr (kIsGated<K>)
             {
                 float g[VEC];
                 load_param<T, VEC>(static_cast<T const*>(p.gate) + mbase + off, g);
@@ -770,7 +797,8 @@ __device__ __forceinline__ void finish_row(NormParams const& p, uint32_t row, bo
 // first use per SM) instead of the occupancy one.
 // ---------------------------------------------------------------------------------------------
 // The budgets are set for sm_90; on earlier GPUs (sm_80 / 86 / 89) the float16 LayerNorm kernels of
-// two vectors per thread need 8 more registers than sm_90's to compile without spills.
+// two vectors per thread and the AdaLN modulation-axis kernels need 8 more registers than sm_90's to
+// compile without spills.
 template <typename T, NormKind K, int VPT, bool TWO_ROWS>
 constexpr int reg_budget()
 {
@@ -780,6 +808,10 @@ constexpr int reg_budget()
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
     if constexpr (std::is_same_v<T, __half> && K == NormKind::kLayer && VPT == 2)
         return 40;
+    // The modulation-axis kinds' modulo (row % B) spills 8 bytes there at sm_90's budgets (the fp16
+    // group kernel of two vectors per lane, the fp32 gated block kernel of four).
+    if constexpr (kModAxis<K>)
+        return (VPT > 2 ? 64 : 40) + 8;
 #endif
     if constexpr (VPT > 2)
         return 64;
@@ -898,6 +930,8 @@ __global__ void __launch_bounds__(512) norm_looped_kernel(NormParams p)
         int64_t mrow = 0;
         if constexpr (kIsAdaLN<K>)
             mrow = mod_row(row, p.mod_row_div);
+        if constexpr (kModAxis<K>)
+            mrow %= p.mod_rows;
         // The row the statistics are taken over: x, or the sum written by the first pass.
         T const* xr = static_cast<T const*>(p.x) + base;
         float first = 0.f; // pass-1 partial: sum of squares (RMS) or sum (LayerNorm)
@@ -906,13 +940,13 @@ __global__ void __launch_bounds__(512) norm_looped_kernel(NormParams p)
             T const* rr = static_cast<T const*>(p.residual) + base;
             T* sr = static_cast<T*>(p.sum) + base;
             T const* gr = nullptr;
-            if constexpr (K == NormKind::kGatedAdaLN)
+            if constexpr (kIsGated<K>)
                 gr = static_cast<T const*>(p.gate) + mrow * p.hidden;
             T const* rb = static_cast<T const*>(p.res_bias);
             for (int64_t j = threadIdx.x; j < p.hidden; j += blockDim.x)
             {
                 float a;
-                if constexpr (K == NormKind::kGatedAdaLN)
+                if constexpr (kIsGated<K>)
                     a = to_float(xr[j]) + to_float(gr[j]) * to_float(rr[j]);
                 else
                     a = to_float(xr[j]) + to_float(rr[j]) + (rb != nullptr ? to_float(rb[j]) : 0.f);
@@ -1151,7 +1185,7 @@ inline cudaError_t launch_norm(NormParams p, cudaStream_t stream)
         return cudaSuccess;
     p.inv_hidden = static_cast<float>(1.0 / static_cast<double>(p.hidden));
     constexpr int kVec = 16 / static_cast<int>(sizeof(T));
-    normexport_launch_config const c = choose_config(K, sizeof(T), p.rows, p.hidden, all_aligned(p));
+    normexport_launch_config const c = choose_config(base_kind(K), sizeof(T), p.rows, p.hidden, all_aligned(p));
     bool const launched
         = c.vec == kVec ? launch_rows<T, K, kVec>(p, c, stream) : launch_rows<T, K, 1>(p, c, stream);
     if (!launched)
@@ -1195,6 +1229,31 @@ inline bool adaln_rows(int64_t batch, int64_t seq, int mod_full, NormParams& p)
         return false;
     p.rows = batch * seq;
     p.mod_row_div = mod_full ? 1 : (seq > 0 ? seq : 1);
+    return true;
+}
+
+// The AdaLN kinds' rows when the [batch, hidden] modulation follows a dim of x other than the first:
+// x is [outer, batch, inner, hidden] (outer: the product of x's dims before the modulation axis,
+// inner: of those after it, before the last), row r takes modulation row (r / inner) % batch. Sets
+// p.rows, p.mod_row_div and p.mod_rows; false when the sizes are invalid. Returns in `mod_axis`
+// whether the *ModAxis kind is needed: with outer 1 the modulation row is r / inner and with batch 1
+// it is 0, which the default kinds compute (p then set for them).
+inline bool adaln_rows_axis(int64_t outer, int64_t batch, int64_t inner, NormParams& p, bool& mod_axis)
+{
+    if (outer < 0 || batch < 0 || inner < 0 || batch > UINT32_MAX)
+        return false;
+    if (inner > 0 && batch > INT64_MAX / inner)
+        return false;
+    int64_t const per_outer = batch * inner;
+    if (per_outer > 0 && outer > INT64_MAX / per_outer)
+        return false;
+    p.rows = outer * per_outer;
+    mod_axis = outer > 1 && batch > 1;
+    if (batch == 1 && outer > 1)
+        p.mod_row_div = p.rows > 0 ? p.rows : 1; // every row takes modulation row 0
+    else
+        p.mod_row_div = inner > 0 ? inner : 1;
+    p.mod_rows = static_cast<uint32_t>(batch > 0 ? batch : 1);
     return true;
 }
 

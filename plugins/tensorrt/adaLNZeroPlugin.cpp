@@ -3,7 +3,9 @@
  * `AdaLNZero(X, shift, scale[, weight, bias]) -> Y`:
  *   Y = LayerNorm(X; weight, bias, epsilon) * (1 + scale) + shift   (last dim normalised)
  * X: [B, ..., H]; shift, scale: both [B, H] (broadcast over the middle dims; [1, H] also
- * accepted) or both the full shape of X; weight, bias: [H]. Field: epsilon (float, default 1e-6).
+ * accepted) or both the full shape of X; weight, bias: [H]. Fields: epsilon (float, default 1e-6),
+ * modulation_axis (int, default 0: the dim of X a [B, H] shift / scale follows; 1 for a
+ * sequence-first X [S, B, H], run by normexport_adaln_zero_axis).
  */
 #include "creators.h"
 #include "normPlugin.h"
@@ -21,10 +23,10 @@ struct AdaLNZeroOp : spec::adaln_zero
 {
     using Launch = ModulationLayout;
 
-    static std::string check(Dims const* in, int32_t nbInputs, NormAttrs const& /*attrs*/, Launch* launch)
+    static std::string check(Dims const* in, int32_t nbInputs, NormAttrs const& attrs, Launch* launch)
     {
         char const* const mods[] = {"shift", "scale"};
-        return checkAdaLNInputs(in, nbInputs, 1, mods, 2, launch);
+        return checkAdaLNInputs(in, nbInputs, 1, mods, 2, attrs.modulationAxis, launch);
     }
 
     static cudaError_t run(Launch const& launch, void const* const* in, int32_t nbInputs, void* const* out,
@@ -32,8 +34,13 @@ struct AdaLNZeroOp : spec::adaln_zero
     {
         void const* weight = nbInputs == kMAX_INPUTS ? in[3] : nullptr;
         void const* bias = nbInputs == kMAX_INPUTS ? in[4] : nullptr;
-        return normexport_adaln_zero(in[0], in[1], in[2], weight, bias, out[0], launch.batch, launch.seq,
-            launch.hidden, launch.modFull, dtype, attrs.epsilon, stream);
+        if (launch.outer == 1)
+        {
+            return normexport_adaln_zero(in[0], in[1], in[2], weight, bias, out[0], launch.batch, launch.seq,
+                launch.hidden, launch.modFull, dtype, attrs.epsilon, stream);
+        }
+        return normexport_adaln_zero_axis(in[0], in[1], in[2], weight, bias, out[0], launch.outer, launch.batch,
+            launch.seq, launch.hidden, dtype, attrs.epsilon, stream);
     }
 };
 

@@ -13,8 +13,9 @@
  * check() validates the input dims (unknown dims, -1, are accepted at build time) and, given a
  * Launch, fills it (enqueue: every dim known); it returns the reason for a mismatch, empty when
  * fine. Every output has X's shape and type. Fields: epsilon (float), axis (int, ops that have
- * one), and nb_inputs (int) in serialised engines of ops with optional inputs: enqueue() is not
- * told the input count, so it is recorded by getOutputShapes / configurePlugin / onShapeChange.
+ * one), modulation_axis (int, the AdaLN ops), and nb_inputs (int) in serialised engines of ops
+ * with optional inputs: enqueue() is not told the input count, so it is recorded by
+ * getOutputShapes / configurePlugin / onShapeChange.
  */
 #pragma once
 
@@ -30,11 +31,13 @@ namespace normexport
 namespace plugin
 {
 
-//! The node's attributes: epsilon for every op, axis for the ops that have one (RMSNorm).
+//! The node's attributes: epsilon for every op, axis for the ops that have one (RMSNorm),
+//! modulationAxis for the AdaLN ops (0 elsewhere).
 struct NormAttrs
 {
     float epsilon;
     int32_t axis;
+    int32_t modulationAxis;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -85,26 +88,35 @@ inline std::string checkVectors(
     return {};
 }
 
-//! How AdaLN modulation tensors index the rows of X: rows = batch * seq, modulation row =
-//! row / seq (one [H] row per batch, modFull 0) or row (modFull 1).
+//! How AdaLN modulation tensors index the rows of X: rows = outer * batch * seq, modulation row =
+//! row / seq (outer 1: one [H] row per batch, modFull 0), row (modFull 1), or (row / seq) % batch
+//! (outer > 1: a [B, H] modulation following dim modulation_axis > 0 of X, seq the product of the
+//! dims after it).
 struct ModulationLayout
 {
     int64_t batch;
     int64_t seq;
     int64_t hidden;
     int32_t modFull;
+    int64_t outer;
 };
 
 //! The modulation tensors `mods` (named `names`, `n` of them: shift and scale, or gate, shift and
-//! scale) against X [B, ..., H]: all the full shape of X, all [B, H] (broadcast over the middle
-//! dims), or all [1, H] (one row for every row of X). Fills `layout` (when given and every dim is
-//! known); returns the reason when they do not fit, empty when fine.
+//! scale) against X [..., H]: all the full shape of X, all [B, H] with B X's dim `axis` (the op's
+//! modulation_axis; broadcast over the other dims but the last), or all [1, H] (one row for every
+//! row of X). Fills `layout` (when given and every dim is known); returns the reason when they do
+//! not fit, empty when fine.
 inline std::string checkModulation(nvinfer1::Dims const& x, nvinfer1::Dims const* mods, char const* const* names,
-    int32_t n, ModulationLayout* layout)
+    int32_t n, int32_t axis, ModulationLayout* layout)
 {
-    int64_t const batch = x.d[0];
+    if (axis < 0 || axis > x.nbDims - 2)
+    {
+        return "modulation_axis " + std::to_string(axis) + " is out of range for X " + dimsString(x) + " (0.."
+            + std::to_string(x.nbDims - 2) + ")";
+    }
+    int64_t const batch = x.d[axis];
     int64_t const hidden = x.d[x.nbDims - 1];
-    int64_t const seq = volume(x, 1, x.nbDims - 1);
+    int64_t const seq = volume(x, axis + 1, x.nbDims - 1);
     int32_t kind = -1; // 0: full, 1: [B, H], 2: [1, H]
     bool same = true;
     for (int32_t k = 0; k < n; ++k)
@@ -118,12 +130,12 @@ inline std::string checkModulation(nvinfer1::Dims const& x, nvinfer1::Dims const
         if (mine < 0)
         {
             return std::string(names[k]) + " has shape " + dimsString(m) + ", expected the shape of X "
-                + dimsString(x) + " or [B, H]";
+                + dimsString(x) + " or [B, H]" + (axis == 0 ? "" : " (B: dim " + std::to_string(axis) + " of X)");
         }
         same = same && (k == 0 || mine == kind);
         kind = mine;
     }
-    bool const known = batch >= 0 && seq >= 0 && hidden >= 0;
+    bool const known = volume(x, 0, x.nbDims) >= 0;
     if (known && !same)
     {
         std::string err;
@@ -135,18 +147,23 @@ inline std::string checkModulation(nvinfer1::Dims const& x, nvinfer1::Dims const
     }
     if (layout != nullptr && known)
     {
+        // full shape and [1, H]: X as [x.d[0], rest] whatever the axis; [B, H]: [outer, B, seq]
+        int64_t const first = x.d[0];
+        int64_t const rest = volume(x, 1, x.nbDims - 1);
         layout->hidden = hidden;
-        layout->batch = kind == 2 ? 1 : batch;
-        layout->seq = kind == 2 ? batch * seq : seq;
+        layout->outer = kind == 1 ? volume(x, 0, axis) : 1;
+        layout->batch = kind == 2 ? 1 : kind == 1 ? batch : first;
+        layout->seq = kind == 2 ? first * rest : kind == 1 ? seq : rest;
         layout->modFull = kind == 0 ? 1 : 0;
     }
     return {};
 }
 
 //! The AdaLN ops' inputs: X [B, ..., H] of rank >= 2; at in[first..first + n) the modulation
-//! tensors named `mods` (checkModulation); after them the optional LayerNorm weight and bias [H].
+//! tensors named `mods` (checkModulation, [B, H] following dim `axis` of X); after them the
+//! optional LayerNorm weight and bias [H].
 inline std::string checkAdaLNInputs(nvinfer1::Dims const* in, int32_t nbInputs, int32_t first, char const* const* mods,
-    int32_t n, ModulationLayout* layout)
+    int32_t n, int32_t axis, ModulationLayout* layout)
 {
     nvinfer1::Dims const& x = in[0];
     if (x.nbDims < 2)
@@ -154,7 +171,7 @@ inline std::string checkAdaLNInputs(nvinfer1::Dims const* in, int32_t nbInputs, 
         return "X must have rank >= 2, got " + dimsString(x);
     }
     char const* const affine[] = {"weight", "bias"};
-    std::string const err = checkModulation(x, in + first, mods, n, layout);
+    std::string const err = checkModulation(x, in + first, mods, n, axis, layout);
     return err.empty() ? checkVectors(in, first + n, nbInputs, x.d[x.nbDims - 1], affine) : err;
 }
 
@@ -342,6 +359,11 @@ public:
         {
             mDataToSerialize.emplace_back(Op::kAXIS, &mAttrs.axis, nvinfer1::PluginFieldType::kINT32, 1);
         }
+        if constexpr (Op::kHAS_MODULATION_AXIS)
+        {
+            mDataToSerialize.emplace_back(
+                Op::kMODULATION_AXIS, &mAttrs.modulationAxis, nvinfer1::PluginFieldType::kINT32, 1);
+        }
         if constexpr (kVARIADIC)
         {
             mDataToSerialize.emplace_back("nb_inputs", &mNbInputs, nvinfer1::PluginFieldType::kINT32, 1);
@@ -408,6 +430,10 @@ public:
         {
             mPluginAttributes.emplace_back(Op::kAXIS, nullptr, nvinfer1::PluginFieldType::kINT32, 1);
         }
+        if constexpr (Op::kHAS_MODULATION_AXIS)
+        {
+            mPluginAttributes.emplace_back(Op::kMODULATION_AXIS, nullptr, nvinfer1::PluginFieldType::kINT32, 1);
+        }
         mFC.nbFields = static_cast<int32_t>(mPluginAttributes.size());
         mFC.fields = mPluginAttributes.data();
     }
@@ -434,11 +460,16 @@ public:
     {
         try
         {
-            NormAttrs attrs{Op::kEPSILON_DEFAULT, 0};
+            NormAttrs attrs{Op::kEPSILON_DEFAULT, 0, 0};
             int64_t axis = 0;
             if constexpr (Op::kHAS_AXIS)
             {
                 axis = Op::kAXIS_DEFAULT;
+            }
+            int64_t modulationAxis = 0;
+            if constexpr (Op::kHAS_MODULATION_AXIS)
+            {
+                modulationAxis = Op::kMODULATION_AXIS_DEFAULT;
             }
             int64_t nbInputs = 0;
             for (int32_t i = 0; fc != nullptr && i < fc->nbFields; ++i)
@@ -458,6 +489,19 @@ public:
                         return nullptr;
                     }
                 }
+                if constexpr (Op::kHAS_MODULATION_AXIS)
+                {
+                    // (checked against X's rank by the op's check(): at most rank - 2)
+                    if (fieldIs(f, Op::kMODULATION_AXIS)
+                        && (!readIntField(f, modulationAxis) || modulationAxis < 0
+                            || modulationAxis > nvinfer1::Dims::MAX_DIMS - 2))
+                    {
+                        logError(Op::kNAME, std::string("field '") + Op::kMODULATION_AXIS
+                                + "' must be an integer scalar in [0, " + std::to_string(nvinfer1::Dims::MAX_DIMS - 2)
+                                + "]");
+                        return nullptr;
+                    }
+                }
                 // Serialised by getFieldsToSerialize (absent when the plugin comes from an ONNX node).
                 if (fieldIs(f, "nb_inputs")
                     && (!readIntField(f, nbInputs) || (nbInputs != 0 && !NormPlugin<Op>::validNbInputs(nbInputs))))
@@ -474,6 +518,7 @@ public:
                 return nullptr;
             }
             attrs.axis = static_cast<int32_t>(axis);
+            attrs.modulationAxis = static_cast<int32_t>(modulationAxis);
             return new NormPlugin<Op>(attrs, static_cast<int32_t>(nbInputs));
         }
         catch (std::exception const& e)

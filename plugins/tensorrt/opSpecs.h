@@ -25,8 +25,12 @@ struct adaln_zero
     //! LayerNorm epsilon
     static constexpr char const* kEPSILON{"epsilon"};
     static constexpr float kEPSILON_DEFAULT{1e-06F};
+    //! the dim of X the rows of a [B, H] modulation follow (0: X [B, ..., H]; 1: X [S, B, H]), 0..rank(X)-2; no effect on a full-shape or [1, H] modulation
+    static constexpr char const* kMODULATION_AXIS{"modulation_axis"};
+    static constexpr int32_t kMODULATION_AXIS_DEFAULT{0};
     static constexpr bool kHAS_AXIS{false};
     static constexpr bool kHAS_EPSILON{true};
+    static constexpr bool kHAS_MODULATION_AXIS{true};
 };
 
 //! Sum = X + gate * update (rounded to X's dtype); Y = LayerNorm(Sum; weight, bias, epsilon) * (1 + scale) + shift; statistics in float32.
@@ -40,8 +44,12 @@ struct gated_adaln_zero
     //! LayerNorm epsilon
     static constexpr char const* kEPSILON{"epsilon"};
     static constexpr float kEPSILON_DEFAULT{1e-06F};
+    //! the dim of X the rows of a [B, H] modulation follow (0: X [B, ..., H]; 1: X [S, B, H]), 0..rank(X)-2; no effect on a full-shape or [1, H] modulation
+    static constexpr char const* kMODULATION_AXIS{"modulation_axis"};
+    static constexpr int32_t kMODULATION_AXIS_DEFAULT{0};
     static constexpr bool kHAS_AXIS{false};
     static constexpr bool kHAS_EPSILON{true};
+    static constexpr bool kHAS_MODULATION_AXIS{true};
 };
 
 //! Y = X / sqrt(mean(X^2 over dims axis..rank-1) + epsilon) * scale; statistics in float32.
@@ -60,6 +68,7 @@ struct rms_norm
     static constexpr int32_t kAXIS_DEFAULT{-1};
     static constexpr bool kHAS_AXIS{true};
     static constexpr bool kHAS_EPSILON{true};
+    static constexpr bool kHAS_MODULATION_AXIS{false};
 };
 
 //! Sum = X + skip [+ bias] (rounded to X's dtype); Y = Sum / sqrt(mean(Sum^2, last dim) + epsilon) * scale; statistics in float32.
@@ -75,6 +84,7 @@ struct skip_rms_norm
     static constexpr float kEPSILON_DEFAULT{1e-06F};
     static constexpr bool kHAS_AXIS{false};
     static constexpr bool kHAS_EPSILON{true};
+    static constexpr bool kHAS_MODULATION_AXIS{false};
 };
 
 } // namespace spec

@@ -366,7 +366,7 @@ IPluginV3* createBuildPlugin(IPluginCreatorV3One* creator, PluginFieldCollection
 enum class Mod
 {
     kFull,   // shift/scale (and gate) of X's shape
-    kRowsOfB, // [B, H], broadcast over the middle dims
+    kRowsOfB, // [B, H], B = X's dim modulation_axis (0 unless given), broadcast over the other dims
     kOneRow  // [1, H], one row for all of X
 };
 
@@ -375,18 +375,20 @@ char const* modName(Mod mod)
     return mod == Mod::kFull ? "full" : mod == Mod::kRowsOfB ? "[B,H]" : "[1,H]";
 }
 
-//! The shape of the modulation tensors for an X of `shape`.
-std::vector<int64_t> modShape(std::vector<int64_t> const& shape, Mod mod)
+//! The shape of the modulation tensors for an X of `shape` ([B, H]: B its dim `axis`).
+std::vector<int64_t> modShape(std::vector<int64_t> const& shape, Mod mod, int32_t axis = 0)
 {
     return mod == Mod::kFull ? shape
-        : mod == Mod::kRowsOfB ? std::vector<int64_t>{shape[0], shape.back()}
+        : mod == Mod::kRowsOfB ? std::vector<int64_t>{shape[static_cast<size_t>(axis)], shape.back()}
                                : std::vector<int64_t>{1, shape.back()};
 }
 
-//! The modulation row of row `r` of X ([B, H]: the rows of one batch share one).
-int64_t modRow(Mod mod, int64_t r, int64_t rowsPerBatch)
+//! The modulation row of row `r` of X ([B, H] of X's dim `axis`: the row's index along that dim,
+//! (r / inner) % B with `inner` the product of the dims after it but the last; for axis 0 the rows
+//! of one batch share one).
+int64_t modRow(Mod mod, int64_t r, int64_t inner, int64_t batch)
 {
-    return mod == Mod::kFull ? r : mod == Mod::kRowsOfB ? r / rowsPerBatch : 0;
+    return mod == Mod::kFull ? r : mod == Mod::kRowsOfB ? (r / inner) % batch : 0;
 }
 
 std::vector<double> toDouble(std::vector<float> const& v)
@@ -416,7 +418,7 @@ std::vector<double> refRmsNorm(std::vector<double> const& x, int64_t hidden, std
 
 //! float64 AdaLN-Zero of each row of `hidden` values, from the formula:
 //! LayerNorm(x; weight, bias, eps) * (1 + scale) + shift (weight and bias empty: no affine).
-std::vector<double> refAdaLNZero(std::vector<double> const& x, int64_t hidden, Mod mod, int64_t rowsPerBatch,
+std::vector<double> refAdaLNZero(std::vector<double> const& x, int64_t hidden, Mod mod, int64_t inner, int64_t batch,
     std::vector<float> const& shift, std::vector<float> const& scale, std::vector<float> const& weight,
     std::vector<float> const& bias, double eps)
 {
@@ -436,7 +438,7 @@ std::vector<double> refAdaLNZero(std::vector<double> const& x, int64_t hidden, M
             var += (row[j] - mean) * (row[j] - mean);
         }
         double const rstd = 1.0 / std::sqrt(var / static_cast<double>(hidden) + eps);
-        int64_t const m = modRow(mod, r, rowsPerBatch) * hidden;
+        int64_t const m = modRow(mod, r, inner, batch) * hidden;
         for (int64_t j = 0; j < hidden; ++j)
         {
             double ln = (row[j] - mean) * rstd;
@@ -525,16 +527,22 @@ void checkRMSNormEnqueue(IPluginCreatorV3One* creator, std::vector<int64_t> cons
 }
 
 //! AdaLNZero, or with `gated` GatedAdaLNZero (the AdaLN-Zero of Sum = X + gate * update, Sum its
-//! second output), enqueued with modulation `mod` and with / without the affine inputs.
-void checkAdaLNEnqueue(IPluginCreatorV3One* creator, std::vector<int64_t> const& shape, Mod mod, bool affine, bool gated)
+//! second output), enqueued with modulation `mod` and with / without the affine inputs; a [B, H]
+//! modulation follows X's dim `axis` (the modulation_axis field, passed when not 0 as the ONNX
+//! parser passes a node's attributes).
+void checkAdaLNEnqueue(IPluginCreatorV3One* creator, std::vector<int64_t> const& shape, Mod mod, bool affine, bool gated,
+    int32_t axis = 0)
 {
     float const eps = 1e-6F;
     int32_t const nbInputs = (gated ? 5 : 3) + (affine ? 2 : 0);
     std::string const what = std::string(gated ? "GatedAdaLNZero" : "AdaLNZero") + " enqueue on " + kWHERE + " "
-        + shapeString(shape) + " modulation " + modName(mod) + (affine ? " affine" : "");
+        + shapeString(shape) + " modulation " + modName(mod) + (affine ? " affine" : "")
+        + (axis != 0 ? " modulation_axis " + std::to_string(axis) : std::string());
     int64_t const hidden = shape.back();
-    int64_t const rowsPerBatch = product(shape, 1, shape.size() - 1);
-    std::vector<int64_t> const mshape = modShape(shape, mod);
+    size_t const a = mod == Mod::kRowsOfB ? static_cast<size_t>(axis) : 0;
+    int64_t const inner = product(shape, a + 1, shape.size() - 1);
+    int64_t const batch = shape[a];
+    std::vector<int64_t> const mshape = modShape(shape, mod, axis);
     std::vector<float> const x = pattern(product(shape, 0, shape.size()), 3.0F, 0.1F);
     std::vector<float> const upd = pattern(x.size(), 1.0F, 1.1F);
     std::vector<float> const gate = pattern(product(mshape, 0, mshape.size()), 0.8F, 0.4F);
@@ -556,9 +564,13 @@ void checkAdaLNEnqueue(IPluginCreatorV3One* creator, std::vector<int64_t> const&
         inputs.insert(inputs.end(), {w, b});
         shapes.insert(shapes.end(), {{hidden}, {hidden}});
     }
-    Enqueued const run = enqueueOnDevice(creator,
-        {{"epsilon", &eps, PluginFieldType::kFLOAT32, 1}, {"nb_inputs", &nbInputs, PluginFieldType::kINT32, 1}},
-        shapes, inputs, gated ? 2 : 1, what);
+    std::vector<PluginField> fields
+        = {{"epsilon", &eps, PluginFieldType::kFLOAT32, 1}, {"nb_inputs", &nbInputs, PluginFieldType::kINT32, 1}};
+    if (axis != 0)
+    {
+        fields.push_back({"modulation_axis", &axis, PluginFieldType::kINT32, 1});
+    }
+    Enqueued const run = enqueueOnDevice(creator, fields, shapes, inputs, gated ? 2 : 1, what);
     if (run.outputs.empty())
     {
         return;
@@ -568,9 +580,9 @@ void checkAdaLNEnqueue(IPluginCreatorV3One* creator, std::vector<int64_t> const&
     {
         int64_t const r = static_cast<int64_t>(i) / hidden;
         int64_t const j = static_cast<int64_t>(i) % hidden;
-        sum[i] += static_cast<double>(gate[modRow(mod, r, rowsPerBatch) * hidden + j]) * upd[i];
+        sum[i] += static_cast<double>(gate[modRow(mod, r, inner, batch) * hidden + j]) * upd[i];
     }
-    std::vector<double> const ref = refAdaLNZero(sum, hidden, mod, rowsPerBatch, shift, scale, w, b, eps);
+    std::vector<double> const ref = refAdaLNZero(sum, hidden, mod, inner, batch, shift, scale, w, b, eps);
     double const errY = maxRelErr(run.outputs[0], ref);
     double const errS = gated ? maxRelErr(run.outputs[1], sum) : 0.0;
     check(run.ok && errY < 1e-5 && errS < 1e-6,
@@ -774,6 +786,100 @@ void testRMSNorm(IPluginCreatorV3One* creator, RecordingLogger& log, bool device
 // ---------------------------------------------------------------------------------------------
 // AdaLNZero
 // ---------------------------------------------------------------------------------------------
+//! The modulation_axis field of AdaLNZero / GatedAdaLNZero (`gated`): a [B, H] modulation whose B
+//! is X's dim 1 (sequence-first X [S, B, H]) configures only with the field, the field is
+//! serialised and read back, and an axis X's rank does not allow is refused with a logged reason.
+void checkModulationAxis(IPluginCreatorV3One* creator, RecordingLogger& log, std::string const& who, bool gated)
+{
+    int64_t const S = 5, B = 3, H = 48;
+    float const eps = 1e-6F;
+    int32_t const axis = 1;
+    int32_t const n = gated ? 5 : 3;
+    std::vector<DynamicPluginTensorDesc> io(gated ? 7 : 4, dyn({B, H}));
+    io[0] = dyn({S, B, H});
+    if (gated)
+    {
+        io[1] = dyn({S, B, H});
+    }
+    for (int32_t o = n; o < static_cast<int32_t>(io.size()); ++o)
+    {
+        io[o] = dyn({S, B, H});
+    }
+    int32_t const nbOut = gated ? 2 : 1;
+    {
+        PluginField f[] = {{"epsilon", &eps, PluginFieldType::kFLOAT32, 1}};
+        PluginFieldCollection fc{1, f};
+        IPluginV3* plain = creator->createPlugin("mod0", &fc, TensorRTPhase::kBUILD);
+        check(plain != nullptr && capabilities(plain).build->configurePlugin(io.data(), n, io.data() + n, nbOut) != 0
+                && log.lastErrorHas("expected the shape of X"),
+            who + " without modulation_axis rejects [B, H] of X [S, B, H]'s dim 1 (it follows dim 0)");
+        delete plain;
+    }
+    PluginField f[] = {{"epsilon", &eps, PluginFieldType::kFLOAT32, 1}, {"modulation_axis", &axis, PluginFieldType::kINT32, 1}};
+    PluginFieldCollection fc{2, f};
+    IPluginV3* plugin = creator->createPlugin("mod1", &fc, TensorRTPhase::kBUILD);
+    check(plugin != nullptr, who + " createPlugin with modulation_axis 1");
+    if (plugin == nullptr)
+    {
+        return;
+    }
+    Capabilities caps = capabilities(plugin);
+    check(caps.build->configurePlugin(io.data(), n, io.data() + n, nbOut) == 0,
+        who + " modulation_axis 1: configurePlugin X [S, B, H] with [B, H] modulation");
+    std::vector<DynamicPluginTensorDesc> wrong = io;
+    wrong[n - 1] = dyn({S, H}); // scale [S, H]: rows of dim 0, not dim 1
+    wrong[n - 2] = dyn({S, H});
+    if (gated)
+    {
+        wrong[2] = dyn({S, H});
+    }
+    check(caps.build->configurePlugin(wrong.data(), n, wrong.data() + n, nbOut) != 0
+            && log.lastErrorHas("(B: dim 1 of X)"),
+        who + " modulation_axis 1 rejects [S, H] modulation, with a logged reason");
+    std::vector<DynamicPluginTensorDesc> rank2 = io;
+    rank2[0] = dyn({S * B, H});
+    for (int32_t o = n; o < static_cast<int32_t>(rank2.size()); ++o)
+    {
+        rank2[o] = dyn({S * B, H});
+    }
+    if (gated)
+    {
+        rank2[1] = dyn({S * B, H});
+    }
+    check(caps.build->configurePlugin(rank2.data(), n, rank2.data() + n, nbOut) != 0
+            && log.lastErrorHas("modulation_axis 1 is out of range"),
+        who + " modulation_axis 1 rejects an X of rank 2, with a logged reason");
+    check(caps.build->configurePlugin(io.data(), n, io.data() + n, nbOut) == 0, who + " configurePlugin again");
+    PluginFieldCollection const* ser = caps.runtime->getFieldsToSerialize();
+    int32_t const* serModAxis = fieldData<int32_t>(ser, "modulation_axis", PluginFieldType::kINT32);
+    check(serModAxis != nullptr && *serModAxis == 1, who + " serialises modulation_axis 1");
+    IPluginV3* again = creator->createPlugin("mod1rt", ser, TensorRTPhase::kRUNTIME);
+    delete plugin;
+    if (again != nullptr)
+    {
+        std::vector<PluginTensorDesc> in;
+        for (auto const& d : io)
+        {
+            in.push_back(d.desc);
+        }
+        check(capabilities(again).runtime->onShapeChange(in.data(), n, in.data() + n, nbOut) == 0,
+            who + " deserialised with modulation_axis 1 takes X [S, B, H] with [B, H] modulation");
+        delete again;
+    }
+    else
+    {
+        check(false, who + " createPlugin(kRUNTIME) from fields with modulation_axis");
+    }
+    for (int32_t bad : {-1, 7})
+    {
+        PluginField bf[] = {{"modulation_axis", &bad, PluginFieldType::kINT32, 1}};
+        PluginFieldCollection bfc{1, bf};
+        check(creator->createPlugin("modbad", &bfc, TensorRTPhase::kBUILD) == nullptr
+                && log.lastErrorHas("modulation_axis"),
+            who + " rejects modulation_axis " + std::to_string(bad) + ", with a logged reason");
+    }
+}
+
 void testAdaLNZero(IPluginCreatorV3One* creator, RecordingLogger& log, bool device)
 {
     std::string const who = "AdaLNZero";
@@ -781,7 +887,7 @@ void testAdaLNZero(IPluginCreatorV3One* creator, RecordingLogger& log, bool devi
     PluginField fields[] = {{"epsilon", &eps, PluginFieldType::kFLOAT32, 1}};
     PluginFieldCollection fc{1, fields};
     Capabilities caps{};
-    IPluginV3* plugin = createBuildPlugin(creator, &fc, who, {"epsilon"}, caps);
+    IPluginV3* plugin = createBuildPlugin(creator, &fc, who, {"epsilon", "modulation_axis"}, caps);
     if (plugin == nullptr)
     {
         return;
@@ -824,7 +930,9 @@ void testAdaLNZero(IPluginCreatorV3One* creator, RecordingLogger& log, bool devi
     PluginFieldCollection const* ser = caps.runtime->getFieldsToSerialize();
     int32_t const* nb = fieldData<int32_t>(ser, "nb_inputs", PluginFieldType::kINT32);
     float const* serEps = fieldData<float>(ser, "epsilon", PluginFieldType::kFLOAT32);
-    check(nb != nullptr && *nb == 5 && serEps != nullptr && *serEps == eps, who + " serialises epsilon and nb_inputs");
+    int32_t const* serModAxis = fieldData<int32_t>(ser, "modulation_axis", PluginFieldType::kINT32);
+    check(nb != nullptr && *nb == 5 && serEps != nullptr && *serEps == eps && serModAxis != nullptr && *serModAxis == 0,
+        who + " serialises epsilon, modulation_axis (default 0) and nb_inputs");
     IPluginV3* attached = deserialiseAndAttach(creator, "ada0", ser, who);
     delete plugin; // after deserialisation: `ser` points into it
     if (attached == nullptr)
@@ -849,6 +957,14 @@ void testAdaLNZero(IPluginCreatorV3One* creator, RecordingLogger& log, bool devi
         checkAdaLNEnqueue(creator, {B, S, H}, Mod::kOneRow, true, false);
         checkAdaLNEnqueue(creator, {2, 3, 4, 40}, Mod::kRowsOfB, true, false); // rank 4: [B, H] over 12 rows
         checkAdaLNEnqueue(creator, {2, 3, 1152}, Mod::kRowsOfB, true, false);  // DiT-XL hidden size
+        // sequence-first X [S, B, H] (modulation_axis 1): row r takes modulation row r % B
+        checkAdaLNEnqueue(creator, {5, 3, 48}, Mod::kRowsOfB, true, false, 1);
+        checkAdaLNEnqueue(creator, {7, 2, 1152}, Mod::kRowsOfB, false, false, 1);
+        checkAdaLNEnqueue(creator, {5, 1, 48}, Mod::kRowsOfB, true, false, 1);   // B = 1
+        checkAdaLNEnqueue(creator, {1, 3, 48}, Mod::kRowsOfB, true, false, 1);   // S = 1: the [B, H] kernels
+        checkAdaLNEnqueue(creator, {2, 3, 4, 40}, Mod::kRowsOfB, true, false, 1); // (r / 4) % 3
+        checkAdaLNEnqueue(creator, {2, 3, 4, 40}, Mod::kRowsOfB, false, false, 2); // r % 4
+        checkAdaLNEnqueue(creator, {5, 3, 48}, Mod::kFull, true, false, 1);     // no effect on full shape
     }
     else
     {
@@ -858,6 +974,8 @@ void testAdaLNZero(IPluginCreatorV3One* creator, RecordingLogger& log, bool devi
             who + " enqueue without a CUDA device fails with a logged reason");
     }
     delete attached;
+
+    checkModulationAxis(creator, log, who, false);
 
     int32_t const badNb = 4;
     PluginField badNbF[] = {{"epsilon", &eps, PluginFieldType::kFLOAT32, 1}, {"nb_inputs", &badNb, PluginFieldType::kINT32, 1}};
@@ -883,7 +1001,8 @@ void testAdaLNZero(IPluginCreatorV3One* creator, RecordingLogger& log, bool devi
 //! Build-time checks shared by both fused creators: fields, two outputs of X's type and shape,
 //! formats, configurePlugin with a wrong input rejected (logged), serialisation round trip.
 IPluginV3* checkFusedBuild(IPluginCreatorV3One* creator, RecordingLogger& log, std::string const& who,
-    std::vector<std::vector<int64_t>> const& inShapes, int32_t badInput, char const* badMessage)
+    std::vector<std::vector<int64_t>> const& inShapes, int32_t badInput, char const* badMessage,
+    std::vector<std::string> const& fieldNames)
 {
     float const eps = 1e-5F;
     char const ns[] = "normexport";
@@ -891,7 +1010,7 @@ IPluginV3* checkFusedBuild(IPluginCreatorV3One* creator, RecordingLogger& log, s
         {"plugin_namespace", ns, PluginFieldType::kCHAR, 10}};
     PluginFieldCollection fc{2, fields};
     Capabilities caps{};
-    IPluginV3* plugin = createBuildPlugin(creator, &fc, who, {"epsilon"}, caps);
+    IPluginV3* plugin = createBuildPlugin(creator, &fc, who, fieldNames, caps);
     if (plugin == nullptr)
     {
         return nullptr;
@@ -956,7 +1075,7 @@ void testSkipRMSNorm(IPluginCreatorV3One* creator, RecordingLogger& log, bool de
 {
     int64_t const B = 2, S = 3, H = 64;
     IPluginV3* attached
-        = checkFusedBuild(creator, log, "SkipRMSNorm", {{B, S, H}, {B, S, H}, {H}, {H}}, 1, "skip has shape");
+        = checkFusedBuild(creator, log, "SkipRMSNorm", {{B, S, H}, {B, S, H}, {H}, {H}}, 1, "skip has shape", {"epsilon"});
     if (attached == nullptr)
     {
         return;
@@ -974,8 +1093,8 @@ void testSkipRMSNorm(IPluginCreatorV3One* creator, RecordingLogger& log, bool de
 void testGatedAdaLNZero(IPluginCreatorV3One* creator, RecordingLogger& log, bool device)
 {
     int64_t const B = 2, S = 5, H = 48;
-    IPluginV3* attached = checkFusedBuild(
-        creator, log, "GatedAdaLNZero", {{B, S, H}, {B, S, H}, {B, H}, {B, H}, {B, H}, {H}, {H}}, 3, "shift has shape");
+    IPluginV3* attached = checkFusedBuild(creator, log, "GatedAdaLNZero",
+        {{B, S, H}, {B, S, H}, {B, H}, {B, H}, {B, H}, {H}, {H}}, 3, "shift has shape", {"epsilon", "modulation_axis"});
     if (attached == nullptr)
     {
         return;
@@ -994,12 +1113,15 @@ void testGatedAdaLNZero(IPluginCreatorV3One* creator, RecordingLogger& log, bool
             "GatedAdaLNZero rejects an update of another shape than X, with a logged reason");
     }
     delete attached;
+    checkModulationAxis(creator, log, "GatedAdaLNZero", true);
     if (device)
     {
         checkAdaLNEnqueue(creator, {B, S, H}, Mod::kRowsOfB, true, true);
         checkAdaLNEnqueue(creator, {B, S, H}, Mod::kFull, false, true);
         checkAdaLNEnqueue(creator, {B, S, H}, Mod::kOneRow, true, true);
         checkAdaLNEnqueue(creator, {2, 3, 1152}, Mod::kRowsOfB, true, true); // DiT-XL hidden size
+        checkAdaLNEnqueue(creator, {5, 3, 48}, Mod::kRowsOfB, true, true, 1); // sequence-first: r % B
+        checkAdaLNEnqueue(creator, {7, 2, 1152}, Mod::kRowsOfB, false, true, 1);
     }
 }
 

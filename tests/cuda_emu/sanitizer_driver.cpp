@@ -120,6 +120,20 @@ void run(int dtype, long hidden, bool mis)
             full ? "gated_adaln_zero (full)" : "gated_adaln_zero ([B,H])", dtype, hidden, mis);
     }
     {
+        // [B, H] modulation following x's dim 1 (modulation_axis 1, sequence-first x [S, B, H]):
+        // x of S * B rows, shift / scale / gate of exactly B rows (row r reads row r % B)
+        long const s = 3, b2 = 2;
+        Exact<T> x(s * b2 * hidden, mis, 1.F), sh(b2 * hidden, mis, 4.F), sc(b2 * hidden, mis, 5.F), w(hidden, mis, 2.F),
+            b(hidden, mis, 3.F), y(s * b2 * hidden, mis, 0.F), upd(s * b2 * hidden, mis, 6.F), gate(b2 * hidden, mis, 7.F),
+            sum(s * b2 * hidden, mis, 0.F);
+        expectOk(normexport_adaln_zero_axis(x.get(), sh.get(), sc.get(), w.get(), b.get(), y.get(), s, b2, 1, hidden,
+                     dtype, 1e-6F, nullptr),
+            "adaln_zero_axis ([S, B, H])", dtype, hidden, mis);
+        expectOk(normexport_gated_adaln_zero_axis(x.get(), upd.get(), gate.get(), sh.get(), sc.get(), w.get(), b.get(),
+                     y.get(), sum.get(), s, b2, 1, hidden, dtype, 1e-6F, nullptr),
+            "gated_adaln_zero_axis ([S, B, H])", dtype, hidden, mis);
+    }
+    {
         Exact<T> x(rows * hidden, mis, 1.F), skip(rows * hidden, mis, 2.F), bias(hidden, mis, 3.F), w(hidden, mis, 4.F),
             y(rows * hidden, mis, 0.F), sum(rows * hidden, mis, 0.F);
         expectOk(normexport_skip_rms_norm(x.get(), skip.get(), bias.get(), w.get(), y.get(), sum.get(), rows, hidden, dtype,

@@ -1,6 +1,5 @@
 """Sequence-first AdaLN: LayerNormalization -> Mul(1 + scale) -> Add(shift) with x [S, B, H] and the
-modulation broadcast over S  ==>  normexport::AdaLNZero where the op's contract takes it (B = 1),
-else left with the reason (target trt).
+modulation broadcast over S  ==>  normexport::AdaLNZero with modulation_axis = rank(x) - 2 (target trt).
 
 A sequence-first model modulates as `norm(x) * (1 + scale) + shift` with scale / shift [B, H],
 [1, B, H] or `.unsqueeze(0)` of [B, H], broadcast over S (diffusers 0.42's
@@ -10,15 +9,11 @@ spelling of the unsqueeze / reshape, the `+ 1` before or after it, Casts around 
 this rule takes the sites rules adaln / adaln_continuous left because the modulation, padded on the
 left to x's rank r >= 3, is [1.., M, H] (1 on every dim before x's dim -2):
 
-- x [S.., 1, H] (B = 1, static) and M = 1: x is viewed as [1, S.., H] (a Reshape: the same bytes
-  in the same order, no data moved), normexport::AdaLNZero gets shift / scale as [1, H] -- its
-  [B, H] contract exactly -- and its output is viewed back as x's shape.
-- M = B > 1 (or B, M unknown / symbolic): not fused, and the report says why. The op's [B, H]
-  layout indexes x's *first* dim (the kernel's modulation row is row / seq); this one needs
-  row % B, i.e. a modulation-axis attribute in the op spec (normexport/ops/adaln_zero.py) and its
-  kernels. Transposes of x to [B, S, H] and back around the op would write three full-size
-  tensors, as many as the LayerNorm + Mul + Add they replace (the project's rule for transposed
-  LayerNorms, rules/_common.py TRANSPOSED_LN_PASSES, fuses only when that is fewer).
+- M = B, x's dim -2 (any batch; B, M symbolic or unknown taken as equal, as the graph's own
+  broadcast needs them to be): one normexport::AdaLNZero on x itself, shift / scale fed as [B, H]
+  (a [1.., B, H] tensor reshaped, no data moved) and modulation_axis = r - 2, the dim of x their
+  rows follow (the kernel's modulation row is row % B for x [S, B, H]). B = 1 is the same node
+  ([1, H]).
 - M = 1 with x's dim -2 not 1 (one row for every row of a batch > 1): not the op's [B, H] either
   (rules/adaln.py refuses a [1, H] broadcast over the batch too); left, with the reason.
 
@@ -111,16 +106,6 @@ def layout(dims: list, x: ir.Value, what: str) -> str:
     raise ValueError(f"{what}: shape {_dims(dims)} is not [1.., B, H] of x {_dims(xd)}")
 
 
-def seq_first_why(x: ir.Value) -> str:
-    xd = list(x.shape)
-    r = len(xd)
-    return (f"shift / scale [1.., B, H] over x {_dims(xd)} are sequence-first (broadcast over the leading "
-            f"dim{'s' if r > 3 else ''}, one row per entry of dim {r - 2}, B = {_dim(xd[-2])}): "
-            "normexport::AdaLNZero's [B, H] modulation indexes x's first dim; this layout needs a "
-            "modulation-axis attribute in the op and its kernel, and Transposes around the op would write "
-            "3 full-size tensors, no fewer than LayerNorm + Mul + Add")
-
-
 def laid_out_leading(v: ir.Value | None, x: ir.Value) -> bool:
     """Whether `v` (a modulation as it meets x, x of rank >= 3) is constant along x's leading
     dims, [1.., M, H]: this module's layouts (its rule fuses them or says why not)."""
@@ -151,32 +136,23 @@ class AdaLNSeqFirstFusion(AdaLNContinuousFusion):
         if not r:
             return r
         kinds = (self._shift[1], self._scale[1])
-        if kinds == ("seq_first", "seq_first"):
-            return r.fail(seq_first_why(x), x)
-        if kinds != ("batch1", "batch1"):
+        if len(set(kinds)) != 1:
             return r.fail(f"shift is laid out {kinds[0]}, scale {kinds[1]}: not one layout", x)
-        self._h = c.trailing_dims(x, 1)
-        if self._h is None:
-            return r.fail("hidden size not static; cannot view x as [1, S, H]", x)
         return r
 
     def rewrite(self, op, x, w, **_):
-        dt, h, xd = self._dtype, self._h[0], list(x.shape)
+        dt, rank = self._dtype, len(x.shape)
 
-        def row(v):
-            """`v` (H elements) as [1, H]."""
-            if not (v.shape is not None and list(v.shape) == [1, h]):
-                v = op.Reshape(v, op.Constant(value_ints=[1, h]))
+        def rows(v):
+            """`v` ([1.., M, H], or [H]: one row) as [M, H]."""
+            if v.shape is None or len(v.shape) != 2:
+                hidden = op.Shape(v, start=-1)
+                v = op.Reshape(v, op.Concat(op.Constant(value_ints=[-1]), hidden, axis=0))
             return c.as_dtype(op, v, dt)
 
-        # x [S.., 1, H] viewed as [1, S.., H] (same bytes, same order), and the result viewed back:
-        # a constant shape where x has at most one leading dim not known, else x's own shape
-        xv = op.Reshape(c.as_dtype(op, self._src, dt), op.Constant(value_ints=[1, -1, h]))
-        ins = [xv, row(self._shift[0]), row(self._scale[0])] + self._affine_inputs(op, w, dt)
-        y = op.AdaLNZero(*ins, _domain="normexport", _version=1, epsilon=self._eps)
-        lead = [d if isinstance(d, int) else -1 for d in xd[:-2]]
-        back = op.Constant(value_ints=lead + [1, h]) if lead.count(-1) <= 1 else op.Shape(self._src)
-        y = op.Reshape(y, back)
+        ins = [c.as_dtype(op, self._src, dt), rows(self._shift[0]), rows(self._scale[0])]
+        ins += self._affine_inputs(op, w, dt)
+        y = op.AdaLNZero(*ins, _domain="normexport", _version=1, epsilon=self._eps, modulation_axis=rank - 2)
         return op.Cast(y, to=self._out_dtype.value) if self._out_dtype != dt else y
 
 

@@ -11,7 +11,12 @@ where s' replaces s for its other consumers (the next residual add, rule gated_a
 The op contract (DESIGN §2): x and u of the sum's full shape; gate in the layout of the AdaLNZero
 node's shift / scale: [B, H] (an Unsqueeze of [B, H], or a [B, 1.., H] tensor, squeezed) when
 they are [B, H], the full shape of x when they are; one dtype (float32 / float16 / bfloat16); the
-sum not a graph output. Every applied fusion is verified locally (DESIGN §8).
+sum not a graph output. An AdaLNZero whose [B, H] rows follow another dim of x (its
+modulation_axis a, e.g. 1 for a sequence-first x [S, B, H], rule adaln_seq_first) needs the gate
+laid out the same way: an Unsqueeze of [B, H] at every axis but a and the last, or a tensor that is
+[1.., B, 1.., H] with B at dim a (numpy's left padding allowed down to a [B, H] gate when a = r - 2),
+squeezed; the fused node gets the same modulation_axis.
+Every applied fusion is verified locally (DESIGN §8).
 """
 
 from __future__ import annotations
@@ -69,12 +74,18 @@ class GatedAdaLNFusion(pattern.RewriteRuleClassBase):
             if v is None or v.dtype != dt:
                 return r.fail(f"{getattr(v, 'name', None)!r} dtype differs from x's {dt}", x)
         mod_full = shift.shape is not None and len(shift.shape) == rank
-        mid = list(range(1, rank - 1))
-        self._squeeze = False
+        node = norm.producer()
+        attr = node.attributes.get("modulation_axis")
+        axis = attr.as_int() if attr is not None else 0  # the dim of x the [B, H] rows follow
+        if not 0 <= axis <= rank - 2:
+            return r.fail(f"AdaLNZero modulation_axis {axis} out of range for rank {rank}", sum)
+        want = "[B, 1.., H]" if axis == 0 else f"[B, H] at dim {axis} of x"
+        others = [i for i in range(rank - 1) if i != axis]  # the dims a [B, H] gate is broadcast over
+        self._squeeze = None
         if gate_2d is not None:
             ax = c.const(gate_axes)
-            if ax is None or sorted(int(a) % rank for a in np.asarray(ax).reshape(-1)) != mid:
-                return r.fail("gate Unsqueeze axes do not give [B, 1.., H]", sum)
+            if ax is None or sorted(int(a) % rank for a in np.asarray(ax).reshape(-1)) != others:
+                return r.fail(f"gate Unsqueeze axes do not give {want}", sum)
             if mod_full or c.rank_of(gate_2d) != 2:
                 return r.fail("gate is [B, H] but the AdaLNZero modulation is not (or not 2-D)", sum)
         elif mod_full:
@@ -82,14 +93,16 @@ class GatedAdaLNFusion(pattern.RewriteRuleClassBase):
                 return r.fail("gate is not known to have the shape of x (the modulation's full-shape layout)", sum)
         else:
             gdims = list(gate.shape) if gate.shape is not None else None
-            ok = gdims is not None and len(gdims) == rank and all(d == 1 for d in gdims[1:-1]) and \
-                shift.shape is not None and len(shift.shape) == 2 and c.same_dim(gdims[0], shift.shape[0]) and \
-                c.same_dim(gdims[-1], shift.shape[-1])
+            pad = rank - len(gdims) if gdims is not None else 0  # numpy broadcasting pads on the left
+            padded = [1] * pad + gdims if gdims is not None else None
+            ok = padded is not None and 0 <= pad <= axis and all(padded[i] == 1 for i in others) and \
+                shift.shape is not None and len(shift.shape) == 2 and c.same_dim(padded[axis], shift.shape[0]) and \
+                c.same_dim(padded[-1], shift.shape[-1])
             if not ok:
-                return r.fail(f"gate shape {gdims} is not [B, 1.., H] of the [B, H] modulation", sum)
-            self._squeeze = True
+                return r.fail(f"gate shape {gdims} is not {want} of the [B, H] modulation", sum)
+            self._squeeze = [i - pad for i in others if i >= pad]  # the gate's own axes to drop
         self._gate, self._x, self._u = g, x, u
-        node = norm.producer()
+        self._axis = axis
         self._rest = list(node.inputs[3:])
         eps = node.attributes.get("epsilon")
         self._eps = eps.as_float() if eps is not None else 1e-6
@@ -99,9 +112,10 @@ class GatedAdaLNFusion(pattern.RewriteRuleClassBase):
     def rewrite(self, op, shift, scale, **_):
         g, x, u = self._gate, self._x, self._u
         if self._squeeze:
-            g = op.Squeeze(g, op.Constant(value_ints=list(range(1, self._rank - 1))))
+            g = op.Squeeze(g, op.Constant(value_ints=self._squeeze))
+        kw = {"modulation_axis": self._axis} if self._axis else {}
         y, s = op.GatedAdaLNZero(x, u, g, shift, scale, *self._rest, _domain="normexport", _version=1,
-                                 epsilon=self._eps, _outputs=2)
+                                 epsilon=self._eps, _outputs=2, **kw)
         return (y, s) if self._residual else y
 
 
