@@ -191,11 +191,18 @@ def _factor_why(f: ir.Value) -> str | None:
     return "modulation factor is not (1 + scale) (no `1 +` before the Mul)"
 
 
+def laid_out_leading(v: ir.Value | None, x: ir.Value) -> bool:
+    """Whether `v` (a modulation as it meets x, x of rank >= 3) is constant along x's leading
+    dims, [1.., M, H]: rule adaln_seq_first's layouts (it fuses them or says why not)."""
+    if v is None or v.shape is None or x.shape is None or len(x.shape) < 3 or len(v.shape) > len(x.shape):
+        return False
+    dims = [1] * (len(x.shape) - len(v.shape)) + list(v.shape)
+    return all(d == 1 for d in dims[:-2])
+
+
 def _left_to_seq_first(ln: ir.Node, mul: ir.Node, factor: ir.Value) -> bool:
     """Whether the modulation (factor and the shift added after `mul`) is broadcast over x's
     leading dims: rule adaln_seq_first's layouts, which it reports itself."""
-    from .adaln_seq_first import laid_out_leading  # it imports this module
-
     x = ln.inputs[0]
     adds = [u for u, _ in mul.outputs[0].uses() if u.op_type == "Add" and u.domain in _ONNX]
     if x is None or len(adds) != 1:

@@ -26,7 +26,7 @@ import numpy as np
 import onnx_ir as ir
 
 from . import _common as c
-from .adaln_continuous import AdaLNContinuousFusion
+from .adaln_continuous import AdaLNContinuousFusion, laid_out_leading
 
 TARGETS = frozenset({"trt"})
 
@@ -104,15 +104,6 @@ def layout(dims: list, x: ir.Value, what: str) -> str:
     if _same(m, b) or not isinstance(m, int) or not isinstance(b, int):
         return "seq_first"
     raise ValueError(f"{what}: shape {_dims(dims)} is not [1.., B, H] of x {_dims(xd)}")
-
-
-def laid_out_leading(v: ir.Value | None, x: ir.Value) -> bool:
-    """Whether `v` (a modulation as it meets x, x of rank >= 3) is constant along x's leading
-    dims, [1.., M, H]: this module's layouts (its rule fuses them or says why not)."""
-    if v is None or v.shape is None or x.shape is None or len(x.shape) < 3 or len(v.shape) > len(x.shape):
-        return False
-    dims = [1] * (len(x.shape) - len(v.shape)) + list(v.shape)
-    return all(d == 1 for d in dims[:-2])
 
 
 class AdaLNSeqFirstFusion(AdaLNContinuousFusion):
