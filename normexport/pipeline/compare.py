@@ -74,7 +74,7 @@ def compare(out: Path, ref: Path, index: dict, manifest: dict, steps: int) -> di
                               f"({type(e).__name__}: {first_line(e, 300)})") from None
         eager = folder_pipeline.build(ref, index)
         runs["eager"] = _run(eager, ref, side, steps)
-        components = _components(calls, eager, torch.float64, manifest)
+        components = _components(calls, eager, manifest)
         del eager
         eager64 = folder_pipeline.build(ref, index)
         with quiet():  # diffusers warns of modules kept in float32 (none in float64)
@@ -184,7 +184,7 @@ def _tensors(x) -> list[torch.Tensor]:
     return out
 
 
-def _components(calls: dict, eager, dtype, manifest: dict) -> dict:
+def _components(calls: dict, eager, manifest: dict) -> dict:
     """Each exported component's first call of the exported run, fed to the eager component."""
     out = {}
     slots = {(e["component"], e["method"]): s for s, e in manifest["slots"].items()}

@@ -226,7 +226,7 @@ def _copy_rest(src: Path, index: dict, tmp: Path, exported: set[str]) -> None:
     for name in folder_pipeline.components(index):
         if name in exported or not (src / name).is_dir():
             continue
-        if _is_module_folder(src / name) and name not in exported:
+        if _is_module_folder(src / name):
             continue  # a module the pipeline never calls (a safety checker, an image encoder): said above
         shutil.copytree(src / name, tmp / name)
 
