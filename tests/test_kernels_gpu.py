@@ -293,3 +293,64 @@ def test_gated_adaln_zero(lib, dtype, hidden, mod_full, affine):
     _check(total, ref_sum, dtype, f"gated Sum hidden={hidden}")
     ref = ref_adaln(_rounded(ref_sum, dtype), _np64(shift), _np64(scale), _np64(w), _np64(b), eps, mod_full)
     _check(y, ref, dtype, f"gated Y hidden={hidden}")
+
+
+# ------------------------------------------------------------------------------------------
+# modulation_axis (DESIGN §2): x [outer, B, inner, H], modulation [B, H]; row r of x takes
+# modulation row (r / inner) % B. outer > 1 and B > 1 run the *ModAxis kernels; the others the
+# default kinds (the entry point decides).
+# ------------------------------------------------------------------------------------------
+AXIS_SHAPES = [(7, 3, 1), (5, 2, 3), (1, 4, 5), (6, 1, 2), (300, 2, 1)]  # (outer, batch, inner)
+
+
+def _axis_mod(m: np.ndarray, outer: int, inner: int) -> np.ndarray:
+    """[B, H] -> [outer, B, inner, H] by broadcasting (the float64 reference's modulation)."""
+    return np.broadcast_to(m[None, :, None, :], (outer, m.shape[0], inner, m.shape[1]))
+
+
+@pytest.mark.parametrize("hidden", [1, 7, 64, 1000, 4096, 6001, 20000])
+@pytest.mark.parametrize("dtype", list(DTYPES), ids=list(DTYPE_IDS.values()))
+@pytest.mark.parametrize("shape", AXIS_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_adaln_zero_axis(lib, dtype, hidden, shape):
+    outer, batch, inner = shape
+    g = torch.Generator().manual_seed(hidden * 19 + DTYPES[dtype] + outer)
+    eps = 1e-6
+    x = _tensor((outer, batch, inner, hidden), dtype, gen=g, mean=0.4, std=2.0)
+    shift = _tensor((batch, hidden), dtype, gen=g, std=0.5)
+    scale = _tensor((batch, hidden), dtype, gen=g, std=0.5)
+    w = _tensor((hidden,), dtype, gen=g, mean=1.0, std=0.3)
+    b = _tensor((hidden,), dtype, gen=g, std=0.3)
+    y = torch.empty_like(x)
+    rc = lib.normexport_adaln_zero_axis(_ptr(x), _ptr(shift), _ptr(scale), _ptr(w), _ptr(b), _ptr(y), outer, batch,
+                                        inner, hidden, DTYPES[dtype], eps, _stream())
+    assert rc == 0
+    torch.cuda.synchronize()
+    ln = ref_ln(_np64(x), _np64(w), _np64(b), eps)
+    ref = ln * (1.0 + _axis_mod(_np64(scale), outer, inner)) + _axis_mod(_np64(shift), outer, inner)
+    _check(y, ref, dtype, f"adaln axis {shape} hidden={hidden}")
+
+
+@pytest.mark.parametrize("hidden", [7, 1000, 4096, 20000])
+@pytest.mark.parametrize("dtype", list(DTYPES), ids=list(DTYPE_IDS.values()))
+@pytest.mark.parametrize("shape", AXIS_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_gated_adaln_zero_axis(lib, dtype, hidden, shape):
+    outer, batch, inner = shape
+    g = torch.Generator().manual_seed(hidden * 23 + DTYPES[dtype] + outer)
+    eps = 1e-6
+    full = (outer, batch, inner, hidden)
+    x = _tensor(full, dtype, gen=g, mean=0.2, std=1.5)
+    upd = _tensor(full, dtype, gen=g, mean=0.4, std=2.0)
+    gate, shift, scale = (_tensor((batch, hidden), dtype, gen=g, mean=m, std=0.4) for m in (0.5, 0.0, 0.0))
+    w = _tensor((hidden,), dtype, gen=g, mean=1.0, std=0.2)
+    y = _tensor(full, dtype, gen=g)
+    total = _tensor(full, dtype, gen=g)
+    rc = lib.normexport_gated_adaln_zero_axis(_ptr(x), _ptr(upd), _ptr(gate), _ptr(shift), _ptr(scale), _ptr(w), None,
+                                              _ptr(y), _ptr(total), outer, batch, inner, hidden, DTYPES[dtype], eps,
+                                              _stream())
+    assert rc == 0
+    torch.cuda.synchronize()
+    ref_sum = _np64(x) + _axis_mod(_np64(gate), outer, inner) * _np64(upd)
+    _check(total, ref_sum, dtype, f"gated axis Sum {shape} hidden={hidden}")
+    ln = ref_ln(_rounded(ref_sum, dtype), _np64(w), None, eps)
+    ref = ln * (1.0 + _axis_mod(_np64(scale), outer, inner)) + _axis_mod(_np64(shift), outer, inner)
+    _check(y, ref, dtype, f"gated axis Y {shape} hidden={hidden}")
