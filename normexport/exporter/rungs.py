@@ -62,7 +62,8 @@ def keepable_axes(module, args: tuple, names: list[str], wanted: dict[str, list[
         shapes = (shapes,)
     with warnings.catch_warnings(), gc_paused():
         warnings.simplefilter("ignore")
-        program = torch.export.export(module, xs, dynamic_shapes=shapes, strict=False)
+        with math_attention():
+            program = torch.export.export(module, xs, dynamic_shapes=shapes, strict=False)
     from torch.export.graph_signature import InputKind
     from torch.fx.experimental.symbolic_shapes import is_concrete_int  # a SymInt specialized to 2 is concrete
 
@@ -108,6 +109,22 @@ def gc_paused():
         gc.collect()
 
 
+@contextlib.contextmanager
+def math_attention():
+    """scaled_dot_product_attention traced with its math backend. On CPU, torch picks the flash
+    kernel while torch.export traces, whose output is laid out [B, S, H, D] under the logical
+    [B, H, S, D]: `out.transpose(1, 2).contiguous()` is then a no-op in the trace and the
+    `.reshape` after it becomes a view; torch.onnx re-runs the decomposed graph with the math
+    layout and that view fails ("Cannot view a tensor with shape [B, S, H, D] and strides ... as
+    (B, S, H*D)": transformers' T5 encoder, fp32 and bf16; pytorch/pytorch#136543, #141107).
+    With the math backend the strides agree in every pass; the graph keeps the one
+    scaled_dot_product_attention node either way, so the file is the same op."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel(SDPBackend.MATH):
+        yield
+
+
 #: the TorchScript-based exporter's opset when --opset does not say (its best-tested one)
 TORCHSCRIPT_OPSET = 17
 
@@ -118,7 +135,7 @@ def _torch_onnx_export(module, args, names, output_names, dynamic_axes, opset, a
     shapes = dynamic_shapes_for(args, names, dynamic_axes, auto)
     if shapes is not None and isinstance(module, CallAdapter):
         shapes = (shapes,)  # forward(*tensors): one entry, the tuple of the tensors' shapes
-    with warnings.catch_warnings(), gc_paused():
+    with warnings.catch_warnings(), gc_paused(), math_attention():
         warnings.simplefilter("ignore")
         logging.getLogger("torch.onnx").setLevel(logging.ERROR)
         program = torch.onnx.export(
