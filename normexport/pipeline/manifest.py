@@ -87,7 +87,90 @@ def read(folder: Path) -> dict:
         raise UsageError(f"cannot read '{path}' ({first_line(e, 120)}): convert the pipeline folder again") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT or not isinstance(manifest.get("slots"), dict):
         raise UsageError(f"'{path}' is not a {FORMAT} manifest: convert the pipeline folder again with this normexport")
+    problem = _problem(Path(folder), manifest)
+    if problem:
+        raise UsageError(f"'{path}' is damaged: {problem}; convert the pipeline folder again")
     return manifest
+
+
+#: the methods a slot may call (recording.METHODS and forward) and the dtypes an input may have
+SLOT_METHODS = ("forward", "decode", "encode")
+INPUT_DTYPES = ("float32", "float16", "bfloat16", "float64", "int64", "int32", "bool", "uint8", "int8")
+
+
+def _problem(folder: Path, manifest: dict) -> str | None:
+    """What is wrong in a manifest that parses (one phrase), or None: every slot names a component
+    folder and a method, a file inside the folder that exists, inputs with integer shapes, a known
+    dtype and dynamic axes within their rank, text constants and outputs, and an output structure
+    whose tensor numbers are the file's outputs. Nothing of a manifest is trusted beyond this."""
+    root = folder.resolve()
+    if not manifest["slots"]:
+        return "it lists no slot"
+    for slot, e in manifest["slots"].items():
+        where = f"slot {slot!r}"
+        if not isinstance(e, dict):
+            return f"{where} is not an object"
+        comp, method, file = e.get("component"), e.get("method"), e.get("file")
+        if not isinstance(comp, str) or not comp.isidentifier():
+            return f"{where} names no component folder"
+        if method not in SLOT_METHODS:
+            return f"{where} has method {method!r} (one of {', '.join(SLOT_METHODS)})"
+        if not isinstance(file, str) or not file:
+            return f"{where} names no file"
+        target = (folder / file).resolve()
+        if not target.is_relative_to(root):
+            return f"{where} file {file!r} points outside the folder"
+        if not target.is_file():
+            return f"{where} file {file!r} is missing"
+        inputs = e.get("inputs")
+        if not isinstance(inputs, dict):
+            return f"{where} has no inputs table"
+        for name, i in inputs.items():
+            shape = i.get("shape") if isinstance(i, dict) else None
+            if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
+                                                      for d in shape):
+                return f"{where} input {name!r} has no shape of sizes"
+            if i.get("dtype") not in INPUT_DTYPES:
+                return f"{where} input {name!r} has dtype {i.get('dtype')!r}"
+            dyn = i.get("dynamic", [])
+            if not isinstance(dyn, list) or not all(isinstance(a, int) and 0 <= a < len(shape) for a in dyn):
+                return f"{where} input {name!r} has dynamic axes {dyn!r} outside its rank {len(shape)}"
+        for key in ("constants", "renames"):
+            table = e.get(key) or {}
+            if not isinstance(table, dict) or not all(isinstance(v, str) for v in table.values()):
+                return f"{where} {key} are not a table of text"
+        outputs = e.get("outputs")
+        if not isinstance(outputs, list) or not all(isinstance(o, str) for o in outputs):
+            return f"{where} has no list of output names"
+        bad = _structure_problem(e.get("structure"), len(outputs))
+        if bad:
+            return f"{where} output structure {bad}"
+    return None
+
+
+def _structure_problem(node, n_outputs: int) -> str | None:
+    if node is None:
+        return None
+    if not isinstance(node, dict):
+        return "holds a non-object"
+    if "tensor" in node:
+        t = node["tensor"]
+        ok = isinstance(t, int) and not isinstance(t, bool) and 0 <= t < n_outputs
+        return None if ok else f"names tensor {t!r} of {n_outputs} outputs"
+    if "sequence" in node:
+        items = node.get("items")
+        if node["sequence"] not in ("list", "tuple") or not isinstance(items, list):
+            return "has a sequence without items"
+        return next((p for p in (_structure_problem(v, n_outputs) for v in items) if p), None)
+    if "mapping" in node:
+        keys, values = node.get("keys"), node.get("values")
+        if (not isinstance(node["mapping"], str) or not isinstance(keys, list) or not isinstance(values, list)
+                or len(keys) != len(values) or not all(isinstance(k, str) for k in keys)):
+            return "has a mapping whose keys and values do not pair"
+        return next((p for p in (_structure_problem(v, n_outputs) for v in values) if p), None)
+    if "other" in node:
+        return None
+    return "holds an unknown entry"
 
 
 def is_exported_pipeline(folder) -> bool:

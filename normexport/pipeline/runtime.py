@@ -45,7 +45,7 @@ def load(folder, providers: list[str] | None = None):
     generator=g)` runs as the eager pipeline does, every component in onnxruntime."""
     folder = Path(folder)
     manifest = manifest_mod.read(folder)
-    index = json.loads((folder / "model_index.json").read_text())
+    index = _model_index(folder)
     pipeline_cls = _library_class("diffusers", index.get("_class_name"), folder / "model_index.json")
     parts: dict = {}
     by_component: dict[str, dict] = {}
@@ -75,6 +75,17 @@ def load(folder, providers: list[str] | None = None):
     if hasattr(pipe, "set_progress_bar_config"):
         pipe.set_progress_bar_config(disable=True)
     return pipe
+
+
+def _model_index(folder: Path) -> dict:
+    path = folder / "model_index.json"
+    try:
+        index = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise UsageError(f"cannot read '{path}' ({first_line(e, 120)}): convert the pipeline folder again") from None
+    if not isinstance(index, dict):
+        raise UsageError(f"'{path}' is not a table of components: convert the pipeline folder again")
+    return index
 
 
 class _quiet:
@@ -161,7 +172,11 @@ class _Session:
         from ..ortrun import file_session
 
         self.slot, self.entry = slot, entry
-        self.session = file_session(folder / entry["file"], providers=providers)
+        try:
+            self.session = file_session(folder / entry["file"], providers=providers)
+        except Exception as e:  # noqa: BLE001 - onnxruntime refuses a damaged file with its own exception types
+            raise UsageError(f"onnxruntime cannot open '{folder / entry['file']}' ({type(e).__name__}: "
+                             f"{first_line(e, 160)}): the file is damaged; convert the pipeline folder again") from None
         self.inputs = {i.name: ORT_TYPES.get(i.type) for i in self.session.get_inputs()}
         self.outputs = [o.name for o in self.session.get_outputs()]
         self.renames = entry.get("renames") or {}
@@ -223,8 +238,11 @@ def _numpy(t: torch.Tensor) -> np.ndarray:
 def _meta_module(folder: Path, library_class: list, slots: dict):
     """The component's class built from the copied config.json on the meta device (no weights), or
     None where the class cannot be built so (then only config-free calls by keyword work)."""
-    library, cls_name = library_class
     slot = next(iter(slots.values()))[0]
+    if not (isinstance(library_class, list) and len(library_class) == 2):
+        raise UsageError(f"'{folder / 'model_index.json'}' gives {slot!r} no [library, class] pair: convert the "
+                         "pipeline folder again")
+    library, cls_name = library_class
     config_dir = folder / slot
     try:
         cls = _library_class(library, cls_name, folder / "model_index.json")
