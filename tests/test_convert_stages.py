@@ -5,6 +5,8 @@ exporter ladder gets its judge as an argument and hands it one record per export
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import sys
 import types
 
@@ -106,3 +108,53 @@ def test_the_ladder_hands_each_file_to_the_judge_it_is_given(tmp_path, monkeypat
 def test_the_ladder_judges_parity_except_for_no_check_and_the_kv_cache(no_check, task, expected):
     rec = record.Record(args=argparse.Namespace(no_check=no_check), task=task)
     assert rec.ladder_check is expected
+
+
+def test_a_retried_attempt_starts_from_the_record_before_the_stage(tmp_path, monkeypatch, capsys):
+    """Issue 39 item 2: the grown file failing against eager (planted here: the first attempt's
+    attention stage says so) makes convert export again from a copy of the record as the exporting
+    stage found it, the shallow trace off, no field reset by hand: a field added to the record
+    (planted: `planted`, set by the failed attempt) is not seen by the retry, nor is anything else
+    the failed attempt set (its depth and exporter sections, its fusion)."""
+    from normexport.convert import attention
+
+    @dataclasses.dataclass
+    class Planted(record.Record):
+        planted: str | None = None  # a field added after convert was written
+
+    monkeypatch.setattr(convert, "Record", Planted)
+    factories = types.ModuleType("stage_models")
+    factories.ln = _ln_model
+    monkeypatch.setitem(sys.modules, "stage_models", factories)
+    entered = []  # each exporting stage's record as it was given, its fields copied
+    real_export, real_attention = exporting.run, attention.run
+
+    def export(rec, judge):
+        entered.append({f.name: record._fresh(getattr(rec, f.name)) for f in dataclasses.fields(rec)})
+        return real_export(rec, judge)
+
+    def attend(rec):
+        rec = real_attention(rec)
+        if len(entered) == 1:  # the first attempt: its file "grown" and found unlike eager
+            rec.sections["depth"] = {"grown": True, "stack": "planted", "traced": 1, "blocks": 2}
+            rec.fused = types.SimpleNamespace(local={"eager_failed": True, "reason": "planted"})
+            rec.planted = "set by the failed attempt"
+        return rec
+
+    monkeypatch.setattr(exporting, "run", export)
+    monkeypatch.setattr(attention, "run", attend)
+    out, rep = tmp_path / "m.onnx", tmp_path / "r.json"
+    rec = convert.convert(_args("stage_models:ln", "--input", "x:3x5x8", "--target", "ort", "-o", str(out),
+                                "--report", str(rep)))
+    text = capsys.readouterr().out
+    assert rec.exit_code == 0 and out.exists(), text
+    assert "depth: the grown file FAILED against eager (planted): exporting the whole decoder instead" in text, text
+    assert len(entered) == 2
+    first, retry = entered
+    assert retry["planted"] is None and rec.planted is None
+    assert retry["off"] == {**first["off"], "depth": "the grown file failed against eager"}
+    for name in first:
+        if name != "off":
+            assert retry[name] is first[name] or retry[name] == first[name], name
+    report = json.loads(rep.read_text())
+    assert "depth" not in report and "attention" not in report and report["exporter"]["rung"] == "dynamic"

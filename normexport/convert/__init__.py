@@ -65,11 +65,12 @@ def convert(args, loaded=None) -> Record:
         rec = stage(rec)
     # the ladder's judge: each exported file rewritten, then (where convert checks it) its parity
     judge = lambda candidate: checking.judge(rewriting.run(candidate))  # noqa: E731
-    rec = exporting.run(rec, judge=judge)
+    before = rec  # the record as the exporting stage finds it: each attempt works on a copy of its own
+    rec = exporting.run(before.copy(), judge=judge)
     try:
         rec = attention.run(rec)
         if _grown_wrong(rec):  # the file grown from a shallow trace is not eager's: exported whole instead
-            rec = exporting.run(_without_depth(rec), judge=judge)
+            rec = exporting.run(_without_depth(rec, before), judge=judge)
             rec = attention.run(rec)
         for stage in (checking.run, writing.run):
             rec = stage(rec)
@@ -87,15 +88,14 @@ def _grown_wrong(rec: Record) -> bool:
     return bool(grown and rec.fused is not None and rec.fused.local.get("eager_failed"))
 
 
-def _without_depth(rec: Record) -> Record:
-    """The record as the export stage found it, the shallow trace turned off (said on the terminal)."""
-    print(f"  depth: the grown file FAILED against eager ({rec.fused.local.get('reason')}): exporting the whole "
+def _without_depth(failed: Record, before: Record) -> Record:
+    """The failed attempt's files dropped; a copy of the record as the export stage found it (`before`),
+    the shallow trace turned off (said on the terminal)."""
+    print(f"  depth: the grown file FAILED against eager ({failed.fused.local.get('reason')}): exporting the whole "
           "decoder instead")
-    if rec.bypath is not None:
-        rec.bypath.close()
+    if failed.bypath is not None:
+        failed.bypath.close()
+    prewrite.close(failed)
+    rec = before.copy()
     rec.off = {**rec.off, "depth": "the grown file failed against eager"}
-    rec.sections.pop("depth", None)
-    rec.sections.pop("exporter", None)
-    rec.model_ir = rec.model = rec.result = rec.fused = rec.decomposed = rec.packing = rec.bypath = None
-    rec.kept, rec.rewrite, rec.checked, rec.passed = {}, None, False, True
     return rec

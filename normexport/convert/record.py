@@ -75,6 +75,13 @@ class Record:
     prewrite: Any = None  # its weights written ahead, from the judge on (normexport.convert.prewrite.Prewrite)
     exit_code: int = 0
 
+    def copy(self) -> "Record":
+        """This record for an attempt of its own (convert: the exporting and attention stages, tried
+        again from the record as they found it): its dicts and lists copied, everything else (the
+        model, its weights, the loaded files) shared, never copied (DESIGN §8: the weights held once)."""
+        return dataclasses.replace(self, **{f.name: _fresh(getattr(self, f.name)) for f in dataclasses.fields(self)
+                                            if isinstance(getattr(self, f.name), (dict, list))})
+
     @property
     def ladder_check(self) -> bool:
         """The ladder's judge runs the parity check (not for --no-check; a causal LM with its cache
@@ -89,3 +96,12 @@ class Record:
 
         return builder(self.module, self.inputs, input_names=self.names, output_names=output_names,
                        dynamic_axes=self.kept, opset=self.opset)
+
+
+def _fresh(value):
+    """`value`'s dicts and lists copied all the way down (report sections, axes, names), the rest shared."""
+    if isinstance(value, dict):
+        return {k: _fresh(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_fresh(v) for v in value]
+    return value
