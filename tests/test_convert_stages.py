@@ -158,3 +158,52 @@ def test_a_retried_attempt_starts_from_the_record_before_the_stage(tmp_path, mon
             assert retry[name] is first[name] or retry[name] == first[name], name
     report = json.loads(rep.read_text())
     assert "depth" not in report and "attention" not in report and report["exporter"]["rung"] == "dynamic"
+
+
+def test_the_weights_written_ahead_have_one_owner(monkeypatch):
+    """Issue 39 item 2: convert.prewrite.Prewrite owns every folder written ahead in a run: `drop`
+    closes only the refused file's, `take` hands the attention stage the one for its file (another
+    file's closed), and leaving the `with` closes what is open, also on an error."""
+    from normexport.convert import prewrite
+    from normexport.llm import files, packing
+
+    made = []
+
+    class Folder:  # a Workdir whose weights' write is started and closed, nothing else
+        def __init__(self, out):
+            self.closed = 0
+            made.append(self)
+
+        def write_data_behind(self, model):
+            pass
+
+        def covers(self, model):
+            return True
+
+        def close(self):
+            self.closed += 1
+
+    monkeypatch.setattr(files, "Workdir", Folder)
+    monkeypatch.setattr(packing, "pack_siblings", lambda model: [])
+    monkeypatch.setattr(prewrite, "wanted", lambda rec: True)
+    a, b, c = (record.Record(args=argparse.Namespace(), model_ir=object()) for _ in range(3))
+    with prewrite.Prewrite() as owner:
+        for rec in (a, b, c):
+            rec.prewrite = owner
+        prewrite.start(a)
+        owner.drop(b.model_ir)  # another file refused: a's folder stays
+        assert made[0].closed == 0
+        owner.drop(a.model_ir)
+        assert made[0].closed == 1
+        prewrite.start(b)
+        assert prewrite.take(c) is None and made[1].closed == 1  # written for b, asked for c
+        prewrite.start(c)
+        assert prewrite.take(c).workdir is made[2] and made[2].closed == 0
+    assert made[2].closed == 1  # taken, still closed by its owner on leaving
+    with pytest.raises(RuntimeError):
+        with prewrite.Prewrite() as owner:
+            a.prewrite = owner
+            prewrite.start(a)
+            raise RuntimeError("a stage failed")
+    assert made[3].closed == 1
+    assert prewrite.take(record.Record(args=argparse.Namespace())) is None  # no owner: nothing written ahead

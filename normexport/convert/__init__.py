@@ -10,8 +10,9 @@ takes the record and returns it, none calling back up:
     checking   the check shown, or run (greedy generation for a causal LM with its cache)
     writing    the report, the file (atomically, only when checked), a causal LM's deployable folder
 
-prewrite.py is not a stage: the weights of a causal LM checked by path written ahead, started by the
-rewrite stage, taken by the attention stage, closed by whoever drops the file.
+prewrite.py is not a stage: the weights of a causal LM checked by path written ahead, one owner the
+run opens around the stages from exporting on (rec.prewrite), started by the rewrite stage, taken by
+the attention stage, dropped for a file the ladder refused, closed when the run leaves it.
 """
 
 from __future__ import annotations
@@ -65,19 +66,19 @@ def convert(args, loaded=None) -> Record:
         rec = stage(rec)
     # the ladder's judge: each exported file rewritten, then (where convert checks it) its parity
     judge = lambda candidate: checking.judge(rewriting.run(candidate))  # noqa: E731
-    before = rec  # the record as the exporting stage finds it: each attempt works on a copy of its own
-    rec = exporting.run(before.copy(), judge=judge)
-    try:
-        rec = attention.run(rec)
-        if _grown_wrong(rec):  # the file grown from a shallow trace is not eager's: exported whole instead
-            rec = exporting.run(_without_depth(rec, before), judge=judge)
+    with prewrite.Prewrite() as rec.prewrite:  # the weights written ahead: one owner, closed on leaving
+        before = rec  # the record as the exporting stage finds it: each attempt works on a copy of its own
+        rec = exporting.run(before.copy(), judge=judge)
+        try:
             rec = attention.run(rec)
-        for stage in (checking.run, writing.run):
-            rec = stage(rec)
-    finally:
-        if rec.bypath is not None:  # the temp folder of a file checked from files: never left behind
-            rec.bypath.close()
-        prewrite.close(rec)
+            if _grown_wrong(rec):  # the file grown from a shallow trace is not eager's: exported whole instead
+                rec = exporting.run(_without_depth(rec, before), judge=judge)
+                rec = attention.run(rec)
+            for stage in (checking.run, writing.run):
+                rec = stage(rec)
+        finally:
+            if rec.bypath is not None:  # the temp folder of a file checked from files: never left behind
+                rec.bypath.close()
     return rec
 
 
@@ -95,7 +96,7 @@ def _without_depth(failed: Record, before: Record) -> Record:
           "decoder instead")
     if failed.bypath is not None:
         failed.bypath.close()
-    prewrite.close(failed)
+    failed.prewrite.close()  # (the failed file's weights written ahead)
     rec = before.copy()
     rec.off = {**rec.off, "depth": "the grown file failed against eager"}
     return rec

@@ -15,7 +15,7 @@ from ..errors import ExportError, UsageError
 from ..export import TORCHSCRIPT_OPSET, DEFAULT_OPSET, op_counts
 from ..exporter import ladder
 from ..rewriter.driver import interface, weight_bytes
-from . import prewrite, record, summary
+from . import record, summary
 from .record import Record
 
 
@@ -25,13 +25,9 @@ def run(rec: Record, judge: Callable[[Record], Record]) -> Record:
     def on_file(model_ir, kept):  # a candidate record per exported file; the judge says whether it is kept
         cand = dataclasses.replace(rec, model_ir=model_ir, kept=kept, rewrite=None, model=None, result=None,
                                    checked=False, passed=True)
-        try:
-            cand = judge(cand)
-        except BaseException:
-            prewrite.close(cand)
-            raise
-        if not cand.passed:  # (its weights written ahead are not needed: convert.prewrite)
-            prewrite.close(cand)
+        cand = judge(cand)
+        if not cand.passed and cand.prewrite is not None:  # (its weights written ahead are not needed: convert.prewrite)
+            cand.prewrite.drop(cand.model_ir)
         return cand.passed, cand
 
     plan = None
@@ -55,10 +51,8 @@ def run(rec: Record, judge: Callable[[Record], Record]) -> Record:
         # the axes the file keeps dynamic (--module: those torch.export kept; DESIGN §9: a lower rung)
         rec.kept = onnx_dynamic_axes(rec.model if rec.model is not None else interface(rec.model_ir))
     except (UsageError, ExportError):
-        prewrite.close(rec)  # (the accepted file's weights written ahead: convert.prewrite)
         raise
     except Exception as e:
-        prewrite.close(rec)
         first = (str(e).strip().splitlines() or [type(e).__name__])[-1][:300]
         if "unsupported type: tensor(bfloat16)" in first and (rec.opset or 0) < record.BF16_OPSET:
             raise UsageError(f"an ONNX op of the model has no bfloat16 form at opset {rec.opset}: pass "

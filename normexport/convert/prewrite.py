@@ -4,7 +4,12 @@ are packed (normexport.llm.packing) and its weights start streaming into the dat
 temp folder the attention stage checks it in (llm.files.Workdir.write_data_behind: a forked
 process), while this process runs the norm rewrite and the fusion passes (Python: one core; the
 write: the other). The attention stage takes the folder where the file it fuses is this one
-(`take`); anything else closes it (a file the judge refused, an error, a file exported again).
+(`take`); a file the judge refused drops its own (`drop`).
+
+One owner: the run opens `with Prewrite() as ahead` (rec.prewrite, shared by every copy of the
+record) and the stages ask it (`start`, `take`, `drop`); it closes whatever it started when the run
+leaves it (success, error) or drops a failed attempt's before a retry (`close`). A stage run
+without one (rec.prewrite None) writes nothing ahead.
 
 Nothing is checked differently: the files the checks load are written from the final graphs, their
 weights the same bytes (shared with the data file; a tensor a later pass made is appended to it)."""
@@ -19,15 +24,63 @@ from .record import Record
 
 
 @dataclasses.dataclass
-class Prewrite:
+class Ahead:
     """The folder whose data file is being written from `model` (packed in place: `groups`)."""
 
     workdir: object  # normexport.llm.files.Workdir
     model: object  # the onnx-ir model, packed
     groups: list
 
+
+class Prewrite:
+    """The one owner of the folders written ahead in one run: at most one open at a time (the file
+    the ladder's judge has now), each closed by `close` (the run leaving, a retry) or `drop` (its
+    file refused), also after the attention stage took it (Workdir.close: twice is harmless)."""
+
+    def __init__(self) -> None:
+        self._ahead: Ahead | None = None  # the folder of the file judged last (taken or not)
+
+    def __enter__(self) -> "Prewrite":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def start(self, rec: Record) -> None:
+        """Where `wanted`: rec.model_ir packed in place, its weights' write started."""
+        if not wanted(rec):
+            return
+        from ..llm import packing
+        from ..llm.files import Workdir
+
+        self.close()  # (one folder at a time: the file judged before was refused or replaced)
+        groups = packing.pack_siblings(rec.model_ir)
+        self._ahead = Ahead(Workdir(rec.out), rec.model_ir, groups)
+        self._ahead.workdir.write_data_behind(rec.model_ir)
+
+    def rewritten(self, before, after) -> None:
+        """A pass returned `after` for `before` (the same graph and weights, edited in place)."""
+        if self._ahead is not None and self._ahead.model is before:
+            self._ahead.model = after
+
+    def take(self, model_ir) -> Ahead | None:
+        """The folder written ahead for `model_ir` (the file the attention stage fuses now), else None
+        (one written for another file, or not for all of its tensors, is closed)."""
+        ahead = self._ahead
+        if ahead is not None and (ahead.model is not model_ir or not ahead.workdir.covers(model_ir)):
+            self.close()  # (a pass rebuilt the weights' tensors: they would be written twice)
+            return None
+        return ahead
+
+    def drop(self, model_ir) -> None:
+        """The folder written ahead for `model_ir` closed (the judge refused that file)."""
+        if self._ahead is not None and self._ahead.model is model_ir:
+            self.close()
+
     def close(self) -> None:
-        self.workdir.close()
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            ahead.workdir.close()
 
 
 def wanted(rec: Record) -> bool:
@@ -53,35 +106,12 @@ def fits_by_path(model_ir) -> bool:
     return free is not None and weight_bytes(model_ir) * (2 if widened else 1) <= record.BYPATH_MEMORY_SHARE * free
 
 
-def start(rec: Record) -> Record:
-    """Where `wanted`: rec.model_ir packed in place, its weights' write started (rec.prewrite)."""
-    if rec.prewrite is not None or not wanted(rec):
-        return rec
-    from ..llm import packing
-    from ..llm.files import Workdir
-
-    groups = packing.pack_siblings(rec.model_ir)
-    wd = Workdir(rec.out)
-    try:
-        wd.write_data_behind(rec.model_ir)
-    except BaseException:
-        wd.close()
-        raise
-    rec.prewrite = Prewrite(wd, rec.model_ir, groups)
-    return rec
-
-
-def take(rec: Record) -> Prewrite | None:
-    """The folder written ahead for the file the attention stage fuses now (rec.model_ir), else
-    None (one written for another file is closed)."""
-    pre, rec.prewrite = rec.prewrite, None
-    if pre is not None and (pre.model is not rec.model_ir or not pre.workdir.covers(rec.model_ir)):
-        pre.close()  # (a pass rebuilt the weights' tensors: they would be written twice)
-        return None
-    return pre
-
-
-def close(rec: Record) -> None:
+def start(rec: Record) -> None:
+    """Where the run has an owner (rec.prewrite): rec.model_ir's weights written ahead where `wanted`."""
     if rec.prewrite is not None:
-        rec.prewrite.close()
-        rec.prewrite = None
+        rec.prewrite.start(rec)
+
+
+def take(rec: Record) -> Ahead | None:
+    """The folder written ahead for rec.model_ir, else None."""
+    return rec.prewrite.take(rec.model_ir) if rec.prewrite is not None else None

@@ -72,7 +72,7 @@ class Record:
     decomposed: tuple | None = None
     packing: Any = None  # the packed projections (normexport.llm.packing.Packing)
     bypath: Any = None  # a causal LM over PARITY_LIMIT checked from files (normexport.llm.bypath.Checked)
-    prewrite: Any = None  # its weights written ahead, from the judge on (normexport.convert.prewrite.Prewrite)
+    prewrite: Any = None  # its weights written ahead: the run's owner of them (normexport.convert.prewrite.Prewrite)
     exit_code: int = 0
 
     def copy(self) -> "Record":

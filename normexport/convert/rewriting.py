@@ -10,15 +10,11 @@ from .record import Record
 
 
 def run(rec: Record) -> Record:
-    rec = prewrite.start(rec)  # a causal LM checked by path: its weights written while the rewrite runs
+    prewrite.start(rec)  # a causal LM checked by path: its weights written while the rewrite runs
     report = rewriter.RewriteReport()
-    try:
-        rec.model_ir = rewriter.rewrite_ir(rec.model_ir, target=rec.args.target, verify=True, report=report,
-                                           off=rec.off)
-    except BaseException:
-        prewrite.close(rec)
-        raise
-    if rec.prewrite is not None:
-        rec.prewrite.model = rec.model_ir  # (the rewrite edits the graph in place; its weights are the same tensors)
+    model_ir = rec.model_ir
+    rec.model_ir = rewriter.rewrite_ir(model_ir, target=rec.args.target, verify=True, report=report, off=rec.off)
+    if rec.prewrite is not None:  # (the rewrite edits the graph in place; its weights are the same tensors)
+        rec.prewrite.rewritten(model_ir, rec.model_ir)
     rec.rewrite = report.to_dict()
     return rec
