@@ -6,7 +6,9 @@ gated-GELU, vocabulary 32128, random weights) in bfloat16, 5 layers by default: 
 2 GiB protobuf limit; the other components are tiny:
 - `--kind pixart`: PixArtAlphaPipeline (optimum-onnx 0.1.0 has no PixArt pipeline: normexport only);
 - `--kind sd3`: StableDiffusion3Pipeline with the T5 as text_encoder_3 (optimum exports it with
-  `optimum-cli export onnx --dtype bf16`, run from .venv-optimum: `make optimum-env`).
+  `optimum-cli export onnx --task text-to-image --dtype bf16`, run from .venv-optimum: `make
+  optimum-env`; with --optimum the folder is saved from that venv, whose transformers 4.57 cannot
+  read the tokenizer classes transformers 5 writes, and normexport reads it as any hub folder).
 Peak RSS is read with /usr/bin/time -v and compared with the largest component's weight bytes.
 
     .venv/bin/python tools/pipeline_memory.py WORKDIR [--kind sd3] [--layers 5] [--optimum]
@@ -60,7 +62,8 @@ def build(work: Path, kind: str, layers: int) -> Path:
             pos_embed_max_size=16)
         clip = transformers.CLIPTextModelWithProjection
         pipe = diffusers.StableDiffusion3Pipeline(
-            transformer=transformer, scheduler=diffusers.FlowMatchEulerDiscreteScheduler(), vae=vae(),
+            transformer=transformer, scheduler=diffusers.FlowMatchEulerDiscreteScheduler(),
+            vae=vae(shift_factor=0.1, scaling_factor=0.5),
             text_encoder=clip_text(clip, 16, 8), tokenizer=clip_tokenizer(work / "tok1"),
             text_encoder_2=clip_text(clip, 16, 8), tokenizer_2=clip_tokenizer(work / "tok2"),
             text_encoder_3=t5_xxl(layers), tokenizer_3=word_tokenizer())
@@ -93,9 +96,16 @@ def main() -> int:
     p.add_argument("--kind", choices=["pixart", "sd3"], default="pixart")
     p.add_argument("--layers", type=int, default=5)
     p.add_argument("--optimum", action="store_true", help="also optimum-cli export onnx of the same folder")
+    p.add_argument("--build-only", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args()
     a.work.mkdir(parents=True, exist_ok=True)
+    opt_python = ROOT / ".venv-optimum" / "bin" / "python"
+    if a.optimum and not a.build_only and opt_python.exists():
+        subprocess.run([str(opt_python), __file__, str(a.work), "--kind", a.kind, "--layers", str(a.layers),
+                        "--build-only"], check=True)
     folder = build(a.work, a.kind, a.layers)
+    if a.build_only:
+        return 0
     sizes = {c.name: weight_bytes(c) for c in folder.iterdir() if c.is_dir() and weight_bytes(c)}
     largest = max(sizes.values())
     runs = {}
@@ -110,7 +120,8 @@ def main() -> int:
         if not cli.exists():
             runs["optimum"] = {"skipped": f"{cli} missing: make optimum-env"}
         else:
-            runs["optimum"] = timed([str(cli), "export", "onnx", "--model", str(folder), "--dtype", "bf16", f"{opt}/"])
+            runs["optimum"] = timed([str(cli), "export", "onnx", "--model", str(folder), "--task", "text-to-image",
+                                     "--dtype", "bf16", f"{opt}/"])
             runs["optimum"]["files"] = files(opt)
     for name, r in runs.items():
         if r.get("peak_rss_bytes"):
