@@ -1,4 +1,4 @@
-"""`normexport.capture(module, FILE)`: record the example inputs a user can always give (DESIGN §9).
+"""`normexport.capture(module, FILE)`: record the example inputs a user can always give (docs/design.md §9).
 
     with normexport.capture(pipe.transformer, "inputs.pt"):
         pipe("a prompt", num_inference_steps=1)

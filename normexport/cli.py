@@ -1,4 +1,4 @@
-"""`normexport` command line (DESIGN §4). Bad input: one line on stderr, exit 2, no traceback."""
+"""`normexport` command line (docs/design.md §4). Bad input: one line on stderr, exit 2, no traceback."""
 
 from __future__ import annotations
 

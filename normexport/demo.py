@@ -54,7 +54,7 @@ def run(args) -> int:
                                output_names=module.output_names, dynamic_axes=module.dynamic_axes, report=sections)
         io.check_onnx(model, workdir=out)  # by path, with external data, when over 2 GiB
         result = check(model, module, inputs, dynamic_axes=module.dynamic_axes, command="demo",
-                       plain_export=lambda: convert_module(  # DESIGN §7: the plain export, built on demand
+                       plain_export=lambda: convert_module(  # docs/design.md §7: the plain export, built on demand
                            module, inputs, target="onnx", input_names=module.input_names,
                            output_names=module.output_names, dynamic_axes=module.dynamic_axes,
                            fold_bn=False, swap_norms=False, rewrite=False))

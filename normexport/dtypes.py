@@ -1,4 +1,4 @@
-"""ONNX element types as numpy dtypes, and DESIGN §7's tolerance per dtype (one place for both:
+"""ONNX element types as numpy dtypes, and docs/design.md §7's tolerance per dtype (one place for both:
 normexport.sizes, the rewriter and its checks read them here)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import ml_dtypes
 import numpy as np
 import onnx
 
-#: relative part / absolute part of the tolerance per output dtype (DESIGN §7)
+#: relative part / absolute part of the tolerance per output dtype (docs/design.md §7)
 TOL = {
     np.dtype(np.float32): (1e-5, 1e-6),
     np.dtype(np.float64): (1e-5, 1e-6),
@@ -32,5 +32,5 @@ def np_dtype(elem_type: int) -> np.dtype | None:
 
 
 def tolerance(dt: np.dtype | None) -> tuple[float, float]:
-    """(relative, absolute) tolerance of DESIGN §7 for outputs of dtype `dt`."""
+    """(relative, absolute) tolerance of docs/design.md §7 for outputs of dtype `dt`."""
     return TOL.get(dt, BF16_TOL) if dt is not None else BF16_TOL

@@ -1,5 +1,5 @@
 """Input sizes to run an ONNX model at: the user's (`--input NAME:DIMS[:DTYPE]`), else sizes the
-model accepts, found by running it in onnxruntime (DESIGN §4: `rewrite` / `check` verify at
+model accepts, found by running it in onnxruntime (docs/design.md §4: `rewrite` / `check` verify at
 `--input` shapes when given, else at sizes the model accepts, and say which).
 
 Public API:

@@ -11,7 +11,7 @@ def assert_parity(module, onnx_path_or_model, inputs, *, rtol=None, atol=None, b
     and raise AssertionError with a readable diff when any backend that ran fails, or when no
     backend could run. Returns the report when parity holds.
 
-    `plain_export` is the second rule of the verdict (DESIGN §7): True (default) builds the plain
+    `plain_export` is the second rule of the verdict (docs/design.md §7): True (default) builds the plain
     torch.onnx export of `module` (no BN folding, norm swaps or rewrites; the file's input names,
     dynamic axes and opset) when a row fails the 2x-eager rule, as `convert` and `check` do; a
     function returning that onnx.ModelProto; or None to judge by 2x eager alone."""

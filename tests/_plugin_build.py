@@ -88,7 +88,7 @@ _ROOT_PATTERNS = ("TensorRT-1[0-9].*", "TensorRT-1[0-9]", "TensorRT", "tensorrt"
 
 
 #: NVIDIA's open-source TensorRT headers (include/ + LICENSE of github.com/NVIDIA/TensorRT, Apache-2.0)
-#: that every developer machine and CI have beside the checkout; the last place looked (DESIGN §6),
+#: that every developer machine and CI have beside the checkout; the last place looked (docs/design.md §6),
 #: never copied into the project. plugins/CMakeLists.txt falls back to the same folder.
 SHARED_TENSORRT = REPO_ROOT.parent / "shared" / "third_party" / "tensorrt"
 

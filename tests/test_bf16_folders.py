@@ -1,4 +1,4 @@
-"""bfloat16 folders as users bring them (DESIGN §8): a diffusers DiT saved in bfloat16 loads in
+"""bfloat16 folders as users bring them (docs/design.md §8): a diffusers DiT saved in bfloat16 loads in
 bfloat16 (not as a float32 copy twice the size), exports at opset 22, its unpatchify Einsum
 becomes a Transpose (ONNX's Einsum has no bfloat16 form), every modulated LayerNorm is fused and
 the parity check passes with the file run widened to float32 in onnxruntime."""

@@ -1,4 +1,4 @@
-"""`normexport.capture` + `convert --inputs` (DESIGN §9): the inputs of a real diffusers pipeline
+"""`normexport.capture` + `convert --inputs` (docs/design.md §9): the inputs of a real diffusers pipeline
 call (ChromaPipeline built from components: tiny transformer, tiny VAE, scheduler; prompt
 embeddings given, so no tokenizer is needed offline) recorded and converted."""
 

@@ -1,5 +1,5 @@
 """normexport.check / normexport.testing: parity against a float64 reference, skipped backends,
-dynamic shapes, tolerances (DESIGN §5, §7) and the `check` command handler."""
+dynamic shapes, tolerances (docs/design.md §5, §7) and the `check` command handler."""
 
 from __future__ import annotations
 
@@ -295,7 +295,7 @@ def test_tolerance_rules():
     assert tolerance_for(torch.int64, 5.0) == 0.0
     tol = tolerance_for(torch.float32, 1.0)
     eps32 = torch.finfo(torch.float32).eps
-    # whole models (DESIGN §7): <= max(2x eager, floor), floored at 4 eps x max|ref|; the tolerance
+    # whole models (docs/design.md §7): <= max(2x eager, floor), floored at 4 eps x max|ref|; the tolerance
     # is the limit only without a float64 reference
     assert limit_for(torch.float32, tol, 1.0, 0.0) == pytest.approx(4 * eps32)  # floor
     assert limit_for(torch.float32, tol, 2.0, 1e-7) == pytest.approx(8 * eps32)  # floor scales with max|ref|
@@ -359,7 +359,7 @@ def test_float64_reference_keeps_float32_casts_in_float64():
     assert report.rows[0].ref_err_fp64 > 0
 
 
-# ---- DESIGN §7: within tolerance *and* <= 2x eager's own error (fp32 too) -------------------------
+# ---- docs/design.md §7: within tolerance *and* <= 2x eager's own error (fp32 too) -------------------------
 def _perturb_initializer(model: onnx.ModelProto, name: str, delta: float, index: int = 0) -> onnx.ModelProto:
     """A copy with element `index` of initializer `name` moved by `delta`."""
     m = onnx.ModelProto()

@@ -497,7 +497,7 @@ def test_check_onnx_large_model_goes_by_path(tmp_path, monkeypatch):
 
 
 def test_convert_large_model_writes_external_data(cli, tmp_path, monkeypatch):
-    """A model over the limits (DESIGN §8) stays an onnx-ir model: it is streamed to disk with
+    """A model over the limits (docs/design.md §8) stays an onnx-ir model: it is streamed to disk with
     external data, checked there by path, the whole-model parity left to `normexport check` with a
     line that says so; every fusion verified locally."""
     from normexport.convert import record as nconvert

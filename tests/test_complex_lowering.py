@@ -1,4 +1,4 @@
-"""Complex arithmetic carried as real pairs (normexport.prepare.complex, DESIGN §9, issue 22).
+"""Complex arithmetic carried as real pairs (normexport.prepare.complex, docs/design.md §9, issue 22).
 
 Each lowered call is checked against torch's own complex arithmetic in float64 on random values
 (the Python API and the ATen overloads a torch.export graph calls); the spellings of complex rotary

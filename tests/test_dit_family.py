@@ -4,7 +4,7 @@ normexport::AdaLNZero, with normexport's torch-level swaps and by the ONNX rewri
 Tiny SD3Transformer2DModel (two blocks, the second context_pre_only), FluxTransformer2DModel (one
 double + one single block), DiTTransformer2DModel and PixArtTransformer2DModel, random weights,
 nothing downloaded. The number of modulated LayerNorms comes from the model's structure
-(`modulated_layernorms`); the file's output is compared with the model run in float64 (DESIGN §7
+(`modulated_layernorms`); the file's output is compared with the model run in float64 (docs/design.md §7
 fp32 tolerance).
 """
 
@@ -157,7 +157,7 @@ def _ort(model: onnx.ModelProto, args) -> np.ndarray:
 
 
 def _errors(module, args, got) -> tuple[float, float, float]:
-    """(file's max abs err, eager fp32's, DESIGN §7 fp32 tolerance) against the model in float64."""
+    """(file's max abs err, eager fp32's, docs/design.md §7 fp32 tolerance) against the model in float64."""
     ref64 = copy.deepcopy(module).double()
     with torch.no_grad():
         ref = ref64(*[a.double() if a.is_floating_point() else a for a in args]).numpy()

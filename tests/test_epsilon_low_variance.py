@@ -5,7 +5,7 @@ variance (the rest of the suite) epsilon is nearly irrelevant: 1e-6 against 1 is
 change, inside the float32 tolerance.
 
 Each case is judged against a float64 numpy formula written here (not normexport's own `reference`
-functions, not its verdict), within DESIGN §7's float32 tolerance; the same inputs with unit
+functions, not its verdict), within docs/design.md §7's float32 tolerance; the same inputs with unit
 variance are checked too. The rewriter's own fusion-time verification runs on random inputs of
 unit variance, so it cannot be what catches a lost epsilon.
 """
@@ -58,7 +58,7 @@ def ln64(x, w, b, eps, axes=(-1,)):
 
 
 def assert_f32(got, ref, what):
-    """DESIGN §7 float32: max abs err <= 1e-5 x max|ref| + 1e-6."""
+    """docs/design.md §7 float32: max abs err <= 1e-5 x max|ref| + 1e-6."""
     got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
     assert got.shape == ref.shape, (what, got.shape, ref.shape)
     tol = 1e-5 * np.abs(ref).max() + 1e-6

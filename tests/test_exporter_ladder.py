@@ -1,4 +1,4 @@
-"""The exporter ladder (DESIGN §9): dynamo with the dynamic axes -> dynamo with the axes that
+"""The exporter ladder (docs/design.md §9): dynamo with the dynamic axes -> dynamo with the axes that
 broke made static -> dynamo fully static -> TorchScript; the first file whose parity passes is kept.
 
 ChromaTransformer2DModel builds a tensor from the batch size in python

@@ -1,6 +1,6 @@
 """normexport.prepare.fold_bn.fold_batchnorm: torch-level BN folding, checked against a float64 reference.
 
-Tolerance: DESIGN §7 fp32 (max abs err <= 1e-5 * max|ref| + 1e-6), or, where folding's extra
+Tolerance: docs/design.md §7 fp32 (max abs err <= 1e-5 * max|ref| + 1e-6), or, where folding's extra
 float32 rounding of the weights exceeds that, <= 2x the eager float32 model's own error + 1e-6
 (see tests/rewrite/_bn_graphs.py)."""
 

@@ -1,4 +1,4 @@
-"""`normexport convert FOLDER` makes the inputs of any save_pretrained folder (issue 28, DESIGN §9):
+"""`normexport convert FOLDER` makes the inputs of any save_pretrained folder (issue 28, docs/design.md §9):
 from what the folder says (config.json, preprocessor_config.json written by the real image
 processor), what the library says (the forward's annotations, its documented shapes) and one
 eager forward that tries the alternative when the model refuses (probe). Real classes, tiny

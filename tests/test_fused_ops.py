@@ -1,4 +1,4 @@
-"""The fused residual ops (DESIGN §2): normexport::SkipRMSNorm and normexport::GatedAdaLNZero.
+"""The fused residual ops (docs/design.md §2): normexport::SkipRMSNorm and normexport::GatedAdaLNZero.
 torch custom op, ONNX function body in onnxruntime (both outputs), torch.onnx export, all against
 float64 references written from the formulas; bodies pass the ONNX checker."""
 
@@ -15,7 +15,7 @@ from normexport.ops import gated_adaln_zero, skip_rms_norm
 G = torch.Generator().manual_seed(0)
 ONNX_TYPE = {torch.float32: TensorProto.FLOAT, torch.float16: TensorProto.FLOAT16}
 NP_TYPE = {torch.float32: np.float32, torch.float16: np.float16}
-TOL = {torch.float32: 1e-5, torch.float16: 2e-3}  # DESIGN §7 (relative to max|ref|)
+TOL = {torch.float32: 1e-5, torch.float16: 2e-3}  # docs/design.md §7 (relative to max|ref|)
 
 
 def rand(*shape, dtype=torch.float32, scale=1.0, offset=0.0):

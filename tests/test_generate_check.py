@@ -1,4 +1,4 @@
-"""`normexport check` of a file with a KV cache: greedy generation step by step (DESIGN §10,
+"""`normexport check` of a file with a KV cache: greedy generation step by step (docs/design.md §10,
 normexport/parity/generate.py). A tiny LLaMA (grouped-query attention) converted with `--target ort
 --no-check`, then:
 

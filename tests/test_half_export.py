@@ -1,6 +1,6 @@
 """End to end in float16: the reference DiT and LLaMA blocks cast to fp16, exported for target trt
 (normexport ops with fp32 statistics inside), run by onnxruntime through the function bodies, and
-judged by normexport.check against the float64 reference: within the fp16 tolerance (DESIGN §7)
+judged by normexport.check against the float64 reference: within the fp16 tolerance (docs/design.md §7)
 and no worse than 2x eager PyTorch's own fp16 error. bfloat16 cannot be run here: onnxruntime's
 CPU provider has no bfloat16 MatMul (convert says so and writes nothing without --no-check)."""
 

@@ -9,7 +9,7 @@ modulation, the fused residual ops (SkipRMSNorm, GatedAdaLNZero: both outputs), 
 kernels read and write exactly the row's elements (guard cells around y stay untouched), every
 lane reaches every shuffle and barrier (a lane that did not would time the barrier out and
 the call would fail), and the results match float64 references written from the formulas within
-DESIGN §7's tolerances. The same kernels also run under AddressSanitizer + UBSan (no access
+docs/design.md §7's tolerances. The same kernels also run under AddressSanitizer + UBSan (no access
 outside a tensor) and ThreadSanitizer (no race on shared memory between a block's threads). Every
 kind of check is shown to fail on a planted kernel bug. What it does not prove: speed, or the
 GPU's own arithmetic and memory model (rsqrtf is exact here) - tests/test_kernels_gpu.py does that
@@ -36,7 +36,7 @@ if find_cuda_include() is None:
                 allow_module_level=True)
 
 DTYPES = {"fp32": (np.float32, 0), "fp16": (np.float16, 1), "bf16": (ml_dtypes.bfloat16, 2)}
-REL_TOL = {"fp32": 1e-5, "fp16": 2e-3, "bf16": 1.6e-2}  # DESIGN §7, relative to max|ref|
+REL_TOL = {"fp32": 1e-5, "fp16": 2e-3, "bf16": 1.6e-2}  # docs/design.md §7, relative to max|ref|
 EPS = 1e-5
 GUARD = 16
 SENTINEL = 1234.5
@@ -101,7 +101,7 @@ def _f64(buf: Buf | None):
 
 
 def _check(y: Buf, ref: np.ndarray, dtype_id: str, what: str, eager: np.ndarray | None = None):
-    """Within DESIGN §7's tolerance of the float64 reference, or (for ill-conditioned rows, where
+    """Within docs/design.md §7's tolerance of the float64 reference, or (for ill-conditioned rows, where
     float32 itself cannot do better) within 2x the error of eager PyTorch in float32."""
     assert y.guards_intact(), f"{what}: the kernel wrote outside y"
     got = y.array.astype(np.float64)
@@ -216,7 +216,7 @@ def _check_skip_rms(rc, y, out_sum, x, skip, bias, w, dtype_id, what):
     dtype = DTYPES[dtype_id][0]
     ref_sum = _f64(x) + _f64(skip) + (0 if bias is None else _f64(bias))
     _check(out_sum, ref_sum, dtype_id, f"{what} Sum")
-    # DESIGN §2: Y normalises the sum as stored (rounded to the IO dtype)
+    # docs/design.md §2: Y normalises the sum as stored (rounded to the IO dtype)
     _check(y, ref_rms(_round(ref_sum, dtype), _f64(w)), dtype_id, f"{what} Y")
 
 

@@ -1,7 +1,7 @@
 """GPU correctness of the CUDA kernels through their C ABI (ctypes + torch CUDA tensors).
 
-Compared against a float64 numpy reference written from the formulas (DESIGN §2), with the
-tolerances of DESIGN §7 relative to max|ref|. Covers float32/float16/bfloat16, hidden sizes
+Compared against a float64 numpy reference written from the formulas (docs/design.md §2), with the
+tolerances of docs/design.md §7 relative to max|ref|. Covers float32/float16/bfloat16, hidden sizes
 from 1 to beyond register capacity (looped kernel), vectorised and scalar paths (pointers
 offset by one element, odd hidden), [B,H] and full-shape modulation, with/without weight/bias.
 
@@ -233,7 +233,7 @@ def test_many_rows_and_side_stream(lib):
 
 
 # ------------------------------------------------------------------------------------------
-# Fused residual ops: SkipRMSNorm, GatedAdaLNZero (Y and Sum, DESIGN §2)
+# Fused residual ops: SkipRMSNorm, GatedAdaLNZero (Y and Sum, docs/design.md §2)
 # ------------------------------------------------------------------------------------------
 
 
@@ -296,7 +296,7 @@ def test_gated_adaln_zero(lib, dtype, hidden, mod_full, affine):
 
 
 # ------------------------------------------------------------------------------------------
-# modulation_axis (DESIGN §2): x [outer, B, inner, H], modulation [B, H]; row r of x takes
+# modulation_axis (docs/design.md §2): x [outer, B, inner, H], modulation [B, H]; row r of x takes
 # modulation row (r / inner) % B. outer > 1 and B > 1 run the *ModAxis kernels; the others the
 # default kinds (the entry point decides).
 # ------------------------------------------------------------------------------------------

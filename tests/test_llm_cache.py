@@ -1,5 +1,5 @@
 """Causal LMs exported with their KV cache (`convert --task text-generation-with-past`, the default
-for causal-LM folders; DESIGN §10), on real transformers classes with tiny random configs: LLaMA,
+for causal-LM folders; docs/design.md §10), on real transformers classes with tiny random configs: LLaMA,
 Qwen 3 (q/k norms), Gemma 3 (sliding window + sandwich norms, (1 + w) scales), Mistral (sliding
 window), Qwen 3 MoE; grouped-query attention in all (2 KV heads for 4 query heads).
 

@@ -1,4 +1,4 @@
-"""The deployable folder of a causal LM converted with its KV cache (DESIGN §10, issue 31 item 1):
+"""The deployable folder of a causal LM converted with its KV cache (docs/design.md §10, issue 31 item 1):
 `convert FOLDER -o DIR/` writes DIR/model.onnx with genai_config.json, the tokenizer files,
 config.json and generation_config.json, and onnxruntime-genai's generator, given DIR and nothing
 else, gives transformers' greedy tokens.

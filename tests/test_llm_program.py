@@ -1,5 +1,5 @@
 """A `.pt2` program that takes a KV cache converts with the cache interface and is checked by
-generation (issue 23 item 1 "the same for .pt2"; DESIGN §10; normexport/llm/program.py).
+generation (issue 23 item 1 "the same for .pt2"; docs/design.md §10; normexport/llm/program.py).
 
 The programs: torch.export of a real LlamaForCausalLM (tiny, random weights) behind a wrapper that
 takes the cache as a nested list of (key, value) pairs, as a user writes one; the cache dims

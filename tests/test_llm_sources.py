@@ -1,4 +1,4 @@
-"""The KV-cache task for every way a causal LM comes in (issue 23; DESIGN §10), and causal LMs whose
+"""The KV-cache task for every way a causal LM comes in (issue 23; docs/design.md §10), and causal LMs whose
 cache is not a KV cache. Real transformers classes, tiny configs, random weights.
 
 - `package.module:callable` + `--weights` of a LlamaForCausalLM: the default task is the KV-cache

@@ -1,4 +1,4 @@
-"""Model files are recognised by content, not extension (DESIGN §9, issue 28): a TorchScript
+"""Model files are recognised by content, not extension (docs/design.md §9, issue 28): a TorchScript
 archive named `model.jit` (as silero ships), `.ts` or `.torchscript` (as ultralytics writes), a
 torch.export archive under any name, converted with norms fused and parity passing; a file that is
 neither (an ONNX file, safetensors weights, JSON, a zip of other things) is refused in one line

@@ -1,4 +1,4 @@
-"""The two custom ops (DESIGN §2): torch op, ONNX function body in onnxruntime, torch.onnx export,
+"""The two custom ops (docs/design.md §2): torch op, ONNX function body in onnxruntime, torch.onnx export,
 all against float64 references written from the formulas."""
 
 import numpy as np
@@ -14,7 +14,7 @@ from normexport.ops import adaln_zero, rms_norm
 
 G = torch.Generator().manual_seed(0)
 ONNX_TYPE = {torch.float32: TensorProto.FLOAT, torch.float16: TensorProto.FLOAT16, torch.bfloat16: TensorProto.BFLOAT16}
-TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}  # DESIGN §7 (relative)
+TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}  # docs/design.md §7 (relative)
 
 
 def rand(*shape, dtype=torch.float32, scale=1.0, offset=0.0):
@@ -88,7 +88,7 @@ def ort_run(model, inputs: dict):
 
 
 def no_worse_than_eager(err: float, eager: float, dtype) -> bool:
-    """DESIGN §7: within tolerance and, for half types, no worse than eager PyTorch in the same
+    """docs/design.md §7: within tolerance and, for half types, no worse than eager PyTorch in the same
     dtype (one final rounding of slack); fp32 errors are rounding noise: at most 2x eager's."""
     floor = torch.finfo(dtype).eps
     if dtype == torch.float32:

@@ -1,4 +1,4 @@
-"""A damaged exported pipeline folder (docs/convert.md "A pipeline folder out"; DESIGN §14) never
+"""A damaged exported pipeline folder (docs/convert.md "A pipeline folder out"; docs/design.md §14) never
 ends in an internal error: `normexport.pipeline.load(OUT)` either loads it or raises a UsageError
 of one line naming what is wrong, and `normexport check OUT --reference DIR` / `normexport build
 OUT/` exit 2 with that one line. Nothing in the manifest or model_index.json is trusted: a slot's

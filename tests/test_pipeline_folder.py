@@ -1,4 +1,4 @@
-"""`normexport convert PIPELINE_DIR` (issue 28 item 2, DESIGN §9): a whole diffusers pipeline folder
+"""`normexport convert PIPELINE_DIR` (issue 28 item 2, docs/design.md §9): a whole diffusers pipeline folder
 (model_index.json + one folder per component, as `pipe.save_pretrained` writes it) is built offline
 and run once (one step, 64x64) with normexport.capture on its components; the denoiser (or
 `--module NAME[.submodule]`) is exported with exactly the call the pipeline made.

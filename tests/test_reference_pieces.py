@@ -1,4 +1,4 @@
-"""The streamed float64 reference (DESIGN §8) never upcasts a large Linear / Embedding whole: the
+"""The streamed float64 reference (docs/design.md §8) never upcasts a large Linear / Embedding whole: the
 lm_head of an 8 B LLaMA in float64 alone is 4 GiB. It computes their float64 outputs in pieces
 (Linear: output columns in slices; Embedding: rows looked up, then upcast): the same values as the
 float64 copy of the model, and the model's weights stay in their dtype."""

@@ -1,4 +1,4 @@
-"""Real sizes (DESIGN §8): a model whose weights cross protobuf's 2 GiB goes through convert,
+"""Real sizes (docs/design.md §8): a model whose weights cross protobuf's 2 GiB goes through convert,
 rewrite, check and build; the float64 reference of a model too large to copy in float64 is
 computed module by module."""
 
@@ -117,7 +117,7 @@ def test_over_2gib_convert_rewrite_check_build(big_folder, tmp_path):
     rw = tmp_path / "rw.onnx"
     code, out, err = _cli("rewrite", plain, "-o", rw)
     assert code == 0, err
-    if "rewrite" in PEAKS:  # DESIGN §8: the weights memory-mapped, never all in RAM twice
+    if "rewrite" in PEAKS:  # docs/design.md §8: the weights memory-mapped, never all in RAM twice
         assert PEAKS["rewrite"] <= 1.2 * gib_of(big_folder), PEAKS
     # 5 RMSNorm fusions and 4 residual Adds fused into them (all but the first norm's, on the embedding)
     assert _rmsnorms(rw) == 5 and _residual_fused(rw) == 4 and "local verification: 9 of 9 fusion(s) verified" in out, out
@@ -146,7 +146,7 @@ def _umask() -> int:
 def test_bf16_model_too_large_to_widen_runs_piece_by_piece(tmp_path, monkeypatch):
     """A bfloat16 model whose float32 widening would not fit runs in onnxruntime one piece of
     weights at a time: the same outputs, bit for bit, as the whole model widened; and `check`
-    passes through it (DESIGN §8)."""
+    passes through it (docs/design.md §8)."""
     transformers = pytest.importorskip("transformers")
     from normexport.parity import check
     from normexport.parity import runners as R

@@ -1,5 +1,5 @@
 """The fused residual ops in TensorRT (TensorRT for RTX builds on the CPU): their function bodies
-parse and build without the plugin (DESIGN §2's parser constraints), and with
+parse and build without the plugin (docs/design.md §2's parser constraints), and with
 libnormexport_plugins.so every SkipRMSNorm / GatedAdaLNZero node becomes one plugin layer (both
 outputs), in float32, float16 and bfloat16. The plugin library is the `plugin_lib` fixture's
 (tests/conftest.py): skipped with the reason where nvcc or TensorRT headers are missing."""

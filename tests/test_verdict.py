@@ -1,4 +1,4 @@
-"""The whole-model parity verdict (DESIGN §7) on real third-party models (tiny configs, random
+"""The whole-model parity verdict (docs/design.md §7) on real third-party models (tiny configs, random
 weights): diffusers FluxTransformer2DModel (1 double + 1 single block) in float32 for every target,
 a transformers LlamaDecoderLayer in float16 with activations around 20 (eager itself beyond the
 float16 tolerance), the plain-export rule, and files that really add error failing."""

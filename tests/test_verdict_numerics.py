@@ -1,4 +1,4 @@
-"""The parity verdict (DESIGN §7) on outputs whose right answer is known without normexport: small
+"""The parity verdict (docs/design.md §7) on outputs whose right answer is known without normexport: small
 ONNX graphs written here with onnx.helper, eager modules computing the same thing, and every
 expected error recomputed in float64 numpy. Nothing here trusts normexport's own verdict to judge
 itself: each test first establishes the facts in numpy (where the values are NaN / inf, eager's

@@ -1,4 +1,4 @@
-"""Real sizes (DESIGN §8): peak RSS and wall time of normexport against the plain torch.onnx export
+"""Real sizes (docs/design.md §8): peak RSS and wall time of normexport against the plain torch.onnx export
 of the same save_pretrained folder, measured side by side in one run with /usr/bin/time -v.
 
     python tools/bench_scale.py --preset tinyllama-1.1b [--work DIR] [--out benchmarks/results]

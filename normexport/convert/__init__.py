@@ -43,7 +43,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", choices=TARGETS, default="trt")
     p.add_argument("--task", choices=("text-generation-with-past", "text-generation"), default=None,
                    help="causal LMs (folder, factory, pickle): with the KV cache as inputs / outputs (default; "
-                        "checked by greedy generation) or the plain input_ids -> logits graph (DESIGN §10; the default "
+                        "checked by greedy generation) or the plain input_ids -> logits graph (docs/design.md §10; the default "
                         "for a model whose cache is not a KV cache)")
     p.add_argument("--opset", type=int, default=None)
     p.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default=None, help="cast the model and its float inputs")

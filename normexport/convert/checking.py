@@ -1,5 +1,5 @@
-"""Stage 6, check: the file against eager and the float64 reference (normexport.parity; DESIGN §7),
-or for a causal LM with its cache by greedy generation (normexport.parity.generate; DESIGN §10).
+"""Stage 6, check: the file against eager and the float64 reference (normexport.parity; docs/design.md §7),
+or for a causal LM with its cache by greedy generation (normexport.parity.generate; docs/design.md §10).
 
 `judge` is the ladder's judge (after the rewrite stage): the parity check of one candidate file,
 quiet. `run` is the stage: it shows the judged result, or runs the check the ladder did not (the
@@ -16,7 +16,7 @@ from .record import Record
 
 
 def judge(rec: Record) -> Record:
-    """The parity check of one file of the exporter ladder (DESIGN §9: the first file that passes
+    """The parity check of one file of the exporter ladder (docs/design.md §9: the first file that passes
     is kept); a file over PARITY_LIMIT is accepted unchecked (checked by path once written)."""
     if not rec.ladder_check or weight_bytes(rec.model_ir) > record.PARITY_LIMIT:
         return rec
@@ -45,7 +45,7 @@ def run(rec: Record) -> Record:
         rec.parity_note = f"not run: {nbytes / 2**30:.2f} GiB of weights"
         rec.passed = True
         return rec
-    if rec.task == llm.WITH_PAST:  # DESIGN §10: verified by greedy generation
+    if rec.task == llm.WITH_PAST:  # docs/design.md §10: verified by greedy generation
         return _generation(rec)
     if not rec.checked:
         rec = judge(rec)

@@ -19,10 +19,10 @@ def run(rec: Record) -> Record:
     job = load.call_for(rec.loaded, args.model, rec.input_args, args.dynamic, args.dtype, args.module,
                         inputs_file=getattr(args, "inputs", None))
     rec.loaded = loaded = job.loaded  # a diffusers pipeline folder's: the component it exports (load.pipeline)
-    if getattr(loaded, "headline", None):  # DESIGN §9: how a pipeline folder's inputs were made, said first
+    if getattr(loaded, "headline", None):  # docs/design.md §9: how a pipeline folder's inputs were made, said first
         print(loaded.headline)
     rec.module, rec.inputs, rec.names, rec.dynamic = job.module, job.inputs, job.names, job.dynamic
-    # DESIGN §9: transformers MoE experts / attention the exporters take, switched in place (so eager,
+    # docs/design.md §9: transformers MoE experts / attention the exporters take, switched in place (so eager,
     # the float64 reference and the file agree)
     exportable_implementations(rec.module, rec.inputs, rec.sections.setdefault("implementations", []))
     outputs = run_eager(rec.module, rec.inputs)

@@ -23,7 +23,7 @@ def run(rec: Record) -> Record:
     from ..llm import deploy
 
     args = rec.args
-    # `-o DIR/`: the output is a folder, the file DIR/model.onnx (DESIGN §10's deployable folder)
+    # `-o DIR/`: the output is a folder, the file DIR/model.onnx (docs/design.md §10's deployable folder)
     rec.out = io.check_writable(deploy.output_path(args.output) or default_output(args.model, args.module))
     # the fusions turned off: the flags, and the deprecated NORMEXPORT_RESIDUAL_FUSION=0 (checked before loading)
     rec.off = switches.resolve(switches.from_flags(getattr(args, "no_residual_fusion", False),
@@ -40,7 +40,7 @@ def run(rec: Record) -> Record:
     if rec.loaded.probe is not None:
         rec.loaded = rec.loaded.probe()
     rec.task = task
-    if task is not None:  # DESIGN §10: the first line says which graph a causal LM exports (and why, if not the cache)
+    if task is not None:  # docs/design.md §10: the first line says which graph a causal LM exports (and why, if not the cache)
         print(f"task {task}" + (f" (default here: {why})" if why else
                                 " (default for causal-LM folders, factories and pickles; --task text-generation for "
                                 "input_ids -> logits)" if getattr(args, "task", None) is None and task == llm.WITH_PAST

@@ -78,7 +78,7 @@ class Record:
     def copy(self) -> "Record":
         """This record for an attempt of its own (convert: the exporting and attention stages, tried
         again from the record as they found it): its dicts and lists copied, everything else (the
-        model, its weights, the loaded files) shared, never copied (DESIGN §8: the weights held once)."""
+        model, its weights, the loaded files) shared, never copied (docs/design.md §8: the weights held once)."""
         return dataclasses.replace(self, **{f.name: _fresh(getattr(self, f.name)) for f in dataclasses.fields(self)
                                             if isinstance(getattr(self, f.name), (dict, list))})
 
@@ -91,7 +91,7 @@ class Record:
         return not self.args.no_check and self.task != llm.WITH_PAST
 
     def plain_export(self, output_names=None):
-        """DESIGN §7: the plain torch.onnx export of the same call, built only when a check needs it."""
+        """docs/design.md §7: the plain torch.onnx export of the same call, built only when a check needs it."""
         from ..parity.plain import builder
 
         return builder(self.module, self.inputs, input_names=self.names, output_names=output_names,

@@ -1,4 +1,4 @@
-"""What the export stage says on the terminal (DESIGN §9): the first line (the exporter rung, the
+"""What the export stage says on the terminal (docs/design.md §9): the first line (the exporter rung, the
 fused norm ops, the node count), why a lower rung of the ladder wrote the file, the torch-side
 steps (implementations switched, complex lowering, norm swaps), the rewriter's fusions and their
 local verification, and the notes the loader left."""
@@ -48,7 +48,7 @@ def _depth_lines(d: dict | None, check: str = "") -> list[str]:
 
 
 def _rung_text(ex: dict) -> str:
-    """The exporter ladder's rung that wrote the file (DESIGN §9), for the first output line."""
+    """The exporter ladder's rung that wrote the file (docs/design.md §9), for the first output line."""
     rung = ex.get("rung", "dynamic")
     axes = ", ".join(f"{n}:{','.join(map(str, a))}" for n, a in (ex.get("static_axes") or {}).items())
     return {"dynamic": "dynamo exporter", "static axes": f"dynamo exporter, static axes {axes}",
@@ -57,7 +57,7 @@ def _rung_text(ex: dict) -> str:
 
 
 def _exporter_lines(ex: dict, names, inputs) -> list[str]:
-    """Why the file came from a lower rung of the exporter ladder, and what it fixes (DESIGN §9)."""
+    """Why the file came from a lower rung of the exporter ladder, and what it fixes (docs/design.md §9)."""
     lines = []
     tried = ex.get("attempts") or []
     why = "; ".join(f"{a['rung']}: " + (a.get("error") or ("parity failed" if a.get("parity") else a.get("skipped", "")))
@@ -78,7 +78,7 @@ def _exporter_lines(ex: dict, names, inputs) -> list[str]:
 
 def _rewrite_lines(rw: dict | None) -> list[str]:
     """What the rewriter did to the export, on the terminal: fusions and their local verification,
-    and every fusion it could not verify (never silent; DESIGN §8)."""
+    and every fusion it could not verify (never silent; docs/design.md §8)."""
     if not rw:
         return []
     applied = sum(r["applied"] for r in rw["rules"])

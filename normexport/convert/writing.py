@@ -1,7 +1,7 @@
 """Stage 7, write: the report (--report), the file written atomically (temp file, then rename;
 external data past 2 GiB, checked by path) only when its check passed, and for a causal LM with
 its cache the deployable folder's files beside it (genai_config.json, config and tokenizer files;
-DESIGN §10)."""
+docs/design.md §10)."""
 
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ def run(rec: Record) -> Record:
                 p.unlink(missing_ok=True)
             raise
     print(f"wrote {getattr(args, 'shown_output', None) or out}")  # a pipeline folder's: where it lands
-    if rec.task == llm.WITH_PAST:  # DESIGN §10: genai_config.json, the tokenizer and config files beside the file
+    if rec.task == llm.WITH_PAST:  # docs/design.md §10: genai_config.json, the tokenizer and config files beside the file
         from ..llm import deploy
 
         for line in deploy.write(out, rec.model_ir, rec.module, args.model, rec.loaded.kind.removesuffix("-with-past")):

@@ -1,4 +1,4 @@
-"""normexport.exporter: torch.onnx's exporters as the ladder of DESIGN §9.
+"""normexport.exporter: torch.onnx's exporters as the ladder of docs/design.md §9.
 
     rungs   one export (dynamo or TorchScript-based), fixed, with the normexport functions, validated
     ladder  the rungs in order, each file handed to the caller's judge; the first accepted is kept

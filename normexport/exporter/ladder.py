@@ -1,4 +1,4 @@
-"""The exporter ladder (DESIGN §9): rungs tried in order, the first file that exports and that the
+"""The exporter ladder (docs/design.md §9): rungs tried in order, the first file that exports and that the
 judge accepts is kept.
 
 The judge is the caller's: `judge(model, kept_axes) -> (accepted, value)` gets each exported file

@@ -1,4 +1,4 @@
-"""One export of the exporter ladder (DESIGN §9): the dynamo exporter (torch.onnx, dynamo=True,
+"""One export of the exporter ladder (docs/design.md §9): the dynamo exporter (torch.onnx, dynamo=True,
 with normexport's translation table) or the TorchScript-based one (dynamo=False), each file
 fixed (export_fixes), given the normexport functions, inlined for targets other than trt and
 validated (ONNX checker with shape inference, one onnxruntime run); and what the ladder asks of

@@ -1,4 +1,4 @@
-"""normexport.llm: causal LMs exported with their KV cache (DESIGN §10).
+"""normexport.llm: causal LMs exported with their KV cache (docs/design.md §10).
 
 `cache` (FlatCacheLM, the file's interface with flat cache tensors in and out, and CacheLM, a
 transformers model through it; names; the cache layout read from the model), `program`

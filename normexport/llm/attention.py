@@ -1,5 +1,5 @@
 """Attention as onnxruntime's fused `com.microsoft.GroupQueryAttention` for `--target ort`
-(DESIGN §10, issue 31 item 2): an LLM-graph transform applied to the KV-cache file after it is
+(docs/design.md §10, issue 31 item 2): an LLM-graph transform applied to the KV-cache file after it is
 exported and rewritten, before the generation check; never a norm rule.
 
 What it does, on a copy of the file (the caller keeps the original):
@@ -28,7 +28,7 @@ What it does, on a copy of the file (the caller keeps the original):
 4. All layers or none: one GroupQueryAttention per layer, else the file is left as it was.
 5. The local check (`compare`): the fused file in onnxruntime on random feeds, a prefill (batch 2,
    empty past) and decode steps with its own cache fed back: logits and every present.* within
-   DESIGN §7's tolerance of the eager model's on the same feeds (a float32 model), else of the
+   docs/design.md §7's tolerance of the eager model's on the same feeds (a float32 model), else of the
    unfused file's. Against eager, the unfused file runs only when the fused one fails, to say which
    is wrong. The share-buffer check then reruns the first row of that run with one buffer.
 
@@ -628,7 +628,7 @@ def local_feeds(model: ir.Model, batch: int = LOCAL_BATCH, prompt: int = 5, deco
 def compare(unfused: ir.Model, fused: ir.Model, *, batch: int = LOCAL_BATCH, prompt: int = 5, decode: int = 3,
             seed: int = 0, files: tuple[Path, Path] | None = None, keep: dict | None = None, reference=None) -> dict:
     """The local check, on random prefill + decode feeds (`local_feeds`; each run's own cache fed
-    back), every logits and present.* within DESIGN §7's tolerance of the reference's:
+    back), every logits and present.* within docs/design.md §7's tolerance of the reference's:
 
     - with `reference` (the FlatCacheLM exported, float32): the fused file against eager. The
       unfused file runs only where that fails, against eager too, to say which is wrong: the
@@ -690,7 +690,7 @@ def _why(e: Exception) -> str:
 
 
 def _within(want: list, got: list, names: Sequence[str], tdtype) -> dict:
-    """Per step and output, `got` (onnxruntime's) within DESIGN §7's tolerance of `want` (float64)."""
+    """Per step and output, `got` (onnxruntime's) within docs/design.md §7's tolerance of `want` (float64)."""
     from ..parity.tolerances import tolerance_for
 
     worst, compared = 0.0, 0

@@ -1,5 +1,5 @@
 """convert's attention fusion and generation check for a KV-cache file of any size, run from files
-(issue 31 part B; DESIGN §8, §10): what convert does in memory up to 2 GiB of weights, by path.
+(issue 31 part B; docs/design.md §8, §10): what convert does in memory up to 2 GiB of weights, by path.
 
     checked = bypath.fuse_and_check(model_ir, lm, out, fuse=..., check=...)
     try:

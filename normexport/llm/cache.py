@@ -1,4 +1,4 @@
-"""A causal LM with its KV cache as flat tensors (DESIGN §10).
+"""A causal LM with its KV cache as flat tensors (docs/design.md §10).
 
 `CacheLM(model)` is an nn.Module whose forward takes
 

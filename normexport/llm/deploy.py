@@ -1,4 +1,4 @@
-"""The deployable folder of a causal LM exported with its KV cache (DESIGN §10).
+"""The deployable folder of a causal LM exported with its KV cache (docs/design.md §10).
 
 Beside the ONNX file `convert` writes what the runtimes load, so that
 `onnxruntime_genai.Model(DIR)` and optimum's `ORTModelForCausalLM.from_pretrained(DIR)` generate

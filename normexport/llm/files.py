@@ -1,4 +1,4 @@
-"""The KV-cache file and its fused copy on disk, for checks by path (issue 31; DESIGN §8, §10).
+"""The KV-cache file and its fused copy on disk, for checks by path (issue 31; docs/design.md §8, §10).
 
 A model of any size is run in onnxruntime from a file: `Workdir` is a temporary folder beside the
 output holding the decomposed file and the fused one. Their weights are one data file, written

@@ -127,7 +127,7 @@ class Packing:
 def for_convert(model: ir.Model) -> Packing:
     """The packed copy of a (GroupQueryAttention-fused) KV-cache file, checked locally: the packed and
     the unpacked file in onnxruntime on the same prefill + decode feeds (normexport.llm.attention.compare,
-    DESIGN §7's tolerance), and where the unpacked file's past / present may share one buffer, the
+    docs/design.md §7's tolerance), and where the unpacked file's past / present may share one buffer, the
     packed one run that way too (else the flag is dropped). `model` itself is left as it is."""
     from . import attention
 

@@ -1,4 +1,4 @@
-"""A `.pt2` program that takes a KV cache, seen through the file's cache interface (DESIGN §10).
+"""A `.pt2` program that takes a KV cache, seen through the file's cache interface (docs/design.md §10).
 
 A torch.export program's call is fixed at export, but where it takes a KV cache and returns the
 grown cache it can still generate: `ProgramLM(program)` is a `FlatCacheLM` (input_ids,

@@ -1,4 +1,4 @@
-"""`--task` of `normexport convert` (DESIGN §10): which graph a causal LM exports.
+"""`--task` of `normexport convert` (docs/design.md §10): which graph a causal LM exports.
 
 - `text-generation-with-past` (default for a causal LM): `CacheLM`, the model with its KV cache as
   inputs / outputs, one graph for prefill and decode.
@@ -71,7 +71,7 @@ def resolve(loaded: LoadedModel, task: str | None, module_name: str | None, inpu
             if task is not None:
                 raise _pt2_error(loaded, task)
             return None, loaded, input_args, None
-        try:  # DESIGN §10: a program that takes a KV cache and returns it grown exports the cache interface
+        try:  # docs/design.md §10: a program that takes a KV cache and returns it grown exports the cache interface
             lm = program.ProgramLM(loaded)
         except NoKVCache as e:
             if task == WITH_PAST:

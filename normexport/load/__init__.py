@@ -1,5 +1,5 @@
 """normexport.load: a MODEL argument -> the module to export, its example inputs, their names and
-dynamic axes (DESIGN §1, §4).
+dynamic axes (docs/design.md §1, §4).
 
     load(MODEL)           -> LoadedModel  (one entry point for every source)
     call_for(loaded, ...) -> Call         (with --input / --dynamic / --dtype / --module applied)
@@ -60,7 +60,7 @@ def load(model: str, *, trust_pickle: bool = False, weights: str | None = None,
         from .pretrained import load_folder
 
         return load_folder(path, probe_generating=probe_generating, user_inputs=user_inputs)
-    kind, what = sniff.kind_of(path)  # by content, whatever the extension (DESIGN §9)
+    kind, what = sniff.kind_of(path)  # by content, whatever the extension (docs/design.md §9)
     if kind == "unknown" and path.suffix in (".pt2",) + TORCH_EXTS:  # damaged: its extension's loader says how
         kind = sniff.EXPORTED if path.suffix == ".pt2" else sniff.TORCH_SAVE
     if kind == sniff.EXPORTED:

@@ -1,4 +1,4 @@
-"""How a model is called, and what its inputs and outputs are named (DESIGN §4).
+"""How a model is called, and what its inputs and outputs are named (docs/design.md §4).
 
 The exporter and the parity check call every model with a flat tuple of tensors. Models that
 take keyword inputs (`input_ids=...`), nested inputs (`position_embeddings=(cos, sin)`) or

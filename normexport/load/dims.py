@@ -1,4 +1,4 @@
-"""A documented shape made concrete (DESIGN §9): the dim names a library writes in its docstrings
+"""A documented shape made concrete (docs/design.md §9): the dim names a library writes in its docstrings
 (`batch_size`, `num_channels`, `height`, `self.config.caption_channels`, `sequence_length`)
 resolved against the config (and its sub-configs), the folder's processor files
 (folder_files), and the sizes the example already uses. A dim that only counts tokens or

@@ -1,4 +1,4 @@
-"""What the library says about a forward's arguments (DESIGN §9): each parameter's kind from its
+"""What the library says about a forward's arguments (docs/design.md §9): each parameter's kind from its
 annotation (tensor, optional tensor, list / tuple of tensors, dict of tensors, int, float, bool)
 and its shape as the library documents it. transformers and diffusers write the shape in the
 forward's docstring, "hidden_states (`torch.Tensor` of shape `(batch_size, sequence_length,

@@ -1,4 +1,4 @@
-"""Dict-typed forward parameters (DESIGN §9): `added_cond_kwargs: dict[str, Tensor]` of a UNet, a
+"""Dict-typed forward parameters (docs/design.md §9): `added_cond_kwargs: dict[str, Tensor]` of a UNet, a
 DiT's size conditioning. Neither the signature nor the documentation says which keys the dict
 needs or their shapes, so the eager check (probe) finds out by calling the forward:
 

@@ -383,7 +383,7 @@ def _entry(model, param: str, key: str, kwargs: dict):
 
 def missing_message(cls_name: str, missing: dict[str, str]) -> str:
     """The one line when example inputs cannot be made: what is missing, every required input with
-    the shape the config implies, and the two ways a user can always give inputs (DESIGN §9)."""
+    the shape the config implies, and the two ways a user can always give inputs (docs/design.md §9)."""
     lacking = [p for p, shape in missing.items() if not shape.endswith("(made)")]
     each = "; ".join(f"{p} {shape.removesuffix(' (made)')}" for p, shape in missing.items())
     plain = [p for p in lacking if " of tensors" not in missing[p]]  # --input gives plain tensors only

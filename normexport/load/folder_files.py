@@ -1,4 +1,4 @@
-"""What a save_pretrained folder says about its inputs besides config.json (DESIGN §9): the
+"""What a save_pretrained folder says about its inputs besides config.json (docs/design.md §9): the
 preprocessor / feature-extractor config (image size and channels, mel bins, sampling rate,
 frames) and the generation config (decoder start token), as sizes by name.
 

@@ -1,4 +1,4 @@
-"""`--inputs FILE`: example inputs a user can always give (DESIGN §9) — a `torch.save`d
+"""`--inputs FILE`: example inputs a user can always give (docs/design.md §9) — a `torch.save`d
 `(args, kwargs)` of one call of the model, as `normexport.capture` writes it, loaded with
 `weights_only=True` (nested lists / tuples / dicts of tensors and plain values; no code runs)."""
 

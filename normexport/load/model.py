@@ -1,4 +1,4 @@
-"""What loading a MODEL gives: the module and what it says about its inputs (DESIGN §4)."""
+"""What loading a MODEL gives: the module and what it says about its inputs (docs/design.md §4)."""
 
 from __future__ import annotations
 

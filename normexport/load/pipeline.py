@@ -1,5 +1,5 @@
 """MODEL as a diffusers pipeline folder (`model_index.json` + one folder per component, as
-`pipe.save_pretrained` writes it; DESIGN §9): the pipeline is built from the folder offline and
+`pipe.save_pretrained` writes it; docs/design.md §9): the pipeline is built from the folder offline and
 run once — one step, a small image, a generic call — with `normexport.capture` on its components;
 the component exported is called with exactly what the pipeline passed it (lists, dicts, ids,
 masks, RoPE tables), as `convert COMPONENT_FOLDER --inputs FILE` would be.
@@ -172,7 +172,7 @@ class _Finished(Exception):
 
 def record(path: Path, index: dict, component: str | None, file: Path) -> ComponentModel:
     """Build the pipeline, run it once, save the component's first call to `file`; the component
-    as a LoadedModel whose call resolve makes from that file (DESIGN §9)."""
+    as a LoadedModel whose call resolve makes from that file (docs/design.md §9)."""
     cls_name = index["_class_name"]
     start = time.perf_counter()
     pipe = build(path, index, component)
@@ -225,7 +225,7 @@ def record(path: Path, index: dict, component: str | None, file: Path) -> Compon
                          f"of its one-step run (output_type='latent': the VAE decodes nothing): convert its folder "
                          f"{path / component} with --input / --inputs")
     # return_dict=False only packs the same tensors as a tuple: left out, the outputs keep their names
-    # (`sample`, not `out_0`; DESIGN §4)
+    # (`sample`, not `out_0`; docs/design.md §4)
     kwargs_seen = {k: v for k, v in cap.kwargs.items() if not (k == "return_dict" and v is False)}
     save(cap.args, kwargs_seen, file)
     target = modules[component]

@@ -77,7 +77,7 @@ def library_of(module) -> str | None:
 
 def library_model(module, library: str, kind: str, probe_generating: bool = True,
                   user_inputs: bool = False) -> LoadedModel:
-    """A transformers / diffusers model called as a folder's is (DESIGN §4): example inputs derived
+    """A transformers / diffusers model called as a folder's is (docs/design.md §4): example inputs derived
     from its forward and config (examples.derive), the batch dynamic, notes for the classes whose
     forward fixes sizes; the inputs it cannot make are left to --input / --inputs.
     `probe_generating=False`: a model that generates (model.generates) is returned with its derived
@@ -252,7 +252,7 @@ def _stored_dtype(path: Path):
 def _load_weights(cls, path: Path):
     """from_pretrained in the dtype the folder stores (transformers' "auto"; diffusers is given the
     float16 / bfloat16 of its safetensors, else loads float32): a bf16 DiT of 8 GiB is not held
-    as 16 GiB of float32 (DESIGN §8). diffusers without accelerate refuses a class with
+    as 16 GiB of float32 (docs/design.md §8). diffusers without accelerate refuses a class with
     `_keep_in_fp32_modules` ("low_cpu_mem_usage cannot be False when keep_in_fp32_modules is
     True"): those classes load in float32 with the list set aside for the load, then restored (a
     cast to float16 / bfloat16 keeps those modules in float32: normexport.load.resolve.cast)."""

@@ -1,5 +1,5 @@
 """One eager forward checks the example inputs normexport made before anything is exported
-(DESIGN §9). When the forward raises, the error is read for the parameter it was about and the
+(docs/design.md §9). When the forward raises, the error is read for the parameter it was about and the
 alternative is tried:
 
 - a pair the model takes only one of ("You cannot specify both X and Y"): the one we made is dropped;

@@ -1,5 +1,5 @@
 """From a loaded model and the flags to the call that is exported: the module, its example inputs,
-their names and dynamic axes (DESIGN §4). `--input` overrides what the model declares (by forward
+their names and dynamic axes (docs/design.md §4). `--input` overrides what the model declares (by forward
 parameter name for a pretrained folder); `--dtype` casts module and inputs; `--module NAME` narrows
 the call to one submodule with the inputs it receives in a forward of the whole model.
 """
@@ -72,7 +72,7 @@ def cast(module: nn.Module, dtype: torch.dtype) -> nn.Module:
 def resolve_inputs(loaded: LoadedModel, model: str, input_args: list[str], dynamic_args: list[str],
                    dtype: str | None = None, inputs_file: str | None = None):
     """(inputs, names, dynamic_axes, module) from the flags, or from what the model declares
-    (DESIGN §9: --inputs FILE, then --input per parameter, then the derived / declared inputs); the
+    (docs/design.md §9: --inputs FILE, then --input per parameter, then the derived / declared inputs); the
     module is the loaded one, or one called with the user's inputs by forward parameter name
     (a CallAdapter: keyword and nested inputs reach their parameter, plain values are constants)."""
     specs = [parse_input(s) for s in input_args]

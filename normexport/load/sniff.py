@@ -1,4 +1,4 @@
-"""What a model file is, by its content, not its name (DESIGN §9): a TorchScript archive (`.pt`,
+"""What a model file is, by its content, not its name (docs/design.md §9): a TorchScript archive (`.pt`,
 silero's `model.jit`, `.ts`, ultralytics' `.torchscript`), a torch.export archive (`.pt2`), a
 torch.save file (zip or legacy pickle), or something else, said by name (an ONNX file, safetensors
 weights, text ...) so the refusal tells the user what they passed.

@@ -1,5 +1,5 @@
 """The shape of an op spec: one object per custom op drives the torch op, the ONNX schema,
-the ONNX function body and the TensorRT plugin's field names (DESIGN §2)."""
+the ONNX function body and the TensorRT plugin's field names (docs/design.md §2)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The TensorRT plugins' names, version, namespace, input / output counts, signature and field
-names/defaults, generated from the op specs (DESIGN §2, §6) as one struct per op, so that one spec
+names/defaults, generated from the op specs (docs/design.md §2, §6) as one struct per op, so that one spec
 per op drives the torch op, the ONNX schema and function, and the plugin (plugins/tensorrt/
 normPlugin.h takes the struct as its template argument).
 

@@ -51,7 +51,7 @@ def _(x, skip, scale, bias, epsilon):
 
 
 # ---- ONNX function body (standard ops only) ------------------------------------------------
-# The reduction axis is a Constant ([-1]): TensorRT's parser needs it at build time (DESIGN §2).
+# The reduction axis is a Constant ([-1]): TensorRT's parser needs it at build time (docs/design.md §2).
 @onnxscript.script(_OPSET, default_opset=op)
 def SkipRMSNorm(X, skip, scale, bias, epsilon: float = 1e-6):
     total = op.CastLike(op.Cast(X, to=1) + op.Cast(skip, to=1) + op.Cast(bias, to=1), X)

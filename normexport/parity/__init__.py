@@ -1,5 +1,5 @@
 """`normexport check`: parity of an ONNX model against its eager PyTorch reference, in
-onnxruntime (CPU, CUDA) and TensorRT, measured against a float64 reference (DESIGN §5, §7).
+onnxruntime (CPU, CUDA) and TensorRT, measured against a float64 reference (docs/design.md §5, §7).
 
 How a result is judged (one row = one backend x one input shape x one output):
 
@@ -15,7 +15,7 @@ How a result is judged (one row = one backend x one input shape x one output):
   reference, `file_err` / `max_abs_err` the backend's on this file, and `plain_err` the backend's
   on the plain torch.onnx export of the same model (no BN folding, swaps or rewrites; built on
   demand, only when the first rule fails: `plain.py`).
-* The verdict (DESIGN §7, `verdict.py`): a row passes by rule "2x eager" when
+* The verdict (docs/design.md §7, `verdict.py`): a row passes by rule "2x eager" when
   max_abs_err <= max(2 x ref_err_fp64, floor), else by rule "plain export" when
   max_abs_err <= 1.25 x plain_err + floor (normexport answers for the error it adds, not for the
   runtime's kernels). The floor keeps a nearly exact eager from making the bound ~0:

@@ -1,4 +1,4 @@
-"""The inputs `normexport check` runs at, and where their sizes came from (DESIGN §4):
+"""The inputs `normexport check` runs at, and where their sizes came from (docs/design.md §4):
 
 1. `--input NAME:DIMS[:DTYPE]` naming ONNX inputs: checked against the file (name, rank, fixed
    sizes, normexport.sizes.check_given); inputs it leaves out get sizes the file runs at

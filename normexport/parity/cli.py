@@ -29,8 +29,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default=None,
                    help="run the eager reference and the inputs in this dtype (the float64 reference stays float64); "
                         "default: the dtype of the ONNX model's first floating input")
-    p.add_argument("--rtol", type=float, default=None, help="relative tolerance (x max|ref|); default per dtype, DESIGN §7")
-    p.add_argument("--atol", type=float, default=None, help="absolute tolerance; default per dtype, DESIGN §7")
+    p.add_argument("--rtol", type=float, default=None, help="relative tolerance (x max|ref|); default per dtype, docs/design.md §7")
+    p.add_argument("--atol", type=float, default=None, help="absolute tolerance; default per dtype, docs/design.md §7")
     p.add_argument("--extra-shapes", type=int, default=2, metavar="N", help="extra shapes to check along dynamic axes (default 2)")
     p.add_argument("--json", metavar="FILE", help="write the JSON report")
     p.add_argument("--tokens", type=int, default=16, metavar="N",
@@ -69,7 +69,7 @@ def run(args) -> int:
     source = _ModelSource(args.onnx_model)  # UsageError for a missing / corrupt file, before loading torch models
     from .generate import is_with_past
 
-    if is_with_past(source.proto):  # DESIGN §10: checked by greedy generation
+    if is_with_past(source.proto):  # docs/design.md §10: checked by greedy generation
         return _run_generation(args, source)
     graph_inputs = _graph_inputs(source.proto)
     onnx_names = [i.name for i in graph_inputs]
@@ -81,7 +81,7 @@ def run(args) -> int:
     reference = loaded.module
     from ..load.pipeline import KIND as PIPELINE
 
-    # DESIGN §9: the recorded call (and --input over its parameters); a pipeline folder's denoiser is
+    # docs/design.md §9: the recorded call (and --input over its parameters); a pipeline folder's denoiser is
     # called as one run of the pipeline calls it (normexport.load.pipeline)
     if getattr(args, "inputs", None) or loaded.kind == PIPELINE:
         from ..load import call_for
@@ -114,7 +114,7 @@ def run(args) -> int:
         dynamic = _onnx_dynamic(graph_inputs)
 
     dtype = getattr(args, "dtype", None)
-    if callable(getattr(reference, "modules", None)):  # DESIGN §9: the implementations convert exported (MoE experts:
+    if callable(getattr(reference, "modules", None)):  # docs/design.md §9: the implementations convert exported (MoE experts:
         from ..prepare.implementations import exportable_implementations, summary_lines  # grouped_mm has no fp64)
 
         switched: list = []

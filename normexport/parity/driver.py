@@ -88,7 +88,7 @@ def _check(source: runners._ModelSource, reference, inputs, *, backends, dynamic
     base = {n: list(t.shape) for n, t in zip(names, inputs)}
     nbytes = runners.weight_bytes(source.proto)
     big = nbytes > BIG_MODEL_BYTES and extra_shapes > 0 and bool(dynamic)
-    if big:  # DESIGN §8: a multi-GiB model is checked at the one shape given, not swept
+    if big:  # docs/design.md §8: a multi-GiB model is checked at the one shape given, not swept
         extra_shapes = 0
     shape_sets = [base] + _extra_shapes(inputs, names, graph_inputs, dynamic, extra_shapes if dynamic else 0)
     no_extra = None

@@ -1,4 +1,4 @@
-"""The check of a file exported with its KV cache: greedy generation, step by step (DESIGN §10).
+"""The check of a file exported with its KV cache: greedy generation, step by step (docs/design.md §10).
 
 N tokens (default 16) are generated greedily from a prompt (random token ids, seeded): a prefill
 step (past length 0, the whole prompt) and N - 1 decode steps (one token, the cache fed back).
@@ -8,7 +8,7 @@ step (past length 0, the whole prompt) and N - 1 decode steps (one token, the ca
    run follows, and its top-2 logit margin at each step is recorded. Eager, the float64 reference
    and the runtime get their inputs from one helper (`_feeds`), so a bug there would pass them
    all: eager is checked against transformers' own `generate` from the same prompt (its cache,
-   its position ids), its per-step logits within the tolerance (DESIGN §7) and its tokens equal
+   its position ids), its per-step logits within the tolerance (docs/design.md §7) and its tokens equal
    wherever eager's top-2 margin exceeds the tolerance.
 2. The float64 reference (parity.reference: a float64 copy, or each module's weights upcast while
    it runs for a model too large for a copy) follows eager's tokens with its own float64 cache.
@@ -20,7 +20,7 @@ the reference's logits are kept; the model is released before onnxruntime loads 
 caller hands it over as a loader), so eager, the float64 copy and onnxruntime never each hold the
 weights at once.
 
-Per step: the logits are judged by DESIGN §7 (parity.verdict: 2x eager, else the plain export of
+Per step: the logits are judged by docs/design.md §7 (parity.verdict: 2x eager, else the plain export of
 the same CacheLM, else the tolerance without a float64 reference), and the runtime's greedy token
 must equal eager's wherever eager's top-2 margin exceeds the margin limit, max(tolerance, 2 x the
 step's limit): an error within the limit cannot swap two logits further apart than twice it. The
@@ -246,7 +246,7 @@ def check_generation(onnx_model, reference, *, tokens: int = DEFAULT_TOKENS, bat
         if not keep:
             if plain_export not in (None, False):
                 report.plain_export = {"built": False, "reason": "not built: the model has over 2 GiB of weights, "
-                                       "released before onnxruntime loads the file"}  # the weights leave before onnxruntime loads the file (DESIGN §8)
+                                       "released before onnxruntime loads the file"}  # the weights leave before onnxruntime loads the file (docs/design.md §8)
             plain_export = None
             lm = None
             gc.collect()

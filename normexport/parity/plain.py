@@ -1,4 +1,4 @@
-"""The plain export (DESIGN §7): the same model through torch.onnx with no normexport changes (no
+"""The plain export (docs/design.md §7): the same model through torch.onnx with no normexport changes (no
 BN folding, no norm swaps, no rewrites), run by the same backend as the checked file. Built only
 when a row fails the 2x-eager rule, once per check; its outputs are kept per backend and shape."""
 

@@ -104,7 +104,7 @@ class _Float64Reference:
 def _upcast_while_running(model: nn.Module):
     """Forward hooks that give each module float64 copies of its own parameters and buffers just
     before it runs and put the originals back right after: the float64 reference of a model too
-    large for a float64 copy, holding one module's weights in float64 at a time (DESIGN §8)."""
+    large for a float64 copy, holding one module's weights in float64 at a time (docs/design.md §8)."""
     saved: dict[int, list] = {}
 
     def pre(module, _args):

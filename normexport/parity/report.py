@@ -1,5 +1,5 @@
 """The check report: one Row per backend x input shape x output, the CheckReport with its table and
-JSON form (DESIGN §5)."""
+JSON form (docs/design.md §5)."""
 
 from __future__ import annotations
 

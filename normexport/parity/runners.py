@@ -76,7 +76,7 @@ def _ort_feed(session, names: list[str], inputs: Sequence[torch.Tensor]):
     return feed
 
 
-#: said on every row of a bfloat16 model that onnxruntime ran widened (DESIGN §8)
+#: said on every row of a bfloat16 model that onnxruntime ran widened (docs/design.md §8)
 WIDENED = ("bfloat16 run widened to float32 in onnxruntime (its CPU provider has no bfloat16 kernels for this "
            "model); eager's own bf16 error vs float64 is the precision question")
 
@@ -92,7 +92,7 @@ class _OrtBackend:
         self.chunked = None
         if provider == "CPUExecutionProvider" and _has_bf16(source.proto) and \
                 2 * weight_bytes(source.proto) > WIDEN_WHOLE_LIMIT:
-            # widened whole it would not fit: run it piece by piece (DESIGN §8)
+            # widened whole it would not fit: run it piece by piece (docs/design.md §8)
             self.chunked = _Chunked(path_or_bytes, so)
             self.widened = True
             self.names = self.chunked.input_names
@@ -137,7 +137,7 @@ class _OrtBackend:
 #: a bfloat16 model whose weights widened to float32 exceed this runs in onnxruntime piece by piece
 WIDEN_WHOLE_LIMIT = 4 << 30
 #: float32 bytes of weights per piece: a tenth of the model's (the check's peak stays near the
-#: weights' size: DESIGN §8), at least CHUNK_MIN_BYTES (fewer sessions), at most CHUNK_BYTES
+#: weights' size: docs/design.md §8), at least CHUNK_MIN_BYTES (fewer sessions), at most CHUNK_BYTES
 CHUNK_BYTES = 1536 << 20
 CHUNK_MIN_BYTES = 128 << 20
 #: constants up to this size go into a piece as initializers; larger ones are fed as inputs

@@ -1,10 +1,10 @@
-"""DESIGN §7 tolerances, the floor of the 2x-eager rule, and the limit (see the package docstring)."""
+"""docs/design.md §7 tolerances, the floor of the 2x-eager rule, and the limit (see the package docstring)."""
 
 from __future__ import annotations
 
 import torch
 
-#: (rtol, atol) per dtype, DESIGN §7
+#: (rtol, atol) per dtype, docs/design.md §7
 DEFAULT_TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
     torch.float32: (1e-5, 1e-6),
     torch.float16: (2e-3, 0.0),
@@ -25,7 +25,7 @@ LIMIT_RULE = ("pass when max_abs_err <= max(2 x ref_err_fp64, floor) (rule '2x e
               "otherwise the tolerance only warns")
 
 def tolerance_for(dtype: torch.dtype, max_abs_ref: float, rtol: float | None = None, atol: float | None = None) -> float:
-    """DESIGN §7 tolerance for an output of `dtype` whose largest |reference| is `max_abs_ref`."""
+    """docs/design.md §7 tolerance for an output of `dtype` whose largest |reference| is `max_abs_ref`."""
     if not dtype.is_floating_point:
         return 0.0
     r, a = DEFAULT_TOLERANCES.get(dtype, DEFAULT_TOLERANCES[torch.float32])
@@ -42,7 +42,7 @@ def floor_for(dtype: torch.dtype, max_abs_ref: float) -> float:
 
 
 def limit_for(dtype: torch.dtype, tolerance: float, max_abs_ref: float, eager_err: float | None) -> float:
-    """The limit of the first rule (DESIGN §7): max(2 x eager's own error, floor); the tolerance
+    """The limit of the first rule (docs/design.md §7): max(2 x eager's own error, floor); the tolerance
     when there is no float64 reference (eager_err None) or the output is not floating."""
     if eager_err is None or not dtype.is_floating_point:
         return tolerance

@@ -1,4 +1,4 @@
-"""The verdict of one row (DESIGN §7): the errors of the backend's output against the float64
+"""The verdict of one row (docs/design.md §7): the errors of the backend's output against the float64
 reference, and the rule that judges them.
 
 Whole models: normexport answers for the error it adds, not for the runtime's own kernels nor for

@@ -1,4 +1,4 @@
-"""normexport.prepare: torch-side preparation before export (DESIGN §1).
+"""normexport.prepare: torch-side preparation before export (docs/design.md §1).
 
     fold_bn  BatchNorm folded into the conv / linear before it (fold_batchnorm)
     swap     recognised norm modules swapped for normexport modules, each swap kept only when

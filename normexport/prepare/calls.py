@@ -1,4 +1,4 @@
-"""The calls a model makes to its swap candidates (DESIGN §1, issue 22): one forward of the model on
+"""The calls a model makes to its swap candidates (docs/design.md §1, issue 22): one forward of the model on
 its example inputs with forward pre-hooks on every candidate records, per module class (and
 parameter shapes) and call form (how many positional inputs, which keywords, which are None), the
 inputs of its first call (`capture_calls`); a replacement must then take those calls

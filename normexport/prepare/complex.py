@@ -1,10 +1,10 @@
-"""Complex arithmetic carried as real (re, im) pairs, for any model, before export (DESIGN §9).
+"""Complex arithmetic carried as real (re, im) pairs, for any model, before export (docs/design.md §9).
 
 ONNX has no complex arithmetic and neither torch.onnx exporter takes complex tensors, yet rotary
 embeddings are often written with them: `torch.polar(ones, angles)`, `view_as_complex(x pairs) *
 freqs_cis`, `view_as_real(...).flatten(-2)`, complex tables stored on modules, products split into
 `.real` / `.imag`. `lower_complex(module, args, report)` returns a copy of the model's module tree
-(weights shared, DESIGN §8) whose forward runs under `complex_calls.RealComplexMode`: every complex
+(weights shared, docs/design.md §8) whose forward runs under `complex_calls.RealComplexMode`: every complex
 value is a `ComplexPair` (complex shape and dtype, real [..., 2] values) and every complex call is
 computed with real ops, so the exporters trace only real ops.
 

@@ -1,4 +1,4 @@
-"""The real forms of complex calls: `ComplexPair` and `RealComplexMode` (DESIGN §9).
+"""The real forms of complex calls: `ComplexPair` and `RealComplexMode` (docs/design.md §9).
 
 A `ComplexPair` is a tensor subclass that reports a complex tensor's shape and dtype and holds its
 values as a real tensor `re_im` of shape [..., 2] (view_as_real's layout). While `RealComplexMode`
@@ -713,7 +713,7 @@ def _repr(name, args, kwargs):
 def _deepcopy(name, args, kwargs):
     if name == "reduce_ex":
         raise ComplexNotLowered("pickling a ComplexPair")
-    return args[0]  # a constant table: shared, like the weights (DESIGN §8)
+    return args[0]  # a constant table: shared, like the weights (docs/design.md §8)
 
 
 # ---- the mode --------------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The torch-side preparation before the exporter ladder (DESIGN §1, §9), in its order: transformers'
+"""The torch-side preparation before the exporter ladder (docs/design.md §1, §9), in its order: transformers'
 MoE experts / attention switched to implementations the exporters take, BatchNorm folded, complex
 arithmetic lowered to real pairs, and (target trt) recognised norms swapped for the normexport
 modules. Each step verifies itself and reports into `report`."""

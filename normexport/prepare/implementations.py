@@ -1,4 +1,4 @@
-"""MoE experts and attention switched to implementations the exporters take (DESIGN §9, issue 22).
+"""MoE experts and attention switched to implementations the exporters take (docs/design.md §9, issue 22).
 
 transformers picks how a model runs its experts and its attention from the config
 (`config._experts_implementation`, `config._attn_implementation`), and offers setters for both

@@ -1,4 +1,4 @@
-"""The numeric check of a swap (DESIGN §1): random float32 inputs, max relative error, float32
+"""The numeric check of a swap (docs/design.md §1): random float32 inputs, max relative error, float32
 copies of a module. Shared by the recognisers (normexport.prepare.recognisers) and the driver
 (normexport.prepare.swap); imports nothing else of normexport."""
 

@@ -1,4 +1,4 @@
-"""The signature check of a swap (DESIGN §1, issue 22): can the replacement take every call the
+"""The signature check of a swap (docs/design.md §1, issue 22): can the replacement take every call the
 module gets? With the calls seen in an example forward (normexport.prepare.calls), each must bind
 to the replacement's forward; without, it must take as many positional inputs as the module's."""
 

@@ -1,4 +1,4 @@
-"""Swap recognised normalization modules for normexport modules (DESIGN §1, issue 3): the driver.
+"""Swap recognised normalization modules for normexport modules (docs/design.md §1, issue 3): the driver.
 
 `prepare(module, report)` copies `module`'s module tree (the weights shared) and replaces, wherever
 it can prove the swap preserves behaviour, RMSNorm-like modules with `normexport.prepare.nn.RMSNorm`
@@ -105,7 +105,7 @@ def _walk(module: nn.Module, prefix: str, report: list, seen: Calls | None = Non
 
 
 def structure_copy(module: nn.Module) -> nn.Module:
-    """A deep copy of `module`'s module tree that shares its parameters and buffers (DESIGN §8:
+    """A deep copy of `module`'s module tree that shares its parameters and buffers (docs/design.md §8:
     the weights are held once; swaps replace modules in the copy, they never write into tensors)."""
     memo = {id(t): t for t in list(module.parameters()) + list(module.buffers())}
     return copy.deepcopy(module, memo)

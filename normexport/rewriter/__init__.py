@@ -2,7 +2,7 @@
 
 The driver loads every module named in `rules.RULE_MODULES` (in that order) and applies its
 rules to the onnx-ir model in place; each match is verified locally before it is applied (its
-matched subgraph vs the replacement, both against float64: local.py, DESIGN §8) and recorded as
+matched subgraph vs the replacement, both against float64: local.py, docs/design.md §8) and recorded as
 "local verification: ..." when it fails. A diagnostic dry run before each module records pattern
 near-misses and failed checks, so the report says why something was not fused.
 
@@ -16,12 +16,12 @@ Optional hooks a rule module may define besides RULES / TARGETS (rules/__init__.
 Modules (one concern each):
     driver.py       the rewrite loop (rewrite)
     files.py        rewrite_file: load, rewrite, write atomically (external data too)
-    report.py       RewriteReport / RuleRecord (DESIGN §5)
+    report.py       RewriteReport / RuleRecord (docs/design.md §5)
     diagnostics.py  match tracer, failed checks / near-misses / explain_unapplied -> report
     verifier.py     Verifier: the whole-model extra (original vs rewritten in onnxruntime, small models)
-    _verify.py      quiet onnxruntime sessions, output comparison within DESIGN §7
+    _verify.py      quiet onnxruntime sessions, output comparison within docs/design.md §7
     opset.py        upgrade_opset (bump, or onnx.version_converter on the model without its weights)
-    local.py        LocalVerifier: each fusion's subgraph vs its replacement, both vs float64 (DESIGN §8)
+    local.py        LocalVerifier: each fusion's subgraph vs its replacement, both vs float64 (docs/design.md §8)
     serialize.py    finish: one AdaLNZero form, our ops' functions attached (in place, on onnx-ir)
     cli.py          `normexport rewrite`
 """

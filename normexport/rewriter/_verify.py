@@ -1,5 +1,5 @@
 """Numeric verification of a rewrite: run two models in onnxruntime (CPU) on the same random
-inputs and compare every graph output within DESIGN §7 tolerances (dtypes and tolerances:
+inputs and compare every graph output within docs/design.md §7 tolerances (dtypes and tolerances:
 normexport.dtypes; sessions: normexport.ortrun)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Canonical forms before the rules (DESIGN §11): the driver brings the graph to one spelling of each
+"""Canonical forms before the rules (docs/design.md §11): the driver brings the graph to one spelling of each
 piece a norm is made of, so that every rule is written once, over the canonical form.
 
 Each step is semantics-preserving (the same values, up to the rounding of one Mul against one Div)
@@ -104,7 +104,7 @@ def restore(model: ir.Model) -> int:
 
 def _const(v: ir.Value | None, limit: int | None = FOLD_LIMIT) -> np.ndarray | None:
     """The constant behind `v` (initializer or Constant node) when it has at most `limit` elements
-    (None: any size); a larger one is not read (weights stay where they lie, DESIGN §8)."""
+    (None: any size); a larger one is not read (weights stay where they lie, docs/design.md §8)."""
     if v is None or v.is_graph_input():
         return None
     t = v.const_value

@@ -1,7 +1,7 @@
 """The rewrite loop: per rule module (rules.RULE_MODULES, in order) apply its rules on the onnx-ir
 model; every match is verified locally (local.py: the matched subgraph against its replacement,
 vs float64) before it is applied, so the model never leaves onnx-ir and its weights are never
-copied or serialised whole (DESIGN §8). A whole-model comparison in onnxruntime runs as an extra
+copied or serialised whole (docs/design.md §8). A whole-model comparison in onnxruntime runs as an extra
 where the model is small enough."""
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ def rewrite(model, target: str = "trt", verify: bool = True, report: RewriteRepo
 
     `model`: an onnx.ModelProto (not mutated; a new ModelProto is returned) or an onnx_ir.Model
     (rewritten in place and returned; weights stay where they are, lazy or memory-mapped).
-    With `verify`, each fusion is verified locally before it is applied (DESIGN §8) and, for
+    With `verify`, each fusion is verified locally before it is applied (docs/design.md §8) and, for
     models of at most WHOLE_MODEL_LIMIT bytes of weights, the result is also compared with the
     original as a whole in onnxruntime at the sizes `inputs` gives ({input name: dims}; else
     sizes the model runs at, found by normexport.sizes). `off`: {rule module: the flag that turned
@@ -123,7 +123,7 @@ def rewrite_ir(model: ir.Model, target: str = "trt", verify: bool = True, report
     if report is None:
         report = RewriteReport()
     report.target, report.verify = target, verify
-    report.off = off = switches.resolve(off)  # modules turned off by the flags (DESIGN §5: in the report)
+    report.off = off = switches.resolve(off)  # modules turned off by the flags (docs/design.md §5: in the report)
     report.opset_before = report.opset_after = model_opset(model)
     report.nodes_before = report.nodes_after = len(model.graph)
     try:
@@ -145,7 +145,7 @@ def rewrite_ir(model: ir.Model, target: str = "trt", verify: bool = True, report
                 if n.domain == _ops.DOMAIN and not all(k in n.attributes for k in _ops.PLUGIN_ATTRIBUTES)}
     ir.passes.common.ShapeInferencePass(check_type=False, strict_mode=False, data_prop=True)(model)
     pristine = model.clone()  # (the tensors shared) returned when no rule applies: the original spelling
-    report.canonical = canonical.canonicalize(model, report.notes)  # DESIGN §11: the rules see canonical forms
+    report.canonical = canonical.canonicalize(model, report.notes)  # docs/design.md §11: the rules see canonical forms
     if report.canonical:
         ir.passes.common.ShapeInferencePass(check_type=False, strict_mode=False, data_prop=True)(model)
     local = None

@@ -1,4 +1,4 @@
-"""Local verification of one fusion (DESIGN §8): the subgraph a rule matched, with its own
+"""Local verification of one fusion (docs/design.md §8): the subgraph a rule matched, with its own
 constants, against the nodes that replace it, on random inputs of the shapes it sees; both are
 compared with a float64 evaluation of the matched subgraph (onnx's reference evaluator).
 
@@ -17,7 +17,7 @@ How one check goes:
 - the original subgraph and the replacement run in onnxruntime (CPU) in their dtype; bfloat16
   graphs are widened to float32 there (onnxruntime's CPU provider has no bfloat16 Mul / MatMul);
   the float64 reference is the original with every float type widened to double;
-- pass (DESIGN §7 single-op rule): err(fused) <= max(tolerance, 2 x err(original)), both against
+- pass (docs/design.md §7 single-op rule): err(fused) <= max(tolerance, 2 x err(original)), both against
   float64, tolerance = rel x max|ref| + abs of the output's dtype; non-finite values must agree.
 Identical subgraphs (same structure, shapes and constant bytes) are verified once."""
 
@@ -485,7 +485,7 @@ def probe_shapes(proto: onnx.ModelProto, model: ir.Model, concrete: dict[str, li
     from normexport import sizes as _sizes
 
     graph_outputs = {o.name for o in proto.graph.output}
-    # values of `proto` only: the model may have new ones (canonical forms, DESIGN §11) the proto has not
+    # values of `proto` only: the model may have new ones (canonical forms, docs/design.md §11) the proto has not
     written = {o for n in proto.graph.node for o in n.output}
     missing = []
     for n in model.graph:

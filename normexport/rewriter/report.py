@@ -1,5 +1,5 @@
 """What a rewrite did: per rule matched / applied / rejected (with the reason), per module its
-status, opset and node counts, the sizes it verified at and the comparison (DESIGN §5)."""
+status, opset and node counts, the sizes it verified at and the comparison (docs/design.md §5)."""
 
 from __future__ import annotations
 

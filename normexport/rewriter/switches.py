@@ -1,5 +1,5 @@
 """Which rule modules a rewrite runs: the command line turns modules off (`--no-residual-fusion`,
-`--no-fuse MODULE`), recorded in the report with the flag that did it (DESIGN §2, §5).
+`--no-fuse MODULE`), recorded in the report with the flag that did it (docs/design.md §2, §5).
 
 `NORMEXPORT_RESIDUAL_FUSION=0` in the environment still turns the residual fusion off for one
 release; the reason then says to use the flag instead.

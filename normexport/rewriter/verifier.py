@@ -1,5 +1,5 @@
 """The per-rule check: the original model runs once (at the sizes normexport.sizes finds, or the
-user's), then each candidate on the same inputs; they must agree within DESIGN §7."""
+user's), then each candidate on the same inputs; they must agree within docs/design.md §7."""
 
 from __future__ import annotations
 

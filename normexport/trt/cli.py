@@ -1,5 +1,5 @@
 """`normexport build MODEL.onnx [-o OUT.engine] [--plugin LIB.so | --no-plugin] [--shapes NAME:MIN/OPT/MAX]...
-[--timing-cache FILE] [--report FILE.json]` (DESIGN §4)."""
+[--timing-cache FILE] [--report FILE.json]` (docs/design.md §4)."""
 
 from __future__ import annotations
 

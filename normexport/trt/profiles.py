@@ -4,7 +4,7 @@ opt: sizes the model runs at (normexport.sizes: its static dims, then common siz
 onnxruntime). min: 1 for batch and sequence-like dims, opt for the spatial dims of rank-4/5 inputs
 (image models often take only multiples of some stride). max: 4 x opt. `--shapes` overrides any input.
 
-A file with a KV cache (DESIGN §10: inputs input_ids, attention_mask, position_ids,
+A file with a KV cache (docs/design.md §10: inputs input_ids, attention_mask, position_ids,
 past_key_values.*, dims named batch / sequence / past_sequence / total_sequence) gets one profile
 that serves prefill and decode: LLM_DIMS per named dim (total_sequence = past_sequence + sequence),
 and `--shapes` takes a dim name as well as an input name (`--shapes past_sequence:0/512/4096`).

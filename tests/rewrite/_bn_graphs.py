@@ -1,6 +1,6 @@
 """Shared helpers of the BatchNorm tests: randomised BNs, legacy export, onnxruntime, fp64 reference.
 
-Tolerance (DESIGN §7, fp32): max abs err <= 1e-5 * max|ref| + 1e-6 against the float64 reference.
+Tolerance (docs/design.md §7, fp32): max abs err <= 1e-5 * max|ref| + 1e-6 against the float64 reference.
 Folding rounds the folded weights to float32 once more and changes the summation order, so a folded
 model may exceed that where eager float32 itself comes close to it; then the test accepts
 err <= 2 * (eager float32 error) + 1e-6 (the §7 "not more than 2x eager's own error" rule)."""
@@ -79,7 +79,7 @@ def max_err(y: np.ndarray, ref: np.ndarray) -> float:
 
 
 def assert_parity(y: np.ndarray, ref: np.ndarray, eager_err: float, what: str = "") -> float:
-    """DESIGN §7 fp32 tolerance, or <= 2x eager float32's own error + 1e-6 (see module doc)."""
+    """docs/design.md §7 fp32 tolerance, or <= 2x eager float32's own error + 1e-6 (see module doc)."""
     err = max_err(y, ref)
     tol = tolerance(ref)
     assert err <= tol or err <= 2 * eager_err + 1e-6, (

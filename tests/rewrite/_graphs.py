@@ -41,7 +41,7 @@ def ln_ref(x, w=None, b=None, eps=1e-5, k=1):
 
 
 def assert_close(got, ref, what=""):
-    """DESIGN §7 fp32: max abs err <= 1e-5 * max|ref| + 1e-6."""
+    """docs/design.md §7 fp32: max abs err <= 1e-5 * max|ref| + 1e-6."""
     got = np.asarray(got, np.float64)
     ref = np.asarray(ref, np.float64)
     assert got.shape == ref.shape, (got.shape, ref.shape)

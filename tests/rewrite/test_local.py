@@ -1,4 +1,4 @@
-"""Local verification (DESIGN §8): each fusion's matched subgraph against its replacement, both vs
+"""Local verification (docs/design.md §8): each fusion's matched subgraph against its replacement, both vs
 float64. Planted wrong fusions (epsilon, axis, a dropped weight) must be rejected; correct
 fusions downstream of huge activations and upstream of an op onnxruntime lacks must be applied."""
 

@@ -168,11 +168,11 @@ def test_fp16_llama_upcast_graph():
     (y,) = G.run(out, x=x)
     assert y.dtype == np.float16
     ref = G.rms_ref(x, w16.astype(np.float64))
-    assert np.abs(y - ref).max() <= 2e-3 * np.abs(ref).max()  # DESIGN §7 fp16
+    assert np.abs(y - ref).max() <= 2e-3 * np.abs(ref).max()  # docs/design.md §7 fp16
 
 
 def test_float64_graph_not_fused_into_custom_op_but_into_standard_op():
-    """normexport::RMSNorm's schema has no float64 (DESIGN §2): target trt keeps a double graph,
+    """normexport::RMSNorm's schema has no float64 (docs/design.md §2): target trt keeps a double graph,
     target onnx at opset 23 fuses it into RMSNormalization, which takes double."""
     model = G.to_dtype(G.rms_graph(opset=23), onnx.TensorProto.DOUBLE)
     rep = RewriteReport()

@@ -143,7 +143,7 @@ def test_fp16(skip_on):
     (z,) = G.run(out, x=x, r=r)
     assert z.dtype == np.float16
     ref = _ref(x, r, G.WEIGHT.astype(np.float16))
-    assert np.abs(z - ref).max() <= 2e-3 * np.abs(ref).max()  # DESIGN §7 fp16
+    assert np.abs(z - ref).max() <= 2e-3 * np.abs(ref).max()  # docs/design.md §7 fp16
 
 
 def test_idempotent(skip_on):

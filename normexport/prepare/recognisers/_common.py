@@ -1,5 +1,5 @@
 """What the recognisers share: the candidate a recogniser proposes, the eps attribute of a norm,
-and the report entry (one dict per candidate or norm-named module, DESIGN §9)."""
+and the report entry (one dict per candidate or norm-named module, docs/design.md §9)."""
 
 from __future__ import annotations
 

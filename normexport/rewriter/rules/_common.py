@@ -9,7 +9,7 @@ import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
 FLOAT_TYPES = frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.DataType.DOUBLE})
-#: the types the normexport custom ops accept (their schema: DESIGN §2); no float64
+#: the types the normexport custom ops accept (their schema: docs/design.md §2); no float64
 CUSTOM_OP_TYPES = frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16})
 
 #: how `num / sqrt(v)` is spelled once the graph is in canonical forms (rewriter/canonical.py turns

@@ -17,7 +17,7 @@ left to x's rank r >= 3, is [1.., M, H] (1 on every dim before x's dim -2):
 - M = 1 with x's dim -2 not 1 (one row for every row of a batch > 1): not the op's [B, H] either
   (rules/adaln.py refuses a [1, H] broadcast over the batch too); left, with the reason.
 
-Every applied fusion is verified locally (DESIGN §8) by the driver like every other rule's.
+Every applied fusion is verified locally (docs/design.md §8) by the driver like every other rule's.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ intermediate tensor, 2-5x slower.  So "ort" keeps BN, and so does "onnx" (standa
 runtime; BatchNormalization is standard, and onnxruntime is the runtime it is checked with).  For
 "trt" the TensorRT ONNX parser imports BatchNormalization as the same per-channel scale/shift
 (IScaleLayer) that Mul+Add with constants becomes after its pointwise fusion, so speed is equal, and
-DESIGN §3 asks for no BatchNormalization in trt graphs: trt gets Mul + Add.
+docs/design.md §3 asks for no BatchNormalization in trt graphs: trt gets Mul + Add.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ DiT's block, after the adaln rules: `x = x + gate_msa.unsqueeze(1) * attn_out`, 
 ==> y, s' = normexport::GatedAdaLNZero(x, u, gate, shift, scale[, weight, bias], epsilon=eps)
 where s' replaces s for its other consumers (the next residual add, rule gated_adaln_zero_residual).
 
-The op contract (DESIGN §2): x and u of the sum's full shape; gate in the layout of the AdaLNZero
+The op contract (docs/design.md §2): x and u of the sum's full shape; gate in the layout of the AdaLNZero
 node's shift / scale: [B, H] (an Unsqueeze of [B, H], or a [B, 1.., H] tensor, squeezed) when
 they are [B, H], the full shape of x when they are; one dtype (float32 / float16 / bfloat16); the
 sum not a graph output. An AdaLNZero whose [B, H] rows follow another dim of x (its
@@ -16,7 +16,7 @@ modulation_axis a, e.g. 1 for a sequence-first x [S, B, H], rule adaln_seq_first
 laid out the same way: an Unsqueeze of [B, H] at every axis but a and the last, or a tensor that is
 [1.., B, 1.., H] with B at dim a (numpy's left padding allowed down to a [B, H] gate when a = r - 2),
 squeezed; the fused node gets the same modulation_axis.
-Every applied fusion is verified locally (DESIGN §8).
+Every applied fusion is verified locally (docs/design.md §8).
 """
 
 from __future__ import annotations

@@ -9,10 +9,10 @@ when nothing else reads s the fused node's Sum output is left unread (rule skip_
 One pass over the activations instead of two: the plugin reads a and b once and writes y and the
 sum (4 tensor passes instead of 5, and one launch instead of two).
 
-The op contract (DESIGN §2): a and b of the sum's full shape (no broadcast operand), the same
+The op contract (docs/design.md §2): a and b of the sum's full shape (no broadcast operand), the same
 float32 / float16 / bfloat16 dtype as scale; scale one value per element of the last dim
 ([H], or [1.., H], reshaped); the sum not a graph output (kept as the Add it is). Every applied
-fusion is verified locally (DESIGN §8) as every other.
+fusion is verified locally (docs/design.md §8) as every other.
 """
 
 from __future__ import annotations
