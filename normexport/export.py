@@ -1,6 +1,7 @@
 """nn.Module -> ONNX, the API (normexport.convert_module): the torch-side preparation
 (normexport.prepare.for_export), the exporter ladder (normexport.exporter) with the rewriter as
-its judge, then the ONNX rewrite passes' file."""
+its judge, then the ONNX rewrite passes' file. These stages (prepare_module, run_ladder,
+rewrite_model) are the ones `normexport convert` runs on its record (normexport/convert/)."""
 
 from __future__ import annotations
 
@@ -63,31 +64,61 @@ def convert_module_ir(module, args: tuple, *, target: str = "trt", opset: int | 
     "dynamo" | "torchscript", "rung", "static_axes" {input: [axes made static]}, "dynamo_error"
     when the first rung was not kept, "attempts") and "rewrite". `rewrite_off`: rule modules the
     command line turned off (rewriter/switches.py)."""
-    asked_opset, opset = opset, checked_opset(target, opset)
-    from .exporter import ladder
-    from .prepare.for_export import prepare_for_export
-
     report = report if report is not None else {}
-    module, unswapped = prepare_for_export(to_exportable(module, args), args, target=target, fold_bn=fold_bn,
-                                           swap_norms=swap_norms, report=report)
-    names = list(input_names) if input_names else [f"input_{i}" for i in range(len(args))]
+    module, unswapped = prepare_module(module, args, target=target, opset=opset, report=report, fold_bn=fold_bn,
+                                       swap_norms=swap_norms)
 
     def judge(model, kept):
         rw = None
         if rewrite:
-            from . import rewriter
-
-            rw_report = rewriter.RewriteReport()
-            model = rewriter.rewrite_ir(model, target=target, verify=verify, report=rw_report, off=rewrite_off)
-            rw = rw_report.to_dict()
+            model, rw = rewrite_model(model, target=target, verify=verify, off=rewrite_off)
         return (accept is None or accept(model, kept)), (model, rw)
 
-    model, rw = ladder.run(module, unswapped, args, names=names, output_names=output_names,
-                           dynamic_axes=dynamic_axes, opset=opset, ts_opset=asked_opset or TORCHSCRIPT_OPSET,
-                           target=target, auto_dynamic=auto_dynamic, judge=judge, report=report)
+    model, rw = run_ladder(module, unswapped, args, target=target, opset=opset,
+                           names=list(input_names) if input_names else [f"input_{i}" for i in range(len(args))],
+                           output_names=output_names, dynamic_axes=dynamic_axes, auto_dynamic=auto_dynamic,
+                           judge=judge, report=report)
     if rw is not None:
         report["rewrite"] = rw
     return model
+
+
+# The stages every export runs, the API's (convert_module_ir) and `normexport convert`'s (its preparing,
+# exporting and rewriting stages, normexport/convert/, are these on its record): prepare, the ladder,
+# each file it exports rewritten by the ladder's judge (convert's judge also checks its parity).
+
+def prepare_module(module, inputs: tuple, *, target: str, opset: int | None, report: dict, fold_bn: bool = True,
+                   swap_norms: bool = True):
+    """The target and opset refused before anything runs (checked_opset), then the torch-side steps
+    (normexport.prepare.for_export) on `module` called with `inputs`, reported into `report`. Returns
+    (the module the ladder exports, the same before the norm swaps: the TorchScript rungs trace that)."""
+    from .prepare.for_export import prepare_for_export
+
+    checked_opset(target, opset)
+    return prepare_for_export(to_exportable(module, inputs), inputs, target=target, fold_bn=fold_bn,
+                              swap_norms=swap_norms, report=report)
+
+
+def run_ladder(module, unswapped, inputs: tuple, *, target: str, opset: int | None, names: list[str], output_names,
+               dynamic_axes, auto_dynamic: bool, judge, report: dict, plan=None):
+    """The exporter ladder (normexport.exporter.ladder, DESIGN §9) on the prepared module at `opset`
+    (None: DEFAULT_OPSET; TORCHSCRIPT_OPSET for the TorchScript rungs), each exported file handed to
+    `judge(model, kept_axes) -> (accepted, value)`; returns the value of the file kept."""
+    from .exporter import ladder
+
+    return ladder.run(module, unswapped, inputs, names=names, output_names=output_names, dynamic_axes=dynamic_axes,
+                      opset=checked_opset(target, opset), ts_opset=opset or TORCHSCRIPT_OPSET, target=target,
+                      auto_dynamic=auto_dynamic, judge=judge, report=report, plan=plan)
+
+
+def rewrite_model(model, *, target: str, verify: bool = True, off: dict[str, str] | None = None):
+    """The ONNX rewrite passes (normexport.rewriter) on one exported file: (the file, edited in place
+    where it can be, its rewrite report as a dict)."""
+    from . import rewriter
+
+    report = rewriter.RewriteReport()
+    model = rewriter.rewrite_ir(model, target=target, verify=verify, report=report, off=off)
+    return model, report.to_dict()
 
 
 def op_counts(model) -> dict[str, int]:

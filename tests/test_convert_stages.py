@@ -207,3 +207,27 @@ def test_the_weights_written_ahead_have_one_owner(monkeypatch):
             raise RuntimeError("a stage failed")
     assert made[3].closed == 1
     assert prewrite.take(record.Record(args=argparse.Namespace())) is None  # no owner: nothing written ahead
+
+
+def test_the_api_runs_the_stages_convert_runs(tmp_path, monkeypatch):
+    """Issue 39 item 2.3: normexport.export.convert_module_ir and `normexport convert` run the same
+    prepare / ladder / rewrite steps (normexport.export.prepare_module, run_ladder, rewrite_model):
+    for one module and call, the API's report sections are convert's record's and the files agree."""
+    from normexport.export import convert_module_ir, op_counts
+
+    factories = types.ModuleType("stage_models")
+    factories.ln = _ln_model
+    monkeypatch.setitem(sys.modules, "stage_models", factories)
+    rec = record.Record(args=_args("stage_models:ln", "--input", "x:3x5x8", "--dynamic", "x:0,1", "--target", "ort",
+                                   "--no-check", "-o", str(tmp_path / "m.onnx")))
+    for stage in (loading.run, inputs.run, preparing.run):
+        rec = stage(rec)
+    rec = exporting.run(rec, rewriting.run)
+    report: dict = {}
+    model = convert_module_ir(_ln_model(), rec.inputs, target="ort", input_names=["x"], dynamic_axes={"x": [0, 1]},
+                              output_names=rec.output_names, report=report, rewrite_off=rec.off)
+    assert set(report) == {"implementations", "fold_batchnorm", "exporter", "rewrite"}
+    for name in ("implementations", "fold_batchnorm", "exporter"):
+        assert report[name] == rec.sections[name], name
+    assert report["rewrite"] == rec.rewrite
+    assert op_counts(model) == op_counts(rec.model_ir) and op_counts(model)["LayerNormalization"] == 1

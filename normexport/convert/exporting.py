@@ -1,4 +1,4 @@
-"""Stage 4, the export ladder (normexport.exporter.ladder): each exported file goes to the judge
+"""Stage 4, the export ladder (normexport.export.run_ladder, the API's too): each exported file goes to the judge
 this stage is given (convert: the rewrite stage, then the check stage's parity judgement) as a
 record of its own; the first one accepted goes on. Then the file is made one protobuf where it fits
 (ONNX checker), the axes it keeps dynamic read, and what was done said on the terminal."""
@@ -12,8 +12,7 @@ import onnx_ir as ir
 
 from .. import io, llm
 from ..errors import ExportError, UsageError
-from ..export import TORCHSCRIPT_OPSET, DEFAULT_OPSET, op_counts
-from ..exporter import ladder
+from ..export import op_counts, run_ladder
 from ..rewriter.driver import interface, weight_bytes
 from . import record, summary
 from .record import Record
@@ -36,10 +35,9 @@ def run(rec: Record, judge: Callable[[Record], Record]) -> Record:
 
         plan = shallow.plan(rec.exportable, rec.inputs, rec.names, rec.output_names, rec.dynamic)
     try:
-        rec = ladder.run(rec.exportable, rec.unswapped, rec.inputs, names=rec.names, output_names=rec.output_names,
-                         dynamic_axes=rec.dynamic, opset=rec.opset or DEFAULT_OPSET,
-                         ts_opset=rec.opset or TORCHSCRIPT_OPSET, target=args.target,
-                         auto_dynamic=bool(args.module), judge=on_file, report=rec.sections, plan=plan)
+        rec = run_ladder(rec.exportable, rec.unswapped, rec.inputs, target=args.target, opset=rec.opset, names=rec.names,
+                         output_names=rec.output_names, dynamic_axes=rec.dynamic, auto_dynamic=bool(args.module),
+                         judge=on_file, report=rec.sections, plan=plan)
         if rec.task == llm.WITH_PAST:
             llm.name_dims(rec.model_ir, rec.module.layout.layers)
             rec.model = None  # renamed dims: serialised again below
