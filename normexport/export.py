@@ -48,10 +48,10 @@ def convert_module_ir(module, args: tuple, *, target: str = "trt", opset: int | 
                       report: dict | None = None, fold_bn: bool = True, swap_norms: bool = True,
                       rewrite: bool = True, verify: bool = True, auto_dynamic: bool = False, accept=None,
                       rewrite_off: dict[str, str] | None = None):
-    """Export `module` called with `args` to ONNX for `target` (DESIGN §3), as an onnx_ir model
-    whose initializers are the module's own tensors (no copy of the weights; DESIGN §8).
+    """Export `module` called with `args` to ONNX for `target` (docs/design.md §3), as an onnx_ir model
+    whose initializers are the module's own tensors (no copy of the weights; docs/design.md §8).
 
-    The exporter ladder (DESIGN §9, LADDER): torch.onnx's dynamo exporter with `dynamic_axes`;
+    The exporter ladder (docs/design.md §9, LADDER): torch.onnx's dynamo exporter with `dynamic_axes`;
     then with the axes it cannot keep made static (torch.export's Dim.AUTO: the file's symbolic
     dims say which stayed); then with static shapes; then the TorchScript-based exporter
     (dynamo=False, on the module before the norm swaps; the rewriter fuses what it left
@@ -101,7 +101,7 @@ def prepare_module(module, inputs: tuple, *, target: str, opset: int | None, rep
 
 def run_ladder(module, unswapped, inputs: tuple, *, target: str, opset: int | None, names: list[str], output_names,
                dynamic_axes, auto_dynamic: bool, judge, report: dict, plan=None):
-    """The exporter ladder (normexport.exporter.ladder, DESIGN §9) on the prepared module at `opset`
+    """The exporter ladder (normexport.exporter.ladder, docs/design.md §9) on the prepared module at `opset`
     (None: DEFAULT_OPSET; TORCHSCRIPT_OPSET for the TorchScript rungs), each exported file handed to
     `judge(model, kept_axes) -> (accepted, value)`; returns the value of the file kept."""
     from .exporter import ladder

@@ -42,11 +42,11 @@ def run(rec: Record, judge: Callable[[Record], Record]) -> Record:
             llm.name_dims(rec.model_ir, rec.module.layout.layers)
             rec.model = None  # renamed dims: serialised again below
         # small: one protobuf for the checker and the parity check; large: the onnx-ir model is
-        # streamed to disk and checked there by path (DESIGN §8: never one protobuf)
+        # streamed to disk and checked there by path (docs/design.md §8: never one protobuf)
         if rec.model is None and weight_bytes(rec.model_ir) <= record.PARITY_LIMIT:
             rec.model = ir.serde.serialize_model(rec.model_ir)
             io.check_onnx(rec.model, workdir=rec.out.parent)
-        # the axes the file keeps dynamic (--module: those torch.export kept; DESIGN §9: a lower rung)
+        # the axes the file keeps dynamic (--module: those torch.export kept; docs/design.md §9: a lower rung)
         rec.kept = onnx_dynamic_axes(rec.model if rec.model is not None else interface(rec.model_ir))
     except (UsageError, ExportError):
         raise
