@@ -1,7 +1,8 @@
-"""Stage 4, the export ladder (normexport.export.run_ladder, the API's too): each exported file goes to the judge
-this stage is given (convert: the rewrite stage, then the check stage's parity judgement) as a
-record of its own; the first one accepted goes on. Then the file is made one protobuf where it fits
-(ONNX checker), the axes it keeps dynamic read, and what was done said on the terminal."""
+"""Stage 4, the export ladder (normexport.export.run_ladder, the API's too): each exported file goes
+to the judge this stage is given (convert: the rewrite stage, then the check stage's parity
+judgement) as a record of its own; the first one accepted goes on. Then the file is made one
+protobuf where it fits (ONNX checker), the axes it keeps dynamic read, and what was done said on
+the terminal."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ def run(rec: Record, judge: Callable[[Record], Record]) -> Record:
         cand = dataclasses.replace(rec, model_ir=model_ir, kept=kept, rewrite=None, model=None, result=None,
                                    checked=False, passed=True)
         cand = judge(cand)
-        if not cand.passed and cand.prewrite is not None:  # (its weights written ahead are not needed: convert.prewrite)
+        if not cand.passed and cand.prewrite is not None:  # its weights written ahead not needed (convert.prewrite)
             cand.prewrite.drop(cand.model_ir)
         return cand.passed, cand
 
@@ -35,9 +36,9 @@ def run(rec: Record, judge: Callable[[Record], Record]) -> Record:
 
         plan = shallow.plan(rec.exportable, rec.inputs, rec.names, rec.output_names, rec.dynamic)
     try:
-        rec = run_ladder(rec.exportable, rec.unswapped, rec.inputs, target=args.target, opset=rec.opset, names=rec.names,
-                         output_names=rec.output_names, dynamic_axes=rec.dynamic, auto_dynamic=bool(args.module),
-                         judge=on_file, report=rec.sections, plan=plan)
+        rec = run_ladder(rec.exportable, rec.unswapped, rec.inputs, target=args.target, opset=rec.opset,
+                         names=rec.names, output_names=rec.output_names, dynamic_axes=rec.dynamic,
+                         auto_dynamic=bool(args.module), judge=on_file, report=rec.sections, plan=plan)
         if rec.task == llm.WITH_PAST:
             llm.name_dims(rec.model_ir, rec.module.layout.layers)
             rec.model = None  # renamed dims: serialised again below
