@@ -211,14 +211,22 @@ def check_external_data(path: str | os.PathLike, model: onnx.ModelProto | None =
 
 def load_ir(path: str | os.PathLike):
     """An ONNX file as an onnx_ir model, its external data memory-mapped (read lazily, never
-    copied); UsageError when it is missing or not ONNX, or its external data is unsafe or short
-    (check_external_data)."""
+    copied); UsageError when it is missing or not ONNX, its external data is unsafe or short
+    (check_external_data), or it is damaged or invalid (normexport.validate)."""
     import onnx_ir as ir
+
+    from . import validate
 
     path = Path(path)
     if not path.is_file():
         raise UsageError(f"ONNX file not found: '{path}': check the path")
-    check_external_data(path)
+    try:
+        proto = onnx.load(str(path), load_external_data=False)
+    except Exception as e:  # noqa: BLE001 - protobuf's parse errors: not ONNX, truncated or corrupt
+        raise UsageError(f"cannot read '{path}' as ONNX ({first_line(e, 160)}): pass a valid .onnx file") from None
+    check_external_data(path, proto)
+    validate.check_file(path, proto)  # DESIGN §14: a damaged file is one line here, not an error later
+    del proto
     try:
         return ir.load(str(path))
     except Exception as e:

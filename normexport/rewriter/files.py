@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from pathlib import Path
 
 import onnx_ir as ir
 
@@ -48,9 +49,9 @@ def rewrite_file(in_path: str | os.PathLike, out_path: str | os.PathLike, target
     if not report.applied and not external and not any(n.domain == _ops.DOMAIN for n in model.graph):
         # nothing fused (and no plugin attributes to add): the input file as it is, byte for byte,
         # not its canonical forms nor the shapes inference annotated (DESIGN §11)
-        tmp = out_path + ".part"
-        shutil.copyfile(in_path, tmp)
-        os.replace(tmp, out_path)
+        _io.write_atomic(Path(out_path), lambda tmp: shutil.copyfile(in_path, tmp), "-o")
         return report
-    _io.save_ir(model, out_path, external_data=True if external else None)
+    # the checker on the written file before it takes its place: the input passed it (io.load_ir),
+    # so a refusal here is normexport's bug and surfaces as one (nothing is left behind)
+    _io.save_ir(model, out_path, external_data=True if external else None, validate=_io.check_onnx_path)
     return report

@@ -120,7 +120,15 @@ class AdaLNFusion(pattern.RewriteRuleClassBase):
             return []
         bias = self._bias
         if bias is None:
-            name = f"{w.name}__zero_bias"
+            # a name no initializer has: LayerNorms sharing one weight each get a zero bias here, and
+            # onnxscript registers a second initializer of a taken name over the first (whose readers
+            # are left reading a value nothing defines)
+            name = base = f"{w.name}__zero_bias"
+            taken = w.graph.initializers if w.graph is not None else {}
+            k = 0
+            while name in taken:
+                k += 1
+                name = f"{base}_{k}"
             bias = op.initializer(c.unit_tensor(name, self._h, dtype, 0.0), name)
         return [c.as_dtype(op, w, dtype), c.as_dtype(op, bias, dtype)]
 

@@ -1,0 +1,164 @@
+"""An ONNX file checked before anything works on it (DESIGN §14): a damaged or invalid file is a
+UsageError of one line naming what is wrong, never an internal error later, nor an output that
+onnx's checker refuses.
+
+The graph's wiring is checked here first (dangling names, cycles, names produced twice, graph
+outputs nothing produces, opset versions, negative dims), each with its own message; then
+onnx.checker (full check: strict shape inference), whose refusal is the generic "damaged" line
+with the checker's own reason. External weights stay on disk."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import onnx
+import onnx.defs
+
+from .errors import UsageError
+
+_FIX = "re-export the model or repair the file"
+
+
+def _one_line(text: str, limit: int = 240) -> str:
+    """The checker's message on one line: the context block folded in, whitespace collapsed."""
+    text = text.replace("==> Context:", "; at").replace("Bad node spec for node.", "")
+    text = re.sub(r"\s+", " ", text).strip(" ;")
+    return text[:limit] + ("..." if len(text) > limit else "")
+
+
+def _node_name(n: onnx.NodeProto, i: int) -> str:
+    return f"'{n.name}' ({n.op_type})" if n.name else f"#{i} ({n.op_type})"
+
+
+def check_wiring(path: str | os.PathLike, model: onnx.ModelProto) -> None:
+    """The main graph's values: each node input produced by a graph input, an initializer or a
+    node (no dangling names), each value produced once, no cycle, every graph output produced."""
+    g = model.graph
+    if not g.output:
+        what = "has no nodes and no outputs (an empty or truncated file parses as an empty model)" if not g.node else \
+            "has no outputs (nothing it computes leaves it)"
+        raise UsageError(f"'{path}' is damaged: the graph {what}: {_FIX}")
+    given = {v.name for v in g.input} | {t.name for t in g.initializer} | {t.values.name for t in g.sparse_initializer}
+    producer: dict[str, int] = {}
+    for i, n in enumerate(g.node):
+        for o in n.output:
+            if not o:
+                continue
+            if o in producer:
+                raise UsageError(f"'{path}' is damaged: value '{o}' is produced twice (nodes {_node_name(g.node[producer[o]], producer[o])} "
+                                 f"and {_node_name(n, i)}); ONNX value names are unique: {_FIX}")
+            if o in given:
+                raise UsageError(f"'{path}' is damaged: node {_node_name(n, i)} writes '{o}', which is also a graph input or "
+                                 f"initializer; ONNX value names are unique: {_FIX}")
+            producer[o] = i
+    for i, n in enumerate(g.node):
+        for x in n.input:
+            if x and x not in given and x not in producer:
+                raise UsageError(f"'{path}' is damaged: node {_node_name(n, i)} reads '{x}', which no node, graph input or "
+                                 f"initializer produces (a dangling name; a node dropped?): {_FIX}")
+    for v in g.output:
+        if v.name not in given and v.name not in producer:
+            raise UsageError(f"'{path}' is damaged: graph output '{v.name}' is produced by no node (a node dropped?): {_FIX}")
+    # a cycle: depth-first over the producers of each node's inputs (iterative: deep graphs)
+    state = [0] * len(g.node)  # 0 new, 1 on the stack, 2 done
+    for start in range(len(g.node)):
+        if state[start]:
+            continue
+        stack = [(start, iter([producer[x] for x in g.node[start].input if x in producer]))]
+        state[start] = 1
+        while stack:
+            i, deps = stack[-1]
+            j = next(deps, None)
+            if j is None:
+                state[i] = 2
+                stack.pop()
+            elif state[j] == 1:
+                raise UsageError(f"'{path}' is damaged: the graph has a cycle through node {_node_name(g.node[j], j)} "
+                                 f"(it depends on its own output): {_FIX}")
+            elif state[j] == 0:
+                state[j] = 1
+                stack.append((j, iter([producer[x] for x in g.node[j].input if x in producer])))
+
+
+def check_opsets(path: str | os.PathLike, model: onnx.ModelProto) -> None:
+    """The default domain's opset is one this onnx knows; every node's domain is imported."""
+    known = onnx.defs.onnx_opset_version()
+    imported = {o.domain or "ai.onnx": o.version for o in model.opset_import}
+    v = imported.get("ai.onnx")
+    if v is not None and not 1 <= v <= known:
+        raise UsageError(f"'{path}': ai.onnx opset {v} is not a version onnx {onnx.__version__} knows (1 to {known}): "
+                         "pass a model exported at a known opset")
+    for i, n in enumerate(model.graph.node):
+        if (n.domain or "ai.onnx") not in imported:
+            raise UsageError(f"'{path}' is damaged: node {_node_name(n, i)} is in domain '{n.domain}', which the model "
+                             f"does not import (no opset_import entry): {_FIX}")
+
+
+def check_dims(path: str | os.PathLike, model: onnx.ModelProto) -> None:
+    """Graph inputs and outputs: no negative dim (a dim is a size >= 0, or a name)."""
+    for kind, values in (("input", model.graph.input), ("output", model.graph.output)):
+        for v in values:
+            if not v.type.HasField("tensor_type") or not v.type.tensor_type.HasField("shape"):
+                continue
+            for axis, d in enumerate(v.type.tensor_type.shape.dim):
+                if d.HasField("dim_value") and d.dim_value < 0:
+                    raise UsageError(f"'{path}' is damaged: graph {kind} '{v.name}' has dim {d.dim_value} at axis {axis} "
+                                     f"(a dim is a size >= 0 or a name): {_FIX}")
+
+
+def check_text(path: str | os.PathLike, model: onnx.ModelProto) -> None:
+    """Every text field (names, op types, metadata) is UTF-8: protobuf parses ONNX's proto2 strings
+    without decoding them, and hands out bytes where they are not (corrupt bytes), which onnx-ir
+    fails on only when it writes the model."""
+    from google.protobuf.descriptor import FieldDescriptor
+
+    string, message = FieldDescriptor.TYPE_STRING, FieldDescriptor.TYPE_MESSAGE
+    stack = [(model, "model")]
+    while stack:
+        msg, where = stack.pop()
+        for field, value in msg.ListFields():
+            if field.type == string:
+                for i, text in enumerate(value if field.is_repeated else (value,)):
+                    if isinstance(text, bytes):
+                        raise UsageError(f"'{path}' is damaged: {where}.{field.name} is not valid UTF-8 text "
+                                         f"({text[:40]!r}; corrupt bytes?): {_FIX}")
+            elif field.type == message:
+                if field.is_repeated:
+                    stack.extend((m, f"{where}.{field.name}[{i}]") for i, m in enumerate(value))
+                else:
+                    stack.append((value, f"{where}.{field.name}"))
+
+
+def _without_external(model: onnx.ModelProto) -> onnx.ModelProto:
+    """`model` for the checker: initializers kept in external data become graph inputs of their type
+    and shape (io.check_external_data checked their files, links inside the folder allowed; the
+    checker would look for them from the current folder, and refuses any link)."""
+    ext = [t for t in model.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
+    if not ext:
+        return model
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    names = {t.name for t in ext}
+    inputs = {v.name for v in copy.graph.input}
+    kept = [t for t in copy.graph.initializer if t.name not in names]
+    del copy.graph.initializer[:]
+    copy.graph.initializer.extend(kept)
+    copy.graph.input.extend(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+                            for t in ext if t.name not in inputs)
+    return copy
+
+
+def check_file(path: str | os.PathLike, model: onnx.ModelProto) -> None:
+    """All of the above, then onnx.checker's full check of `model`: the file's proto without its
+    external data (which stays on disk)."""
+    path = Path(path)
+    check_text(path, model)
+    check_opsets(path, model)
+    check_wiring(path, model)
+    check_dims(path, model)
+    try:
+        onnx.checker.check_model(_without_external(model), full_check=True)
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
+        raise UsageError(f"'{path}' is damaged: onnx.checker refuses it: {_one_line(str(e))}: {_FIX}") from None
