@@ -43,6 +43,10 @@ def capture(model: nn.Module, name: str, inputs: tuple, dynamic: dict[str, list[
     if loaded is not None and getattr(loaded, "exported_program", None) is not None:
         model = _unflattened(model, loaded.exported_program)
     block = find(model, name)
+    if isinstance(block, torch.jit.ScriptModule):  # TorchScript calls its submodules in C++: no hook sees them
+        raise UsageError(f"--module {name}: the model is TorchScript (scripted or traced), whose calls to its submodules "
+                         "cannot be recorded: save the submodule as its own file (`torch.jit.load(FILE)."
+                         f"{name}.save('part.pt')`) and convert that with --input, or convert the whole model")
     seen: list = []
 
     def hook(_module, args, kwargs):

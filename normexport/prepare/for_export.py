@@ -14,6 +14,11 @@ def prepare_for_export(module, args: tuple, *, target: str, fold_bn: bool = True
     `report` receives "implementations", "fold_batchnorm" (fold_bn) and "prepare" (complex
     lowering, swaps)."""
     unswapped = module
+    if isinstance(module, torch.jit.ScriptModule):
+        # TorchScript torch's converter could not turn into a program (exporter.rungs.to_exportable):
+        # its submodules are compiled (no hooks, no swaps, no folding): exported as it is, the
+        # ONNX rewriter fuses its norms and folds its BatchNorms
+        return module, module
     if isinstance(module, torch.nn.Module) and not isinstance(module, torch.fx.GraphModule):
         from .implementations import exportable_implementations  # MoE experts, attention (§9)
 
