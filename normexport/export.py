@@ -71,11 +71,11 @@ def convert_module_ir(module, args: tuple, *, target: str = "trt", opset: int | 
     def judge(model, kept):
         rw = None
         if rewrite:
-            model, rw = rewrite_model(model, target=target, verify=verify, off=rewrite_off)
+            model, rw = rewrite_model(model, target=target, verify=verify, off=rewrite_off, call=dict(zip(names, args)))
         return (accept is None or accept(model, kept)), (model, rw)
 
-    model, rw = run_ladder(module, unswapped, args, target=target, opset=opset,
-                           names=list(input_names) if input_names else [f"input_{i}" for i in range(len(args))],
+    names = list(input_names) if input_names else [f"input_{i}" for i in range(len(args))]
+    model, rw = run_ladder(module, unswapped, args, target=target, opset=opset, names=names,
                            output_names=output_names, dynamic_axes=dynamic_axes, auto_dynamic=auto_dynamic,
                            judge=judge, report=report)
     if rw is not None:
@@ -111,14 +111,32 @@ def run_ladder(module, unswapped, inputs: tuple, *, target: str, opset: int | No
                       auto_dynamic=auto_dynamic, judge=judge, report=report, plan=plan)
 
 
-def rewrite_model(model, *, target: str, verify: bool = True, off: dict[str, str] | None = None):
+def rewrite_model(model, *, target: str, verify: bool = True, off: dict[str, str] | None = None,
+                  call: dict | None = None):
     """The ONNX rewrite passes (normexport.rewriter) on one exported file: (the file, edited in place
-    where it can be, its rewrite report as a dict)."""
+    where it can be, its rewrite report as a dict). `call`: {input name: tensor} the file was exported
+    from; the rewriter's local verification runs at those sizes (its probe of intermediate sizes
+    holds every value at once: at sizes of its own choosing, 64 x 96 latents, a tiny SD UNet's probe
+    peaked at 5 GB)."""
     from . import rewriter
 
     report = rewriter.RewriteReport()
-    model = rewriter.rewrite_ir(model, target=target, verify=verify, report=report, off=off)
+    model = rewriter.rewrite_ir(model, target=target, verify=verify, report=report, off=off,
+                                inputs=call_sizes(model, call))
     return model, report.to_dict()
+
+
+def call_sizes(model, call: dict | None) -> dict[str, list[int]] | None:
+    """{graph input: dims} of the call's tensors whose names and ranks the onnx_ir model's inputs
+    have (an input the export renamed, split or dropped is left to normexport.sizes)."""
+    if not call:
+        return None
+    sizes = {}
+    for v in model.graph.inputs:
+        t = call.get(v.name)
+        if t is not None and hasattr(t, "shape") and v.shape is not None and len(v.shape) == len(t.shape):
+            sizes[v.name] = [int(d) for d in t.shape]
+    return sizes or None
 
 
 def op_counts(model) -> dict[str, int]:
