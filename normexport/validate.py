@@ -97,15 +97,16 @@ def check_opsets(path: str | os.PathLike, model: onnx.ModelProto) -> None:
 
 
 def check_dims(path: str | os.PathLike, model: onnx.ModelProto) -> None:
-    """Graph inputs and outputs: no negative dim (a dim is a size >= 0, or a name)."""
+    """Graph inputs and outputs: no dim below -1 (a dim is a size >= 0, a name, or -1: dynamic, as
+    Paddle2ONNX writes it and onnxruntime reads it)."""
     for kind, values in (("input", model.graph.input), ("output", model.graph.output)):
         for v in values:
             if not v.type.HasField("tensor_type") or not v.type.tensor_type.HasField("shape"):
                 continue
             for axis, d in enumerate(v.type.tensor_type.shape.dim):
-                if d.HasField("dim_value") and d.dim_value < 0:
+                if d.HasField("dim_value") and d.dim_value < -1:  # -1: dynamic (Paddle2ONNX writes it)
                     raise UsageError(f"'{path}' is damaged: graph {kind} '{v.name}' has dim {d.dim_value} at axis {axis} "
-                                     f"(a dim is a size >= 0 or a name): {_FIX}")
+                                     f"(a dim is a size >= 0, a name or -1): {_FIX}")
 
 
 def check_text(path: str | os.PathLike, model: onnx.ModelProto) -> None:
