@@ -30,12 +30,21 @@ came; rewrite_file: the input's bytes), so a canonical form is seen only beside 
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import onnx_ir as ir
 import onnxscript.optimizer
 
+from normexport.ir_utils import constant_array, constant_node_array, same_dim, same_shape
+
 #: the largest constant (elements) a fold writes
 FOLD_LIMIT = 4096
+
+#: the constant behind a value (initializer or Constant node; normexport.ir_utils.constant_array): an
+#: initializer of more than FOLD_LIMIT elements is not read (weights stay where they lie, docs/design.md §8);
+#: max_size=None reads any size
+_const = functools.partial(constant_array, max_size=FOLD_LIMIT)
 
 _ONNX = ("", "ai.onnx")
 _BROADCAST = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min"})
@@ -79,7 +88,7 @@ def restore(model: ir.Model) -> int:
             continue
         if node.op_type != "BatchNormalization" or not name.startswith(_AFFINE_KEY):
             continue
-        y, s, t = node.inputs[0], _const(node.inputs[1], None), _const(node.inputs[2], None)
+        y, s, t = node.inputs[0], _const(node.inputs[1], max_size=None), _const(node.inputs[2], max_size=None)
         conv = y.producer()
         rank = _rank(conv.inputs[1]) if conv is not None and len(conv.inputs) > 1 else None
         if s is None or t is None or rank is None:
@@ -100,29 +109,6 @@ def restore(model: ir.Model) -> int:
 
 
 # ---- helpers ------------------------------------------------------------------------------------
-
-
-def _const(v: ir.Value | None, limit: int | None = FOLD_LIMIT) -> np.ndarray | None:
-    """The constant behind `v` (initializer or Constant node) when it has at most `limit` elements
-    (None: any size); a larger one is not read (weights stay where they lie, docs/design.md §8)."""
-    if v is None or v.is_graph_input():
-        return None
-    t = v.const_value
-    if t is not None and limit is not None:
-        try:
-            if t.size > limit:
-                return None
-        except Exception:  # noqa: BLE001 - a tensor without a size
-            return None
-    if t is None:
-        p = v.producer()
-        if p is not None and p.op_type == "Constant" and p.domain in _ONNX and len(p.attributes) == 1:
-            return _constant_attr(p)
-        return None
-    try:
-        return t.numpy()
-    except Exception:  # noqa: BLE001 - external data not loaded
-        return None
 
 
 def _is_const(v: ir.Value | None) -> bool:
@@ -146,18 +132,6 @@ def _opset(model: ir.Model) -> int:
 
 def _rank(v: ir.Value | None) -> int | None:
     return None if v is None or v.shape is None else len(v.shape)
-
-
-def _same_dim(a, b) -> bool:
-    if isinstance(a, int) and isinstance(b, int):
-        return a == b
-    if isinstance(a, ir.SymbolicDim) and isinstance(b, ir.SymbolicDim):
-        return a.value is not None and a.value == b.value
-    return False
-
-
-def _same_shape(s1, s2) -> bool:
-    return s1 is not None and s2 is not None and len(s1) == len(s2) and all(_same_dim(a, b) for a, b in zip(s1, s2))
 
 
 def _initializer(graph: ir.Graph, array: np.ndarray, base: str) -> ir.Value:
@@ -226,22 +200,6 @@ def _main_nodes(model: ir.Model, op_type: str):
 # ---- steps --------------------------------------------------------------------------------------
 
 
-def _constant_attr(node: ir.Node) -> np.ndarray | None:
-    """A copy of a Constant node's value, read off its attribute (onnx-ir's get_const_tensor would
-    name the tensor: a caller's proto, shared, would change)."""
-    (attr,) = node.attributes.values()
-    try:
-        if attr.name == "value":
-            return np.array(attr.value.numpy(), order="C")
-        if attr.name in ("value_float", "value_floats"):
-            return np.array(attr.value, np.float32)
-        if attr.name in ("value_int", "value_ints"):
-            return np.array(attr.value, np.int64)
-    except Exception:  # noqa: BLE001 - a string or sparse constant
-        return None
-    return None
-
-
 def _lift_constants(model: ir.Model, notes) -> int:
     """Constant nodes (a `value` tensor or value_float(s) / value_int(s)) -> initializers of their
     graph, subgraphs included. The values are copied: a model deserialized from a caller's proto
@@ -254,7 +212,7 @@ def _lift_constants(model: ir.Model, notes) -> int:
         out = node.outputs[0]
         if not isinstance(graph, ir.Graph) or out.is_graph_output():
             continue
-        array = _constant_attr(node)
+        array = constant_node_array(node)
         if array is None or array.dtype.kind not in "fiub":
             continue
         taken = set(graph.initializers) | {v.name for v in graph.inputs}
@@ -320,7 +278,7 @@ def _broadcast(model: ir.Model, notes) -> int:
         x, out = node.inputs[0], node.outputs[0]
         if x is None:
             continue
-        if node.op_type in ("Expand", "Reshape") and _same_shape(x.shape, out.shape):
+        if node.op_type in ("Expand", "Reshape") and same_shape(x.shape, out.shape):
             _replace(out, x)  # the identity
             n += 1
             continue
@@ -331,7 +289,7 @@ def _broadcast(model: ir.Model, notes) -> int:
                    and u.inputs[0] is not u.inputs[1] for u, _ in uses):
             continue  # (Mul(e, e) would lose its shape)
         if node.op_type == "Expand":
-            ok = all(_same_shape(u.inputs[1 - i].shape, out.shape) for u, i in uses if len(u.inputs) == 2)
+            ok = all(same_shape(u.inputs[1 - i].shape, out.shape) for u, i in uses if len(u.inputs) == 2)
         elif node.op_type == "Unsqueeze":
             axes = _axes(node)
             r = _rank(out)
@@ -428,7 +386,7 @@ def _reshape_is_keepdims(node: ir.Node, v: ir.Value, axes: list[int], rank: int)
     if any(not (isinstance(out[a], int) and out[a] == 1) for a in norm):
         return False
     rest = [out[i] for i in range(rank) if i not in norm]
-    unknown = sum(1 for a, b in zip(rest, v.shape) if not _same_dim(a, b))
+    unknown = sum(1 for a, b in zip(rest, v.shape) if not same_dim(a, b))
     if unknown > 1:
         return False
     known_different = any(isinstance(a, int) and isinstance(b, int) and a != b for a, b in zip(rest, v.shape))
@@ -647,7 +605,7 @@ def _conv_bias(model: ir.Model, notes) -> int:
             continue
         t = _per_channel(_const(add.inputs[1 - idx]), c, rank)
         b = node.inputs[2] if len(node.inputs) > 2 else None
-        b0 = _const(b, None) if b is not None else np.zeros(c, t.dtype if t is not None else np.float32)
+        b0 = _const(b, max_size=None) if b is not None else np.zeros(c, t.dtype if t is not None else np.float32)
         if t is None or b0 is None or b0.shape != (c,):
             continue
         bias = _initializer(model.graph, (b0.astype(np.float64) + t.astype(np.float64)).astype(b0.dtype),

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Sequence
 
 import numpy as np
 import onnx_ir as ir
 from onnxscript.rewriter import pattern
+
+from normexport.ir_utils import constant_array, same_dim, same_shape  # noqa: F401 - the rules read c.same_shape
+
+#: the rules' constant behind a value (normexport.ir_utils.constant_array): an initializer that is not a
+#: graph input, or a Constant node read through its `value` tensor only
+const = functools.partial(constant_array, tensor_only=True)
 
 FLOAT_TYPES = frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.DataType.DOUBLE})
 #: the types the normexport custom ops accept (their schema: docs/design.md §2); no float64
@@ -44,25 +51,6 @@ def times(op, a, b):
 
 def square(op, v):
     return pattern.OrValue([op.Pow(v, 2.0), op.Mul(v, v)])
-
-
-def const(val: ir.Value | None) -> np.ndarray | None:
-    """The numpy value of a true constant (initializer that is not a graph input, or Constant)."""
-    if val is None or val.is_graph_input():
-        return None
-    c = val.const_value
-    if c is None:
-        producer = val.producer()
-        if producer is not None and producer.op_type == "Constant" and producer.domain in ("", "ai.onnx"):
-            attr = producer.attributes.get("value")
-            if attr is not None and attr.type == ir.AttributeType.TENSOR:
-                c = attr.value
-    if c is None:
-        return None
-    try:
-        return c.numpy()
-    except Exception:  # noqa: BLE001 - external data not loaded
-        return None
 
 
 def const_scalar(val: ir.Value | None) -> float | None:
@@ -134,20 +122,6 @@ def param_fits(p: ir.Value, x: ir.Value, k: int) -> tuple[bool, str, bool]:
     elif pdims != tdims:
         return False, f"{p.name!r} of shape {list(p.shape)} does not broadcast to normalized dims {tdims}", False
     return True, "", len(p.shape) != k
-
-
-def same_dim(d1, d2) -> bool:
-    """Whether two dims are known to be equal (ints, or named symbolic dims of the same name)."""
-    if isinstance(d1, int) and isinstance(d2, int):
-        return d1 == d2
-    if isinstance(d1, ir.SymbolicDim) and isinstance(d2, ir.SymbolicDim):
-        return d1.value is not None and d1.value == d2.value
-    return False
-
-
-def same_shape(s1, s2) -> bool:
-    """Whether two shapes (None: unknown) are known to be equal, dim by dim (same_dim)."""
-    return s1 is not None and s2 is not None and len(s1) == len(s2) and all(same_dim(a, b) for a, b in zip(s1, s2))
 
 
 def norm_axis(node: ir.Node) -> int:

@@ -19,12 +19,15 @@ modified (another node may share them; an unused one is dropped by the unused-no
 
 from __future__ import annotations
 
+import functools
 from typing import ClassVar
 
 import numpy as np
 import onnx_ir as ir
 from onnxscript.rewriter._basics import MatchResult
 from onnxscript.rewriter._rewrite_rule import RewriteRuleClassBase
+
+from normexport.ir_utils import constant_array
 
 TARGETS = frozenset({"trt", "ort", "onnx"})
 
@@ -36,31 +39,11 @@ _ONNX = ("", "ai.onnx")
 # helpers (also used by bn_affine)
 
 
-def const_array(value: ir.Value | None, _depth: int = 0) -> np.ndarray | None:
-    """The constant behind ``value`` (initializer or Constant, through Identity / Transpose), or None.
-
-    Graph inputs (overridable initializers) are not constants.  The legacy exporter deduplicates
-    equal initializers and reads the copies through Identity, and exports a Linear on 3-D input as
-    MatMul(x, Transpose(weight)) when constant folding is off: both are looked through."""
-    if value is None or _depth > 8 or value.is_graph_input():
-        return None
-    if value.const_value is not None:
-        return value.const_value.numpy()
-    node = value.producer()
-    if node is None or node.domain not in _ONNX:
-        return None
-    if node.op_type == "Constant":
-        t = ir.convenience.get_const_tensor(value)
-        return None if t is None else t.numpy()
-    if node.op_type == "Identity":
-        return const_array(node.inputs[0], _depth + 1)
-    if node.op_type == "Transpose":
-        a = const_array(node.inputs[0], _depth + 1)
-        if a is None:
-            return None
-        perm = node.attributes.get("perm")
-        return np.transpose(a, perm.as_ints() if perm is not None else None)
-    return None
+#: the constant behind ``value`` (normexport.ir_utils.constant_array: initializer or Constant, through
+#: Identity / Transpose), or None.  Graph inputs (overridable initializers) are not constants.  The legacy
+#: exporter deduplicates equal initializers and reads the copies through Identity, and exports a Linear on
+#: 3-D input as MatMul(x, Transpose(weight)) when constant folding is off: both are looked through.
+const_array = functools.partial(constant_array, through=("Identity", "Transpose"), raise_unreadable=True)
 
 
 def bn_scale_shift(bn_node: ir.Node, result: MatchResult):
