@@ -17,6 +17,11 @@ BF16_TOL = (1.6e-2, 0.0)
 #: numpy has no bfloat16: onnx's own dependency ml_dtypes provides it; onnxruntime takes and gives
 #: it as raw 16-bit OrtValues
 BF16 = np.dtype(ml_dtypes.bfloat16)
+#: the floating-point ONNX element types (onnx.TensorProto ints: onnx-ir's ir.DataType members, an IntEnum
+#: of the same numbers, are found in it too); the rewriter's rules, canonical pass and local check, and
+#: normexport.sizes read it here
+FLOAT_TYPES = frozenset({onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16,
+                         onnx.TensorProto.DOUBLE})
 
 
 def np_dtype(elem_type: int) -> np.dtype | None:

@@ -38,7 +38,7 @@ import numpy as np
 import onnx
 
 from . import ortrun
-from .dtypes import BF16, np_dtype
+from .dtypes import BF16, FLOAT_TYPES, np_dtype
 from .errors import UsageError
 
 #: the size sets tried, in order, per role of a dynamic dim (one set = one column)
@@ -158,8 +158,7 @@ def _show(dims) -> str:
 def _role(inp: _Input, axis: int) -> tuple[str, int]:
     """(role, index within the role) of dynamic dim `axis` of `inp`."""
     rank = len(inp.dims)
-    is_float = inp.elem_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16,
-                                 onnx.TensorProto.DOUBLE)
+    is_float = inp.elem_type in FLOAT_TYPES
     if axis == 0 and rank >= 1:
         return "batch", 0
     if is_float and rank in (4, 5):

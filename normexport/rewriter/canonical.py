@@ -36,6 +36,7 @@ import numpy as np
 import onnx_ir as ir
 import onnxscript.optimizer
 
+from normexport.dtypes import FLOAT_TYPES
 from normexport.ir_utils import constant_array, constant_node_array, same_dim, same_shape
 
 #: the largest constant (elements) a fold writes
@@ -51,7 +52,6 @@ _BROADCAST = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min"})
 #: elementwise ops a statistic passes through (one value per reduced row in, one out)
 _ELEMENTWISE = _BROADCAST | frozenset({"Sqrt", "Reciprocal", "Neg", "Abs", "Exp", "Log", "Relu", "Identity"})
 _REDUCTIONS = frozenset({"ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin"})
-_FLOATS = (ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.DataType.DOUBLE)
 #: name prefixes that mark nodes to turn back (restore) when no rule took them: the BatchNormalization
 #: conv_affine wrote (no fold), the ReduceMean gap_to_mean wrote (-> GlobalAveragePool)
 _AFFINE_KEY = "normexport_canonical_conv_affine"
@@ -541,7 +541,7 @@ def _inverse_root(model: ir.Model, notes) -> int:
         if node.domain not in _ONNX:
             continue
         if node.op_type == "Pow" and _scalar(node.inputs[1]) == -0.5 and node.inputs[0] is not None \
-                and node.inputs[0].dtype in (None, *_FLOATS):
+                and (node.inputs[0].dtype is None or node.inputs[0].dtype in FLOAT_TYPES):
             sqrt = ir.Node("", "Sqrt", [node.inputs[0]], num_outputs=1)
         elif node.op_type == "Div" and _scalar(node.inputs[0]) == 1.0 and node.inputs[1] is not None \
                 and node.inputs[1].producer() is not None and node.inputs[1].producer().op_type == "Sqrt":

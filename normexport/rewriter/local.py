@@ -32,11 +32,11 @@ import onnx
 import onnx_ir as ir
 
 from normexport import ops as _ops
+from normexport.dtypes import FLOAT_TYPES as _FLOATS
 from normexport.errors import first_line
 
 from . import _verify
 
-_FLOATS = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16, onnx.TensorProto.DOUBLE}
 #: a symbolic dim nothing names gets this size (odd and > 1: broadcasting mistakes show)
 DEFAULT_DIM = 3
 #: integer values computed from shapes: at most this many producer nodes pulled in as context

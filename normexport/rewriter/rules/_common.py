@@ -9,13 +9,13 @@ import numpy as np
 import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
+from normexport.dtypes import FLOAT_TYPES  # noqa: F401 - the rules read c.FLOAT_TYPES
 from normexport.ir_utils import constant_array, same_dim, same_shape  # noqa: F401 - the rules read c.same_shape
 
 #: the rules' constant behind a value (normexport.ir_utils.constant_array): an initializer that is not a
 #: graph input, or a Constant node read through its `value` tensor only
 const = functools.partial(constant_array, tensor_only=True)
 
-FLOAT_TYPES = frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.DataType.DOUBLE})
 #: the types the normexport custom ops accept (their schema: docs/design.md §2); no float64
 CUSTOM_OP_TYPES = frozenset({ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16})
 

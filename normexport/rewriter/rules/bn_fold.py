@@ -27,11 +27,11 @@ import onnx_ir as ir
 from onnxscript.rewriter._basics import MatchResult
 from onnxscript.rewriter._rewrite_rule import RewriteRuleClassBase
 
+from normexport.dtypes import FLOAT_TYPES
 from normexport.ir_utils import constant_array
 
 TARGETS = frozenset({"trt", "ort", "onnx"})
 
-_FLOAT_TYPES = {ir.DataType.FLOAT, ir.DataType.DOUBLE, ir.DataType.FLOAT16, ir.DataType.BFLOAT16}
 _ONNX = ("", "ai.onnx")
 
 
@@ -75,7 +75,7 @@ def bn_scale_shift(bn_node: ir.Node, result: MatchResult):
 
 
 def is_float(value: ir.Value) -> bool:
-    return value.dtype is None or value.dtype in _FLOAT_TYPES
+    return value.dtype is None or value.dtype in FLOAT_TYPES
 
 
 def in_function(context) -> bool:
