@@ -5,6 +5,7 @@ local verification, and the notes the loader left."""
 
 from __future__ import annotations
 
+from ..exporter.names import RUNG_SUMMARY
 from ..prepare.complex import summary_lines as complex_lines
 from ..prepare.implementations import summary_lines as implementation_lines
 from ..prepare.swap import summary_lines as swap_lines
@@ -51,9 +52,7 @@ def _rung_text(ex: dict) -> str:
     """The exporter ladder's rung that wrote the file (docs/design.md §9), for the first output line."""
     rung = ex.get("rung", "dynamic")
     axes = ", ".join(f"{n}:{','.join(map(str, a))}" for n, a in (ex.get("static_axes") or {}).items())
-    return {"dynamic": "dynamo exporter", "static axes": f"dynamo exporter, static axes {axes}",
-            "static": "dynamo exporter, static shapes", "torchscript": "torchscript exporter",
-            "torchscript static": "torchscript exporter, static shapes"}.get(rung, f"{ex.get('name')} exporter")
+    return RUNG_SUMMARY[rung].format(axes=axes) if rung in RUNG_SUMMARY else f"{ex.get('name')} exporter"
 
 
 def _exporter_lines(ex: dict, names, inputs) -> list[str]:

@@ -13,12 +13,7 @@ from typing import Any, Callable
 
 from ..errors import ExportError, UsageError
 from . import rungs
-
-#: the rungs, in order: the first file that exports (and that the judge accepts) is kept
-LADDER = ("dynamic", "static axes", "static", "torchscript", "torchscript static")
-RUNG_TEXT = {"dynamic": "dynamo exporter", "static axes": "dynamo exporter with the axes it cannot keep static",
-             "static": "dynamo exporter with static shapes", "torchscript": "TorchScript exporter",
-             "torchscript static": "TorchScript exporter with static shapes"}
+from .names import LADDER, RUNG_TEXT  # noqa: F401 - the rungs, in order, and their names (exporter/names.py)
 
 Judge = Callable[[Any, dict], "tuple[bool, Any]"]
 
