@@ -344,6 +344,18 @@ def layer_norm(op, x, weight, bias, eps: float, axes: list[int], rank: int | Non
     return op.Transpose(y, perm=back)
 
 
+def rewrite_layer_norm(rule, op, x, weight, bias, name: str):
+    """The rewrite the LayerNorm rules (layer_norm, layer_norm_one_pass) share: LayerNormalization of `x`
+    (layer_norm) from what their check kept on the rule (_out, _eps, _axes, _rank, _unit, _reshape), in the
+    output's float type through fused_io; `name`: the node's name where the output has none."""
+    out = rule._out
+    xin, dt, cast_out = fused_io(op, x, out) if out is not None else (x, x.dtype, None)
+    dt = dt or ir.DataType.FLOAT
+    y = layer_norm(op, xin, weight, bias, rule._eps, rule._axes, rule._rank, dt, rule._unit, rule._reshape,
+                   out.name if out is not None and out.name else name)
+    return op.Cast(y, to=cast_out.value) if cast_out is not None else y
+
+
 def finish_layer_norm_check(rule, r, context, x: ir.Value, weight, bias, rank: int | None):
     """The tail every LayerNorm rule's check shares, once the normalized axes (`rule._axes`) are
     known: the affine parameters fit those axes (reshapes kept in `rule._reshape`), a unit scale

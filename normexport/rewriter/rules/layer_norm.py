@@ -16,7 +16,6 @@ the decomposition writes more full-size tensors than those three nodes (_common.
 
 from __future__ import annotations
 
-import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
 from . import _common as c
@@ -74,13 +73,7 @@ class LayerNormFusion(pattern.RewriteRuleClassBase):
         return c.finish_layer_norm_check(self, r, context, x, weight, bias, rank)
 
     def rewrite(self, op, x, weight=None, bias=None, **_):
-        out = self._out
-        x = self._src
-        xin, dt, cast_out = c.fused_io(op, x, out) if out is not None else (x, x.dtype, None)
-        dt = dt or ir.DataType.FLOAT
-        y = c.layer_norm(op, xin, weight, bias, self._eps, self._axes, self._rank, dt, self._unit, self._reshape,
-                         out.name if out is not None and out.name else "ln")
-        return op.Cast(y, to=cast_out.value) if cast_out is not None else y
+        return c.rewrite_layer_norm(self, op, self._src, weight, bias, "ln")
 
 
 RULES = [

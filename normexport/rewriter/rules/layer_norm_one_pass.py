@@ -21,7 +21,6 @@ more full-size tensors than those three nodes (it always has so far: 6 or more).
 
 from __future__ import annotations
 
-import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
 from . import _common as c
@@ -92,12 +91,7 @@ class OnePassLayerNormFusion(pattern.RewriteRuleClassBase):
         return c.finish_layer_norm_check(self, r, context, x, weight, bias, rank)
 
     def rewrite(self, op, x, weight=None, bias=None, **_):
-        out = self._out
-        xin, dt, cast_out = c.fused_io(op, x, out) if out is not None else (x, x.dtype, None)
-        dt = dt or ir.DataType.FLOAT
-        y = c.layer_norm(op, xin, weight, bias, self._eps, self._axes, self._rank, dt, self._unit, self._reshape,
-                         out.name if out is not None and out.name else "ln1p")
-        return op.Cast(y, to=cast_out.value) if cast_out is not None else y
+        return c.rewrite_layer_norm(self, op, x, weight, bias, "ln1p")
 
 
 RULES = [
