@@ -24,6 +24,8 @@ import onnx_ir as ir
 from onnxscript.rewriter._basics import MatchResult
 from onnxscript.rewriter._rewrite_rule import RewriteRuleClassBase
 
+from normexport.dtypes import FLOAT_TYPES
+
 from .bn_fold import bn_scale_shift, const_array, in_function, new_initializer
 
 TARGETS = frozenset({"trt"})
@@ -68,8 +70,7 @@ class BatchNormToMulAdd(RewriteRuleClassBase):
             return result.fail("BN input rank unknown (run shape inference)")
         if rank < 2:
             return result.fail("BN input rank < 2")
-        if x.dtype is not None and x.dtype not in (ir.DataType.FLOAT, ir.DataType.DOUBLE,
-                                                    ir.DataType.FLOAT16, ir.DataType.BFLOAT16):
+        if x.dtype is not None and x.dtype not in FLOAT_TYPES:
             return result.fail("BN input is not floating point")
         return result
 
