@@ -41,15 +41,23 @@ def _reads_a_constant(fn: ast.FunctionDef) -> bool:
     return "const_value" in names and "Constant" in compared and "numpy" in names
 
 
+def _calls_ir_utils(fn: ast.FunctionDef) -> bool:
+    """A def that calls the ir_utils helper (a caller's binding of it, e.g. with its keywords), not a copy."""
+    called = {c.func.id if isinstance(c.func, ast.Name) else getattr(c.func, "attr", None)
+              for c in ast.walk(fn) if isinstance(c, ast.Call)}
+    return bool(called & {"constant_array", "constant_node_array", "same_shape", "same_dim"})
+
+
 def helper_copies(sources: dict[str, str]) -> list[str]:
-    """`file:line name` of each def of the constant / same-shape helpers outside ir_utils.py."""
+    """`file:line name` of each def of the constant / same-shape helpers outside ir_utils.py (a def that
+    only calls the ir_utils one is a binding of it, not a copy)."""
     out = []
     for rel, text in sources.items():
         if rel == IR_UTILS:
             continue
         for fn in ast.walk(ast.parse(text)):
             if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and \
-                    (fn.name in _HELPER_NAMES or _reads_a_constant(fn)):
+                    (fn.name in _HELPER_NAMES or _reads_a_constant(fn)) and not _calls_ir_utils(fn):
                 out.append(f"{rel}:{fn.lineno} {fn.name}")
     return out
 
