@@ -46,18 +46,17 @@ import torch
 from torch import nn
 
 from .complex_calls import (_ACTIVE_COUNTS, PRODUCERS, ComplexNotLowered, ComplexPair, RealComplexMode, is_complex_value,
-                            lift, op_name, pack, unpack)
+                            lift, map_nested, op_name, pack, unpack)
 from .swap import REL_TOL, rel_err, structure_copy
 
 # ---- the module side: tables, the lowered forward, the check -------------------------------------------
+def _packed_leaf(v):
+    return pack(v) if isinstance(v, torch.Tensor) and v.dtype.is_complex and type(v) is not ComplexPair else v
+
+
 def _packed(v):
-    if isinstance(v, torch.Tensor) and v.dtype.is_complex and type(v) is not ComplexPair:
-        return pack(v)
-    if isinstance(v, (list, tuple)) and not hasattr(v, "_fields"):
-        return type(v)(_packed(x) for x in v)
-    if isinstance(v, dict):
-        return {k: _packed(x) for k, x in v.items()}
-    return v
+    """Complex tensors (nested in lists / tuples / dicts) as ComplexPairs."""
+    return map_nested(_packed_leaf, v)
 
 
 def _has_complex(v) -> bool:

@@ -100,16 +100,26 @@ def pack(z: torch.Tensor) -> ComplexPair:
         return ComplexPair(re_im.float() if re_im.dtype == torch.float64 else re_im)
 
 
-def unpack(v):
-    """ComplexPairs (nested in lists / tuples / dicts) back as complex tensors (for checks)."""
+def map_nested(leaf, v):
+    """`leaf` on each value nested in lists / tuples / dicts of `v`, in containers of the same types (a dict
+    subclass: a dict); a namedtuple is a leaf."""
+    if isinstance(v, (list, tuple)) and not hasattr(v, "_fields"):
+        return type(v)(map_nested(leaf, x) for x in v)
+    if isinstance(v, dict):
+        return {k: map_nested(leaf, x) for k, x in v.items()}
+    return leaf(v)
+
+
+def _unpacked(v):
     if isinstance(v, ComplexPair):
         with torch._C.DisableTorchFunctionSubclass():
             return torch.view_as_complex(v.re_im.contiguous())
-    if isinstance(v, (list, tuple)) and not hasattr(v, "_fields"):
-        return type(v)(unpack(x) for x in v)
-    if isinstance(v, dict):
-        return {k: unpack(x) for k, x in v.items()}
     return v
+
+
+def unpack(v):
+    """ComplexPairs (nested in lists / tuples / dicts) back as complex tensors (for checks)."""
+    return map_nested(_unpacked, v)
 
 
 # ---- call names and arguments ----------------------------------------------------------------------------

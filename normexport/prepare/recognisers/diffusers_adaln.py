@@ -45,15 +45,20 @@ class AdaLayerNormZeroNE(nn.Module):
         return x, gate_msa, shift_mlp, scale_mlp, gate_mlp
 
 
-class AdaLayerNormZeroSingleNE(nn.Module):
-    """diffusers AdaLayerNormZeroSingle (Flux single blocks) with normexport AdaLNZero: same
-    signature and outputs (x_modulated, gate_msa)."""
+class _SiluLinearAdaLN(nn.Module):
+    """The children the modules below keep of the diffusers module they replace (its SiLU and Linear:
+    emb -> linear(silu(emb))) and the normexport AdaLNZero that replaces its norm."""
 
     def __init__(self, orig: nn.Module, adaln: nenn.AdaLNZero):
         super().__init__()
         self.silu = orig.silu
         self.linear = orig.linear
         self.norm = adaln
+
+
+class AdaLayerNormZeroSingleNE(_SiluLinearAdaLN):
+    """diffusers AdaLayerNormZeroSingle (Flux single blocks) with normexport AdaLNZero: same
+    signature and outputs (x_modulated, gate_msa)."""
 
     def forward(self, x, emb=None):
         emb = self.linear(self.silu(emb))
@@ -61,16 +66,10 @@ class AdaLayerNormZeroSingleNE(nn.Module):
         return self.norm(x, shift_msa, scale_msa), gate_msa
 
 
-class AdaLayerNormContinuousNE(nn.Module):
+class AdaLayerNormContinuousNE(_SiluLinearAdaLN):
     """diffusers AdaLayerNormContinuous with a LayerNorm (SD3 context stream of a
     context_pre_only block, norm_out of SD3 / Flux): norm(x) * (1 + scale)[:, None] +
     shift[:, None] as normexport AdaLNZero (with the LayerNorm's affine when it has one)."""
-
-    def __init__(self, orig: nn.Module, adaln: nenn.AdaLNZero):
-        super().__init__()
-        self.silu = orig.silu
-        self.linear = orig.linear
-        self.norm = adaln
 
     def forward(self, x, conditioning_embedding):
         emb = self.linear(self.silu(conditioning_embedding).to(x.dtype))
@@ -78,15 +77,9 @@ class AdaLayerNormContinuousNE(nn.Module):
         return self.norm(x, shift, scale)
 
 
-class SD35AdaLayerNormZeroXNE(nn.Module):
+class SD35AdaLayerNormZeroXNE(_SiluLinearAdaLN):
     """diffusers SD35AdaLayerNormZeroX (SD3.5 dual-attention blocks): its one LayerNorm output is
     modulated twice; here two normexport AdaLNZero (the LayerNorm computed in each). Same outputs."""
-
-    def __init__(self, orig: nn.Module, adaln: nenn.AdaLNZero):
-        super().__init__()
-        self.silu = orig.silu
-        self.linear = orig.linear
-        self.norm = adaln
 
     def forward(self, hidden_states, emb=None):
         emb = self.linear(self.silu(emb))
