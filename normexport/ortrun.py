@@ -1,11 +1,16 @@
-"""Quiet one-off onnxruntime CPU sessions (bfloat16 in and out as ml_dtypes arrays): what
-normexport.sizes and the rewriter's checks run models with."""
+"""onnxruntime sessions: `inference_session` is the one place normexport makes an
+onnxruntime InferenceSession (threads, providers, external data, memory rules and logging are
+its parameters; tests/test_one_session_maker.py keeps it the only one). On top of it: quiet
+one-off CPU sessions (bfloat16 in and out as ml_dtypes arrays), what normexport.sizes and the
+rewriter's checks run models with (`session`, `run`), and a deployed file's session
+(`file_session`)."""
 
 from __future__ import annotations
 
 import ctypes
 import os
 import tempfile
+from typing import Sequence
 
 import numpy as np
 import onnx
@@ -13,27 +18,55 @@ import onnx
 from .dtypes import BF16
 
 
-def session(model: onnx.ModelProto, external_folder: str | None = None):
-    """A quiet onnxruntime CPU session for `model` (one thread, logs nothing: its errors come
-    back as exceptions, which the callers quote in one line). `external_folder`: where the
-    model's external-data locations are relative to (its weights are then read by onnxruntime
-    from there, never copied into the proto)."""
+#: a ModelProto at least this large goes to onnxruntime through a file with external data (protobuf's limit)
+_SERIALISE_LIMIT = 1_500_000_000
+
+
+def inference_session(source, *, providers: Sequence[str] | None = None, log_level: int | None = 4,
+                      threads: int | None = None, prepacking: bool = True, external_folder=None):
+    """An onnxruntime InferenceSession of `source`: the only place normexport makes one.
+
+    - `source`: a path (str / os.PathLike: external data read from beside it), serialised model
+      bytes, or an onnx.ModelProto (serialised here; one over protobuf's limit, without
+      `external_folder`, goes through a temporary file with external data);
+    - `providers`: execution providers, in order (default: the CPU provider alone);
+    - `log_level`: onnxruntime's log severity (4: nothing; errors come back as exceptions, which
+      the callers quote in one line); None: onnxruntime's default;
+    - `threads`: intra- and inter-op threads (None: onnxruntime's default);
+    - `prepacking`: False for no second, pre-packed copy of the MatMul / Conv weights (one-off
+      runs, a few steps: prepacking a 4 GiB file's weights takes seconds and memory);
+    - `external_folder`: the folder a model's external-data locations are relative to (its
+      weights are then read by onnxruntime from there, never copied into the proto)."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
     if external_folder is not None:
         so.add_session_config_entry("session.model_external_initializers_file_folder_path", str(external_folder))
-    so.log_severity_level = 4
-    so.intra_op_num_threads = 1
-    so.inter_op_num_threads = 1
-    # a one-off run: no second, pre-packed copy of the MatMul / Conv weights
-    so.add_session_config_entry("session.disable_prepacking", "1")
-    if external_folder is not None or model.ByteSize() < 1_500_000_000:
-        return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
-    with tempfile.TemporaryDirectory() as tmp:  # protobuf limit: go through a file with external data
-        path = os.path.join(tmp, "m.onnx")
-        onnx.save(model, path, save_as_external_data=True, location="m.data")
-        return ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+    if log_level is not None:
+        so.log_severity_level = log_level
+    if threads is not None:
+        so.intra_op_num_threads = threads
+        so.inter_op_num_threads = threads
+    if not prepacking:
+        so.add_session_config_entry("session.disable_prepacking", "1")
+    providers = list(providers) if providers else ["CPUExecutionProvider"]
+    if isinstance(source, onnx.ModelProto):
+        if external_folder is None and source.ByteSize() >= _SERIALISE_LIMIT:
+            with tempfile.TemporaryDirectory() as tmp:  # protobuf limit: go through a file with external data
+                path = os.path.join(tmp, "m.onnx")
+                onnx.save(source, path, save_as_external_data=True, location="m.data")
+                return ort.InferenceSession(path, so, providers=providers)
+        source = source.SerializeToString()
+    elif not isinstance(source, (bytes, bytearray)):
+        source = os.fspath(source)
+    return ort.InferenceSession(source, so, providers=providers)
+
+
+def session(model: onnx.ModelProto, external_folder: str | None = None):
+    """A quiet onnxruntime CPU session for `model` (one thread, logs nothing, no prepacked copy of
+    the weights: a one-off run). `external_folder`: where the model's external-data locations are
+    relative to (`inference_session`)."""
+    return inference_session(model, log_level=4, threads=1, prepacking=False, external_folder=external_folder)
 
 
 def run_session(sess, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -69,8 +102,4 @@ def _from_ort(v) -> np.ndarray:
 def file_session(path, providers: list[str] | None = None):
     """An onnxruntime session for a file on disk (its external data read from beside it), for
     running a deployed model: the runtime's own thread count, graph optimisations on, quiet."""
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.log_severity_level = 4
-    return ort.InferenceSession(str(path), so, providers=providers or ["CPUExecutionProvider"])
+    return inference_session(str(path), providers=providers, log_level=4)

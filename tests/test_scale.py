@@ -160,13 +160,15 @@ def test_bf16_model_too_large_to_widen_runs_piece_by_piece(tmp_path, monkeypatch
     path = tmp_path / "m.onnx"
     torch.onnx.export(m, (ids,), dynamo=True, opset_version=22, verbose=False).save(str(path), external_data=True)
     source = R._ModelSource(path)
-    whole = R._OrtBackend(source, "CPUExecutionProvider")
+    whole = R.OrtRunner(source)
+    whole.activate()
     assert whole.chunked is None and whole.widened
     monkeypatch.setattr(R, "WIDEN_WHOLE_LIMIT", 0)
     monkeypatch.setattr(R, "CHUNK_BYTES", 50_000)
-    pieces = R._OrtBackend(source, "CPUExecutionProvider")
+    pieces = R.OrtRunner(source)
+    pieces.activate()
     assert pieces.chunked is not None and len(pieces.chunked.chunks) >= 5
-    a, b = whole.run([ids])[0], pieces.run([ids])[0]
+    a, b = whole.infer([ids])[0], pieces.infer([ids])[0]
     np.testing.assert_array_equal(a, b)
 
     class Logits(torch.nn.Module):

@@ -231,12 +231,10 @@ def _validate(model: onnx.ModelProto, args: tuple) -> None:
     if model.ByteSize() >= _VALIDATE_LIMIT:
         return
     onnx.checker.check_model(model, full_check=True)
-    import onnxruntime as ort
+    from ..ortrun import inference_session
 
-    options = ort.SessionOptions()
-    options.log_severity_level = 4
     try:
-        session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        session = inference_session(model.SerializeToString(), log_level=4)
         if any(t.dtype == torch.bfloat16 for t in args):
             return  # numpy has no bfloat16 feed; the session was built
         feeds = {i.name: t.detach().cpu().numpy() for i, t in zip(session.get_inputs(), args)}

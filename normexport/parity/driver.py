@@ -12,10 +12,10 @@ from torch import nn
 from ..errors import UsageError
 from ..sizes import ort_error
 from . import runners
-from ._util import (_LOW_FLOATS, _as_float64, _dtype_name, _elem_dtype, _flatten, _graph_inputs, _resolve_dtype,
+from ._util import (_LOW_FLOATS, _as_float64, _dtype_name, _elem_dtype, _graph_inputs, _resolve_dtype,
                     _short)
 from .plain import Build, PlainExport, builder, opset_of
-from .reference import _cast_reference, _Float64Reference
+from .reference import _cast_reference
 from .report import CheckReport, Row
 from .shapes import _extra_shapes, _inputs_like, _normalise_dynamic
 from .verdict import _compare
@@ -111,14 +111,14 @@ def _check(source: runners._ModelSource, reference, inputs, *, backends, dynamic
     # eager and float64 reference per shape
     cases = []  # (index, shape, inputs, eager outputs, reference outputs (float64), eager errors)
     fp64_reasons = []
-    run_fp64 = _Float64Reference(reference)
+    run_eager, run_fp64 = runners.EagerRunner(reference), runners.Float64Runner(reference)
+    run_fp64.activate()
     for k, shape in enumerate(shape_sets):
         entry: dict[str, Any] = {"index": k, "inputs": shape}
         report.shapes.append(entry)
         xs = inputs if k == 0 else _inputs_like(inputs, shape, names, seed=1000 + k)
         try:
-            with torch.no_grad():
-                eager = _flatten(reference(*xs))
+            eager = run_eager.infer(xs)
         except Exception as e:
             if k == 0:
                 shapes = ", ".join("x".join(map(str, t.shape)) for t in xs)
@@ -128,7 +128,10 @@ def _check(source: runners._ModelSource, reference, inputs, *, backends, dynamic
         if len(eager) != len(out_names):
             raise UsageError(f"the reference returns {len(eager)} tensor(s) but the ONNX model has {len(out_names)} "
                              f"output(s) ({', '.join(out_names)}): check that they are the same model")
-        ref64, why = run_fp64(tuple(xs))
+        try:
+            ref64, why = run_fp64.infer(tuple(xs)), None
+        except runners.NoFloat64 as e:
+            ref64, why = None, e.reason
         if ref64 is not None and [tuple(r.shape) for r in ref64] != [tuple(e.shape) for e in eager]:
             ref64, why = None, "the float64 run gives outputs of other shapes"
         if ref64 is None:
@@ -146,6 +149,7 @@ def _check(source: runners._ModelSource, reference, inputs, *, backends, dynamic
                 d = d[np.isfinite(d)]
                 errs.append(float(d.max()) if d.size else 0.0)
         cases.append((k, shape, xs, [_as_float64(e) for e in eager], refs, errs, [e.dtype for e in eager]))
+    run_fp64.deactivate()
     report.fp64_reference = ({"available": True} if not fp64_reasons
                              else {"available": False, "reason": fp64_reasons[0]})
 
@@ -168,18 +172,15 @@ def _run_backends(report, source, plain, cases, backends, names, out_infos, plug
         if b in report.skipped:
             continue
         try:
-            if b == "ort":
-                runner = runners._OrtBackend(source, "CPUExecutionProvider")
-            elif b == "ort-cuda":
-                runner = runners._OrtBackend(source, "CUDAExecutionProvider")
-            else:
-                runner = runners._TrtBackend(source, plugin, cases[0][1], names)
+            runner = runners.runner_for(b, source, plugin=plugin, first_shape=cases[0][1],
+                                        names=names)
+            runner.activate()
         except Exception as e:
             report.backend_errors[b] = f"cannot load the model: {type(e).__name__}: {_short(e)}"
             continue
         for k, shape, xs, eager, refs, errs, eager_dtypes in cases:
             try:
-                outs = runner.run(xs)
+                outs = runner.infer(xs)
                 err = None
             except Exception as e:
                 outs, err = None, f"run failed: {type(e).__name__}: {ort_error(e)}"
@@ -192,6 +193,7 @@ def _run_backends(report, source, plain, cases, backends, names, out_infos, plug
                 else:
                     _compare(row, outs[j], refs[j], eager[j], odt, errs[j], rtol, atol,
                              plain=lambda b=b, k=k, xs=xs, j=j, r=refs[j]: plain.error(b, k, xs, j, r))
-                if getattr(runner, "widened", False):
+                if runner.widened:
                     row.warning = f"{row.warning}; {runners.WIDENED}" if row.warning else runners.WIDENED
                 report.rows.append(row)
+        runner.deactivate()

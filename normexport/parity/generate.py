@@ -439,33 +439,18 @@ def _float64_one_pass(run, lm, path: torch.Tensor, n: int):
     return [logits[:, :n]] + [logits[:, n + k - 1:n + k] for k in range(1, total - n)]
 
 
-class _SessionRunner:
-    """runners._OrtBackend's run over a session made elsewhere of the same file."""
-
-    widened = False
-
-    def __init__(self, session):
-        self.session = session
-        self.names = [i.name for i in session.get_inputs()]
-
-    def run(self, inputs):
-        import onnxruntime as ort
-
-        ro = ort.RunOptions()
-        ro.log_severity_level = 4
-        return self.session.run(None, runners._ort_feed(self.session, self.names, inputs), ro)
-
-
 def _runtime(source, backend: str, path: torch.Tensor, n: int, dtype, session=None):
     """Per-step logits of the file in the runtime along `path`, its own cache fed back."""
     provider = {"ort": "CPUExecutionProvider", "ort-cuda": "CUDAExecutionProvider"}.get(backend)
     if provider is None:
         raise UsageError(f"the generation check runs in onnxruntime (--backend ort or ort-cuda), not '{backend}'")
-    runner = _SessionRunner(session) if session is not None else runners._OrtBackend(source, provider)
+    runner = runners.OrtRunner.of_session(session) if session is not None else runners.runner_for(backend, source)
     session = None
     try:
-        return _run_loop(runner.run, source.proto, path, n, dtype), runner.widened
+        runner.activate()
+        return _run_loop(runner.infer, source.proto, path, n, dtype), runner.widened
     finally:
+        runner.deactivate()
         del runner
         gc.collect()
 

@@ -72,12 +72,11 @@ class PlainExport:
             return self.info["reason"]
         try:
             if backend not in self._runners:
-                if backend == "trt":
-                    self._runners[backend] = runners._TrtBackend(source, self._plugin, self._first_shape, self._names)
-                else:
-                    provider = "CUDAExecutionProvider" if backend == "ort-cuda" else "CPUExecutionProvider"
-                    self._runners[backend] = runners._OrtBackend(source, provider)
-            out = list(self._runners[backend].run(xs))
+                runner = runners.runner_for(backend, source, plugin=self._plugin, first_shape=self._first_shape,
+                                            names=self._names)
+                runner.activate()
+                self._runners[backend] = runner
+            out = list(self._runners[backend].infer(xs))
         except Exception as e:
             out = f"{backend} could not run it ({type(e).__name__}: {_short(e)})"
         self._outputs[(backend, k)] = out
