@@ -18,7 +18,9 @@ CI runs NORMEXPORT_FUZZ_CASES cases (default 40, every damage kind at least twic
 `NORMEXPORT_FUZZ_CASES=1200 NORMEXPORT_FUZZ_SEED=1 .venv/bin/python -m pytest tests/test_fuzz_damaged.py`
 runs more by hand (NORMEXPORT_FUZZ_REPORT=FILE.json writes each case's outcome). A few cases also
 run as a real subprocess (`python -m normexport rewrite`, `normexport check`) to see the process's
-own exit and stderr.
+own exit and stderr. Every CHECK_EVERY-th case also runs `normexport check` on the damaged file
+(reference torch.nn.Identity): exit 0, 1 (the parity verdict) or 2 with one line, never an internal
+error.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ import _damage
 CASES = int(os.environ.get("NORMEXPORT_FUZZ_CASES", "40"))
 SEED = int(os.environ.get("NORMEXPORT_FUZZ_SEED", "0"))
 TIMEOUT = 120  # seconds for one case
+CHECK_EVERY = 8  # every 8th case also runs `normexport check FILE --reference torch.nn:Identity`
 
 
 @pytest.fixture(scope="module")
@@ -137,8 +140,30 @@ def run_case(case: _damage.Case, root: Path) -> dict:
             "problems": problems(code, err, out_dir, out_path)}
 
 
+def check_problems(code: int, err: str) -> list[str]:
+    """`normexport check` on a damaged file against torch.nn.Identity: 0 or 1 (the parity verdict)
+    or 2 (one line); never an internal error or a traceback."""
+    bad = []
+    if code not in (0, 1, 2):
+        bad.append(f"check: exit {code}: {err[-600:]!r}")
+    if "Traceback" in err or "internal error" in err:
+        bad.append(f"check: traceback / internal error: {err[-600:]!r}")
+    if code == 2 and (len(err.strip("\n").split("\n")) != 1 or not err.startswith("normexport: ")):
+        bad.append(f"check: exit 2 but stderr is not one 'normexport: ' line: {err[:600]!r}")
+    return bad
+
+
 def test_fuzz_rewrite_damaged(sources, tmp_path):
-    results = [run_case(c, tmp_path) for c in _damage.cases(sources, CASES, SEED)]
+    results = []
+    for i, c in enumerate(_damage.cases(sources, CASES, SEED)):
+        r = run_case(c, tmp_path)
+        if i % CHECK_EVERY == 0:  # `normexport check` too, on every CHECK_EVERY-th case (a parity run each)
+            work = tmp_path / c.id
+            code, _, err = run_forked(["check", str(work / "in" / "model.onnx"), "--reference", "torch.nn:Identity"],
+                                      work)
+            r["check_code"] = code
+            r["problems"] += check_problems(code, err)
+        results.append(r)
     report = os.environ.get("NORMEXPORT_FUZZ_REPORT")
     if report:
         Path(report).write_text(json.dumps(results, indent=1))
@@ -167,3 +192,54 @@ def test_subprocess_refusal_is_one_line(sources, tmp_path, kind):
                         str(out_dir / "x.onnx")], capture_output=True, text=True, timeout=TIMEOUT)
     assert p.returncode == 2, p.stderr
     assert not problems(p.returncode, p.stderr, out_dir, out_dir / "x.onnx"), p.stderr
+
+
+def test_layer_norms_sharing_a_weight_fuse_to_a_valid_file(sources, tmp_path):
+    """Found by the fuzz (nan_weights on DiT): two LayerNorms reading one weight that is not all
+    ones, and no bias, each fused into AdaLNZero with a zero bias made for it; the second zero bias
+    took the first one's name and the file written read a value nothing defined."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    src = next(p for p in sources if p.parent.name == "dit" and p.name == "plain.onnx")
+    m = onnx.load(str(src))
+    readers = collections.Counter(n.input[1] for n in m.graph.node
+                                  if n.op_type == "LayerNormalization" and (len(n.input) < 3 or not n.input[2]))
+    shared = [name for name, k in readers.items() if k >= 2]
+    assert shared, readers
+    for t in m.graph.initializer:
+        if t.name == shared[0]:
+            a = np.linspace(0.5, 1.5, int(np.prod(t.dims)), dtype=np.float32).reshape(list(t.dims))
+            t.CopyFrom(numpy_helper.from_array(a, t.name))
+    (tmp_path / "in").mkdir()
+    onnx.save(m, str(tmp_path / "in" / "model.onnx"))
+    out = tmp_path / "out" / "model.onnx"
+    out.parent.mkdir()
+    code, so, err = run_forked(["rewrite", str(tmp_path / "in" / "model.onnx"), "-o", str(out)], tmp_path)
+    assert code == 0, (so, err)
+    onnx.checker.check_model(str(out), full_check=True)
+    fused = onnx.load(str(out))
+    assert sum(n.op_type in ("AdaLNZero", "GatedAdaLNZero") for n in fused.graph.node) >= 2
+    assert len([t for t in fused.graph.initializer if t.name.startswith(shared[0] + "__zero_bias")]) >= 2
+
+
+@pytest.mark.parametrize("kind,said", [
+    ("dangling_input", "which no node, graph input or initializer produces"),
+    ("cycle", "the graph has a cycle through node"),
+    ("duplicate_name", ("is produced twice", "which is also a graph input or initializer")),
+    ("no_outputs", "the graph has no outputs"),
+    ("opset_99", "is not a version onnx"),
+    ("external_outside", "outside the model's folder"),
+    ("external_missing", ("not found beside the model", "is shorter than its tensors need")),
+    ("init_dims", "onnx.checker refuses it"),
+])
+def test_each_damage_has_its_own_message(sources, tmp_path, kind, said):
+    """The refusal names the damage (normexport.validate), not only "damaged"."""
+    src = next(p for p in sources if p.parent.name == "conv_bn")
+    for seed in range(4):
+        work = tmp_path / str(seed)
+        _damage.damage(_damage.Case(src, kind, seed), work / "in")
+        (work / "out").mkdir()
+        code, _, err = run_forked(["rewrite", str(work / "in" / "model.onnx"), "-o", str(work / "out" / "o.onnx")], work)
+        assert code == 2 and not problems(code, err, work / "out", work / "out" / "o.onnx"), err
+        assert any(s in err for s in ((said,) if isinstance(said, str) else said)), err
