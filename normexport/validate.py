@@ -132,13 +132,17 @@ def check_text(path: str | os.PathLike, model: onnx.ModelProto) -> None:
                     stack.append((value, f"{where}.{field.name}"))
 
 
-def _without_external(model: onnx.ModelProto) -> onnx.ModelProto:
-    """`model` for the checker: initializers kept in external data become graph inputs of their type
-    and shape (io.check_external_data checked their files, links inside the folder allowed; the
-    checker would look for them from the current folder, and refuses any link)."""
+def _without_external(path: Path, model: onnx.ModelProto) -> onnx.ModelProto | str:
+    """What the checker reads: the file by path when all weights are inside it (the C++ checker
+    reads it: no copy of embedded weights serialised from Python); else `model` with its
+    initializers kept in external data as graph inputs of their type and shape
+    (io.check_external_data checked their files, links inside the folder allowed; the checker
+    would look for them from the current folder, and refuses any link)."""
+    from .io import _tensors
+
+    if not any(t.data_location == onnx.TensorProto.EXTERNAL for t in _tensors(model)):
+        return str(path)
     ext = [t for t in model.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
-    if not ext:
-        return model
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
     names = {t.name for t in ext}
@@ -160,6 +164,6 @@ def check_file(path: str | os.PathLike, model: onnx.ModelProto) -> None:
     check_wiring(path, model)
     check_dims(path, model)
     try:
-        onnx.checker.check_model(_without_external(model), full_check=True)
+        onnx.checker.check_model(_without_external(path, model), full_check=True)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
         raise UsageError(f"'{path}' is damaged: onnx.checker refuses it: {_one_line(str(e))}: {_FIX}") from None
