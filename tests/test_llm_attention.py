@@ -145,7 +145,8 @@ def _lm(folder: Path):
 
 @pytest.mark.parametrize("bug", ["kv_num_heads", "scale", "seqlens_k"])
 def test_planted_bug_fails_the_checks(bug, converted):
-    from normexport.llm import attention
+    from normexport.llm.share_buffer import share_buffer_check
+    from normexport.llm.verify import compare
     from normexport.parity.generate import check_generation
 
     folder, out, code, _ = converted["llama"]
@@ -158,21 +159,21 @@ def test_planted_bug_fails_the_checks(bug, converted):
     else:  # the logits of every step off (2 x eager's error to float64 exceeded)
         assert result.error is None and not any(s.row.passed for s in result.steps), result.table()
     decomposed = ir.load(str(out / "decomposed.onnx"))
-    assert attention.compare(decomposed, ir.load(str(out / "model.onnx")))["passed"]
-    assert not attention.compare(decomposed, ir.serde.deserialize_model(planted))["passed"]
+    assert compare(decomposed, ir.load(str(out / "model.onnx")))["passed"]
+    assert not compare(decomposed, ir.serde.deserialize_model(planted))["passed"]
     # convert's local check: the fused file against eager; the decomposed file run only to say which is wrong
     lm = _lm(folder)
     keep: dict = {}
-    good = attention.compare(decomposed, ir.load(str(out / "model.onnx")), reference=lm, keep=keep)
+    good = compare(decomposed, ir.load(str(out / "model.onnx")), reference=lm, keep=keep)
     assert good["passed"] and good["against"] == "eager" and good["max_abs_err"] < 1e-4, good
     assert good["outputs_compared"] == 4 * (1 + 2 * COMMON["num_hidden_layers"])  # logits + every present, 4 steps
-    assert attention.share_buffer_check(ir.load(str(out / "model.onnx")), session=keep["fused"],
-                                        reference=keep["run"]) == (True, None)
+    assert share_buffer_check(ir.load(str(out / "model.onnx")), session=keep["fused"],
+                              reference=keep["run"]) == (True, None)
     feeds, outs = keep["run"]  # the reference's step-2 logits 1 % off: the shared-buffer run no longer agrees
     off = [[o * 1.01 if k == 2 and j == 0 else o for j, o in enumerate(step)] for k, step in enumerate(outs)]
-    assert attention.share_buffer_check(ir.load(str(out / "model.onnx")), session=keep["fused"],
-                                        reference=(feeds, off))[1].startswith("step 2: the shared-buffer run's logits")
-    bad = attention.compare(decomposed, ir.serde.deserialize_model(planted), reference=lm)
+    assert share_buffer_check(ir.load(str(out / "model.onnx")), session=keep["fused"],
+                              reference=(feeds, off))[1].startswith("step 2: the shared-buffer run's logits")
+    bad = compare(decomposed, ir.serde.deserialize_model(planted), reference=lm)
     assert not bad["passed"] and not bad.get("eager_failed"), bad
     assert bad["reason"].startswith("the fused file against eager (the decomposed file within tolerance"), bad
 

@@ -61,6 +61,7 @@ def no_weight_protobuf(monkeypatch):
 def test_fuse_by_path_matches_in_memory(exported, tmp_path, no_weight_protobuf):
     from normexport.llm import attention
     from normexport.llm.files import Workdir
+    from normexport.llm.share_buffer import SHARE_BUFFER_KEY
 
     _, path = exported
     model_ir = ir.load(str(path))
@@ -79,7 +80,7 @@ def test_fuse_by_path_matches_in_memory(exported, tmp_path, no_weight_protobuf):
         assert ext and {e.value for t in ext for e in t.external_data if e.key == "location"} == {"model.onnx.data"}
         assert sorted(p.name for p in wd.dir.iterdir()) == ["decomposed.onnx", "model.onnx", "model.onnx.data"]
         assert f.path.stat().st_size < weights / 2  # the graph file alone: the weights are not written twice
-        assert fused_proto.metadata_props and any(p.key == attention.SHARE_BUFFER_KEY for p in fused_proto.metadata_props)
+        assert fused_proto.metadata_props and any(p.key == SHARE_BUFFER_KEY for p in fused_proto.metadata_props)
         # the in-memory route on the same model: the same fused graph, the same local-check numbers
         mem = attention.fuse(model_ir, max_positions=COMMON["max_position_embeddings"])
         assert mem.local["max_abs_err"] == f.local["max_abs_err"] and mem.nodes_after == f.nodes_after

@@ -2,11 +2,11 @@
 with constant weights (an LLM's q / k / v projections, its gate / up projections) become one
 MatMul over the weights concatenated, split back (`pack_siblings`); a GroupQueryAttention whose
 query, key and value are the three outputs of such a split, in order, takes the packed tensor as
-its query with no key / value (normexport.llm.attention.packed_qkv: onnxruntime's packed-QKV form,
+its query with no key / value (normexport.llm.gqa_rule.packed_qkv: onnxruntime's packed-QKV form,
 as onnxruntime-genai's builder writes it).
 
 Both are exact in real arithmetic (each output column is the same dot product); the caller checks
-the packed file against the unpacked one in onnxruntime (normexport.llm.attention.compare) and by
+the packed file against the unpacked one in onnxruntime (normexport.llm.verify.compare) and by
 greedy generation. The concatenated weights are onnx-ir lazy tensors: built from the original
 tensors when the file is serialised or written, never held beside them.
 """
@@ -126,10 +126,12 @@ class Packing:
 
 def for_convert(model: ir.Model) -> Packing:
     """The packed copy of a (GroupQueryAttention-fused) KV-cache file, checked locally: the packed and
-    the unpacked file in onnxruntime on the same prefill + decode feeds (normexport.llm.attention.compare,
+    the unpacked file in onnxruntime on the same prefill + decode feeds (normexport.llm.verify.compare,
     docs/design.md §7's tolerance), and where the unpacked file's past / present may share one buffer, the
     packed one run that way too (else the flag is dropped). `model` itself is left as it is."""
-    from . import attention
+    from .gqa_rule import packed_qkv
+    from .share_buffer import SHARE_BUFFER_KEY, share_buffer_check
+    from .verify import compare
 
     before = sum(1 for _ in model.graph)
     packed = model.clone()  # the graph copied, the tensors shared
@@ -137,16 +139,16 @@ def for_convert(model: ir.Model) -> Packing:
     if not groups:
         return Packing(None, nodes_before=before, nodes_after=before,
                        reason="no MatMuls read one input with constant weights")
-    qkv = attention.packed_qkv(packed)
+    qkv = packed_qkv(packed)
     result = Packing(packed, groups, qkv, before, sum(1 for _ in packed.graph))
-    result.local = attention.compare(model, packed)
+    result.local = compare(model, packed)
     if not result.local.get("passed"):
         result.model, result.reason = None, f"local check FAILED: {result.local.get('reason')}"
         return result
-    if packed.metadata_props.get(attention.SHARE_BUFFER_KEY):
-        ok, why = attention.share_buffer_check(packed)
+    if packed.metadata_props.get(SHARE_BUFFER_KEY):
+        ok, why = share_buffer_check(packed)
         if not ok:
-            packed.metadata_props.pop(attention.SHARE_BUFFER_KEY, None)
+            packed.metadata_props.pop(SHARE_BUFFER_KEY, None)
             result.reason = f"past/present share buffer not verified on the packed file ({why})"
     return result
 
