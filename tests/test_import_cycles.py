@@ -129,3 +129,54 @@ def test_parents_and_type_checking_are_not_cycles(tmp_path):
         "c.py": "from . import a\n",
     })
     assert cycles(import_graph(root)) == []
+
+
+def _in(name: str, package: str) -> bool:
+    return name == package or name.startswith(package + ".")
+
+
+def reaches(graph: dict[str, set[str]], low: str, high: str) -> list[str] | None:
+    """A chain of imports from a module of package `low` to one of package `high` (directly or
+    through other modules), or None."""
+    parent: dict[str, str | None] = {m: None for m in graph if _in(m, low)}
+    todo = list(parent)
+    while todo:
+        u = todo.pop()
+        for d in sorted(graph.get(u, ())):
+            if d in parent:
+                continue
+            parent[d] = u
+            if _in(d, high):
+                chain = [d]
+                while parent[chain[-1]] is not None:
+                    chain.append(parent[chain[-1]])
+                return chain[::-1]
+            todo.append(d)
+    return None
+
+
+def test_parity_is_below_llm():
+    """normexport.parity (the generic check layer) imports nothing of normexport.llm (a feature that
+    uses it), not even through another module (issue 39 item 4): llm passes parity what it needs
+    (the check by generation: llm.checking.run -> parity.cli.run(with_past=...))."""
+    graph = import_graph(ROOT)
+    assert any(_in(d, "normexport.parity") for d in graph["normexport.llm.checking"])  # the allowed direction
+    chain = reaches(graph, "normexport.parity", "normexport.llm")
+    assert chain is None, "normexport.parity imports normexport.llm: " + " -> ".join(chain)
+
+
+def test_a_planted_upward_import_is_found(tmp_path):
+    root = _package(tmp_path, {
+        "__init__.py": "",
+        "parity/__init__.py": "from .cli import run\n",
+        "parity/cli.py": "from .. import load\n\ndef run():\n    from ..load import x\n",
+        "load.py": "def x():\n    from .llm import causal_lm\n",
+        "llm/__init__.py": "from .task import causal_lm\n",
+        "llm/task.py": "from ..parity import run\ncausal_lm = 1\n",
+    })
+    graph = import_graph(root)
+    assert reaches(graph, "pkg.parity", "pkg.llm") == ["pkg.parity.cli", "pkg.load", "pkg.llm"]
+    (root / "load.py").write_text("def x():\n    return 1\n")  # the upward import gone: llm -> parity only
+    graph = import_graph(root)
+    assert reaches(graph, "pkg.parity", "pkg.llm") is None
+    assert reaches(graph, "pkg.llm", "pkg.parity") == ["pkg.llm.task", "pkg.parity"]

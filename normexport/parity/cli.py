@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import math
 import os
-from pathlib import Path
 
 from ..errors import UsageError
 from ._util import _dims, _graph_inputs
@@ -51,7 +50,10 @@ def _onnx_dynamic(graph_inputs) -> dict[str, list[int]]:
     return out
 
 
-def run(args) -> int:
+def run(args, *, with_past=None) -> int:
+    """The `check` command on `args`. `with_past(args, source)`: the check of a file with a KV cache
+    (a check by generation, normexport.llm.checking.run_generation: the llm layer sits above this
+    one and passes it in; `normexport check` does, through normexport.llm.checking.run)."""
     from ..load import load as load_reference
     from ..load.inputs import parse_dynamic, parse_input
 
@@ -70,7 +72,11 @@ def run(args) -> int:
     from .generate import is_with_past
 
     if is_with_past(source.proto):  # docs/design.md §10: checked by greedy generation
-        return _run_generation(args, source)
+        if with_past is None:
+            source.close()
+            raise UsageError(f"'{args.onnx_model}' takes a KV cache: its check by generation is "
+                             "normexport.llm.checking.run (what `normexport check` runs)")
+        return with_past(args, source)
     graph_inputs = _graph_inputs(source.proto)
     onnx_names = [i.name for i in graph_inputs]
     dynamic_given = [parse_dynamic(d) for d in args.dynamic]
@@ -127,57 +133,6 @@ def run(args) -> int:
     report.sizes = chosen.how
     if dtype:
         report.dtype_source = "--dtype"
-    print(report.table())
-    if args.json:
-        report.write_json(args.json)
-        print(f"wrote {args.json}")
-    return 0 if report.passed else 1
-
-
-def _run_generation(args, source) -> int:
-    """`check` of a file with a KV cache: greedy generation step by step (parity/generate.py). The
-    reference is loaded inside the check and released before onnxruntime loads the file."""
-    from ..llm import CacheLM, NoKVCache, ProgramLM, causal_lm
-    from ..load import load as load_reference
-    from ..load.inputs import parse_input
-    from .generate import DEFAULT_BATCH, DEFAULT_PROMPT, check_generation
-
-    if args.tokens < 1:
-        raise UsageError(f"--tokens must be >= 1, got {args.tokens}")
-    if args.backend not in ("ort", "ort-cuda"):
-        raise UsageError(f"'{args.onnx_model}' takes a KV cache: its generation check runs in onnxruntime "
-                         f"(--backend ort or ort-cuda), not {args.backend}")
-    batch, length = DEFAULT_BATCH, DEFAULT_PROMPT
-    for text in args.input:
-        spec = parse_input(text)
-        if spec.name != "input_ids" or len(spec.dims) != 2 or min(spec.dims) < 1:
-            raise UsageError(f"--input {text}: a file with a KV cache takes --input input_ids:BxS (the prompt) only")
-        batch, length = spec.dims
-    if args.dtype:
-        raise UsageError("--dtype: a file with a KV cache is checked in the dtype of its cache inputs; leave --dtype out")
-
-    def reference():
-        loaded = load_reference(args.reference, trust_pickle=args.trust_pickle, weights=args.weights,
-                                imports=getattr(args, "imports", ()))
-        model = causal_lm(loaded)
-        if model is not None:
-            return CacheLM(model)
-        if loaded.kind == "exported-program":  # a .pt2 that takes a KV cache (llm.program)
-            try:
-                return ProgramLM(loaded, label=f"the program of {Path(args.reference).name}")
-            except NoKVCache as e:
-                raise UsageError(f"'{args.onnx_model}' takes a KV cache but the program '{args.reference}' cannot be "
-                                 f"fed one: {e.reason}") from None
-        raise UsageError(f"'{args.onnx_model}' takes a KV cache but '{args.reference}' is not a transformers "
-                         "causal-LM folder, factory or pickle, nor a .pt2 taking a KV cache: pass the model it was "
-                         "converted from")
-
-    try:
-        report = check_generation(source.proto if source.path is None else source.path, reference, tokens=args.tokens,
-                                  batch=batch, prompt_length=length, rtol=args.rtol, atol=args.atol,
-                                  backend=args.backend, command="check", plain_export=True)
-    finally:
-        source.close()
     print(report.table())
     if args.json:
         report.write_json(args.json)

@@ -22,7 +22,7 @@ def convert(args) -> int:
 
 
 def check(args) -> int:
-    from ..parity import cli as check_cmd
+    from ..llm import checking as check_cmd  # parity's check, a file with a KV cache checked by generation
 
     if is_exported_pipeline(args.onnx_model):
         from . import compare
