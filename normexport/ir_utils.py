@@ -4,7 +4,9 @@
 - ``constant_array(value, ...)``: the numpy array of the constant behind a value (an initializer
   that is not a graph input, or a Constant node), with keyword switches for what each caller needs;
 - ``constant_node_array(node)``: a copy of a Constant node's value, read off its one attribute;
-- ``same_dim`` / ``same_shape``: whether two dims / shapes are known to be equal.
+- ``rank_of``: a value's rank, None if unknown;
+- ``same_dim`` / ``same_shape``: whether two dims / shapes are known to be equal;
+- ``ONNX_DOMAINS``: the two names of the default domain.
 """
 
 from __future__ import annotations
@@ -95,6 +97,11 @@ def constant_array(value: ir.Value | None, *, graph_inputs: bool = False, throug
         perm = node.attributes.get("perm")
         return np.transpose(a, perm.as_ints() if perm is not None else None)
     raise ValueError(f"constant_array cannot look through {node.op_type}")
+
+
+def rank_of(v: ir.Value | None) -> int | None:
+    """The rank of `v` (None: no value, or its shape unknown)."""
+    return None if v is None or v.shape is None else len(v.shape)
 
 
 def same_dim(d1, d2) -> bool:

@@ -37,7 +37,7 @@ import onnx_ir as ir
 import onnxscript.optimizer
 
 from normexport.dtypes import FLOAT_TYPES
-from normexport.ir_utils import constant_array, constant_node_array, same_dim, same_shape
+from normexport.ir_utils import ONNX_DOMAINS as _ONNX, constant_array, constant_node_array, rank_of, same_dim, same_shape
 
 #: the largest constant (elements) a fold writes
 FOLD_LIMIT = 4096
@@ -47,7 +47,6 @@ FOLD_LIMIT = 4096
 #: max_size=None reads any size
 _const = functools.partial(constant_array, max_size=FOLD_LIMIT)
 
-_ONNX = ("", "ai.onnx")
 _BROADCAST = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min"})
 #: elementwise ops a statistic passes through (one value per reduced row in, one out)
 _ELEMENTWISE = _BROADCAST | frozenset({"Sqrt", "Reciprocal", "Neg", "Abs", "Exp", "Log", "Relu", "Identity"})
@@ -90,7 +89,7 @@ def restore(model: ir.Model) -> int:
             continue
         y, s, t = node.inputs[0], _const(node.inputs[1], max_size=None), _const(node.inputs[2], max_size=None)
         conv = y.producer()
-        rank = _rank(conv.inputs[1]) if conv is not None and len(conv.inputs) > 1 else None
+        rank = rank_of(conv.inputs[1]) if conv is not None and len(conv.inputs) > 1 else None
         if s is None or t is None or rank is None:
             continue
         shape = [-1] + [1] * (rank - 2)  # one value per channel, broadcast along axis 1
@@ -128,10 +127,6 @@ def _scalar(v: ir.Value | None) -> float | None:
 
 def _opset(model: ir.Model) -> int:
     return model.opset_imports.get("", model.opset_imports.get("ai.onnx", 0))
-
-
-def _rank(v: ir.Value | None) -> int | None:
-    return None if v is None or v.shape is None else len(v.shape)
 
 
 def _initializer(graph: ir.Graph, array: np.ndarray, base: str) -> ir.Value:
@@ -292,9 +287,9 @@ def _broadcast(model: ir.Model, notes) -> int:
             ok = all(same_shape(u.inputs[1 - i].shape, out.shape) for u, i in uses if len(u.inputs) == 2)
         elif node.op_type == "Unsqueeze":
             axes = _axes(node)
-            r = _rank(out)
+            r = rank_of(out)
             ok = (axes is not None and r is not None and sorted(a % r for a in axes) == list(range(len(axes)))
-                  and all(len(u.inputs) == 2 and (_rank(u.inputs[1 - i]) or -1) >= r for u, i in uses))
+                  and all(len(u.inputs) == 2 and (rank_of(u.inputs[1 - i]) or -1) >= r for u, i in uses))
         else:
             ok = False
         if ok and all(len(u.inputs) == 2 for u, _ in uses):
@@ -314,7 +309,7 @@ def _keepdims_region(red: ir.Node, axes: list[int], rank: int):
 
     def peer(p) -> bool:
         return (p is not None and p.domain in _ONNX and p.op_type in _REDUCTIONS and _keepdims(p) == 0
-                and _rank(p.inputs[0]) == rank and _axes(p) is not None and sorted(a % rank for a in _axes(p)) == norm)
+                and rank_of(p.inputs[0]) == rank and _axes(p) is not None and sorted(a % rank for a in _axes(p)) == norm)
 
     def add_red(p) -> None:
         if p not in reds:
@@ -450,7 +445,7 @@ def _keepdims0(model: ir.Model, notes) -> int:
     for node in list(model.graph):
         if node in done or node.op_type not in _REDUCTIONS or node.domain not in _ONNX or _keepdims(node) != 0:
             continue
-        axes, rank = _axes(node), _rank(node.inputs[0])
+        axes, rank = _axes(node), rank_of(node.inputs[0])
         if not axes or rank is None:
             continue
         found = _keepdims_region(node, axes, rank)
@@ -504,7 +499,7 @@ def _sum_to_mean(model: ir.Model, notes) -> int:
             continue
         mul, idx = uses[0]
         k = _const(mul.inputs[1 - idx])
-        x, axes, rank = node.inputs[0], _axes(node), _rank(node.inputs[0])
+        x, axes, rank = node.inputs[0], _axes(node), rank_of(node.inputs[0])
         if k is None or k.size != 1 or k.dtype.kind != "f" or not axes or rank is None:
             continue
         dims = [x.shape[a % rank] for a in axes]
@@ -525,7 +520,7 @@ def _sum_to_mean(model: ir.Model, notes) -> int:
 def _gap_to_mean(model: ir.Model, notes) -> int:
     n = 0
     for node in _main_nodes(model, "GlobalAveragePool"):
-        rank = _rank(node.inputs[0])
+        rank = rank_of(node.inputs[0])
         if rank is None or rank < 3:
             continue
         mean = _reduce_mean(model.graph, model, node, node.inputs[0], list(range(2, rank)))
@@ -587,7 +582,7 @@ def _conv_chain(node: ir.Node):
     if node.domain not in _ONNX or node.op_type not in ("Conv", "ConvTranspose"):
         return None
     c, y = _channels(node), node.outputs[0]
-    rank = _rank(node.inputs[1])
+    rank = rank_of(node.inputs[1])
     uses = list(y.uses())
     if c is None or rank is None or len(uses) != 1 or y.is_graph_output():
         return None

@@ -10,7 +10,7 @@ import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
 from normexport.dtypes import FLOAT_TYPES  # noqa: F401 - the rules read c.FLOAT_TYPES
-from normexport.ir_utils import constant_array, same_dim, same_shape  # noqa: F401 - the rules read c.same_shape
+from normexport.ir_utils import constant_array, rank_of, same_dim, same_shape  # noqa: F401 - the rules read c.same_shape
 
 #: the rules' constant behind a value (normexport.ir_utils.constant_array): an initializer that is not a
 #: graph input, or a Constant node read through its `value` tensor only
@@ -89,12 +89,6 @@ def trailing_count(axes: Sequence[int], rank: int | None) -> int | None:
     norm = sorted(a % rank if -rank <= a < rank else 10**9 for a in axes)
     k = len(norm)
     return k if norm == list(range(rank - k, rank)) else None
-
-
-def rank_of(v: ir.Value | None) -> int | None:
-    if v is None or v.shape is None:
-        return None
-    return len(v.shape)
 
 
 def trailing_dims(v: ir.Value, k: int) -> list[int] | None:

@@ -24,6 +24,8 @@ import numpy as np
 import onnx_ir as ir
 from onnxscript.rewriter import pattern
 
+from normexport.ir_utils import ONNX_DOMAINS as _ONNX
+
 from . import _common as c
 from .adaln import AdaLNFusion, _can_be
 
@@ -160,7 +162,6 @@ RULES = [AdaLNContinuousFusion.rule("adaln_continuous", shift_left=False),
 
 
 # ---- why a modulated LayerNorm stayed ---------------------------------------------------------
-_ONNX = ("", "ai.onnx")
 
 
 def _through(v: ir.Value, ops: tuple[str, ...]) -> ir.Value:

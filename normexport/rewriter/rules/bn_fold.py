@@ -28,11 +28,10 @@ from onnxscript.rewriter._basics import MatchResult
 from onnxscript.rewriter._rewrite_rule import RewriteRuleClassBase
 
 from normexport.dtypes import FLOAT_TYPES
-from normexport.ir_utils import constant_array
+from normexport.ir_utils import ONNX_DOMAINS as _ONNX, constant_array
 
 TARGETS = frozenset({"trt", "ort", "onnx"})
 
-_ONNX = ("", "ai.onnx")
 
 
 # ---------------------------------------------------------------------------------------------
