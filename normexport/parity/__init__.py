@@ -41,7 +41,8 @@ How a result is judged (one row = one backend x one input shape x one output):
   and actually compared at least one row with elements (zero comparisons is a failure).
 
 Modules (after Polygraphy's loaders / runners / comparators): `report` (Row, CheckReport, table,
-JSON), `reference` (the float64 reference), `runners` (onnxruntime, TensorRT), `shapes` (extra
+JSON), `reference` (the float64 reference), `runners` (one Runner interface, activate / infer /
+deactivate: eager, float64, onnxruntime, TensorRT; `RUNNERS`, the `--backend` table), `shapes` (extra
 shapes along dynamic axes), `tolerances`, `verdict` (one row's errors and rule), `plain` (the plain
 export), `driver` (check()), `choose` (the inputs `check` runs at), `cli` (the `check` command).
 """
