@@ -19,9 +19,6 @@ IR_UTILS = "ir_utils.py"
 DTYPES = "dtypes.py"
 RUNG_NAMES = "exporter/names.py"
 
-#: files another change is switching to normexport.ir_utils (their copies are tolerated, not required)
-PENDING = {"llm/attention.py"}
-
 _HELPER_NAMES = {"constant_array", "constant_node_array", "const_array", "const", "_const", "_constant_attr",
                  "same_shape", "_same_shape", "same_dim", "_same_dim"}
 _FLOATS = {"FLOAT", "FLOAT16", "BFLOAT16", "DOUBLE"}
@@ -100,7 +97,7 @@ def rung_tables(sources: dict[str, str]) -> list[str]:
 
 
 def test_the_constant_and_shape_helpers_are_defined_once():
-    copies = [c for c in helper_copies(_sources()) if c.split(":")[0] not in PENDING]
+    copies = helper_copies(_sources())
     assert copies == [], f"define these once, in normexport/{IR_UTILS}, and import them: {copies}"
 
 
