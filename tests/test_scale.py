@@ -150,6 +150,7 @@ def test_bf16_model_too_large_to_widen_runs_piece_by_piece(tmp_path, monkeypatch
     transformers = pytest.importorskip("transformers")
     from normexport.parity import check
     from normexport.parity import runners as R
+    from normexport.parity import widen
 
     torch.manual_seed(0)
     cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -164,7 +165,7 @@ def test_bf16_model_too_large_to_widen_runs_piece_by_piece(tmp_path, monkeypatch
     whole.activate()
     assert whole.chunked is None and whole.widened
     monkeypatch.setattr(R, "WIDEN_WHOLE_LIMIT", 0)
-    monkeypatch.setattr(R, "CHUNK_BYTES", 50_000)
+    monkeypatch.setattr(widen, "CHUNK_BYTES", 50_000)
     pieces = R.OrtRunner(source)
     pieces.activate()
     assert pieces.chunked is not None and len(pieces.chunked.chunks) >= 5
