@@ -4,9 +4,12 @@
 transformers model through it; names; the cache layout read from the model), `program`
 (ProgramLM: a .pt2 program that takes a KV cache through the same interface), `task`
 (`--task` of `convert`: which graph a causal LM or .pt2 exports) and `deploy` (the deployable
-folder: genai_config.json, tokenizer and config files beside the file). The check
-by generation lives in `normexport.parity.generate`; TensorRT profiles over past length in
-`normexport.trt.profiles`.
+folder: genai_config.json, tokenizer and config files beside the file), `attention` (the
+GroupQueryAttention fusion for --target ort; its rule, rotary, mask, local-check and share-buffer
+pieces in `gqa_rule`, `rotary`, `masks`, `verify`, `share_buffer`) and `checking` (`normexport
+check` of a KV-cache file). The check by generation lives in `normexport.parity.generate`, a
+layer below this one (normexport.parity imports nothing of normexport.llm); TensorRT profiles
+over past length in `normexport.trt.profiles`.
 """
 
 from __future__ import annotations
