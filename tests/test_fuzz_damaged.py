@@ -243,3 +243,22 @@ def test_each_damage_has_its_own_message(sources, tmp_path, kind, said):
         code, _, err = run_forked(["rewrite", str(work / "in" / "model.onnx"), "-o", str(work / "out" / "o.onnx")], work)
         assert code == 2 and not problems(code, err, work / "out", work / "out" / "o.onnx"), err
         assert any(s in err for s in ((said,) if isinstance(said, str) else said)), err
+
+
+def test_a_dim_of_minus_one_is_dynamic(sources, tmp_path):
+    """Found by the fuzz (zero_dim on norm_heavy): a graph input dim of -1 (how Paddle2ONNX writes a
+    dynamic dim; onnxruntime reads it so) was taken as the size -1 by the rules and the local
+    verifier, every fusion failed verification and rewrite exited 1 with nothing written."""
+    src = next(p for p in sources if p.parent.name == "norm_heavy")
+    m = onnx.load(str(src))
+    d = next(v for v in m.graph.input if v.name == "r").type.tensor_type.shape.dim[0]  # the residual's batch
+    d.Clear()
+    d.dim_value = -1
+    (tmp_path / "in").mkdir()
+    onnx.save(m, str(tmp_path / "in" / "model.onnx"))
+    out = tmp_path / "out" / "model.onnx"
+    out.parent.mkdir()
+    code, so, err = run_forked(["rewrite", str(tmp_path / "in" / "model.onnx"), "-o", str(out)], tmp_path)
+    assert code == 0, (so, err)
+    assert "0 fusion(s)" not in so and "failed local verification" not in so, so
+    onnx.checker.check_model(str(out), full_check=True)

@@ -118,6 +118,7 @@ def rewrite_ir(model: ir.Model, target: str = "trt", verify: bool = True, report
     if not model.graph.outputs:  # an empty file parses as an empty ModelProto: nothing to rewrite, nothing to write
         raise UsageError("the model has no graph (no graph outputs): an empty or truncated file parses as an "
                          "empty ONNX model; pass a model with a graph")
+    _negative_dims_unknown(model)
     face = interface(model)
     _sizes.check_given(face, inputs)
     if report is None:
@@ -231,6 +232,15 @@ def rewrite_ir(model: ir.Model, target: str = "trt", verify: bool = True, report
     if whole is not None and report.applied:
         _whole_model(whole, model, report, inputs)
     return model
+
+
+def _negative_dims_unknown(model: ir.Model) -> None:
+    """A dim of -1 (Paddle2ONNX's spelling of a dynamic dim, which onnxruntime reads so) becomes an
+    unnamed symbolic dim on every value: the rules and the local verifier take ints as sizes."""
+    values = list(model.graph.inputs) + list(model.graph.outputs) + [o for n in model.graph for o in n.outputs]
+    for v in values:
+        if v.shape is not None and any(isinstance(d, int) and d < 0 for d in v.shape):
+            v.shape = ir.Shape([None if isinstance(d, int) and d < 0 else d for d in v.shape])
 
 
 def _off(mod, target: str) -> str:
