@@ -173,6 +173,7 @@ def _export_slot(args, src: Path, slot: Slot, tmp: Path) -> dict | None:
     report = json.loads((folder / "normexport_report.json").read_text())
     outputs = [optimum_names.OUTPUTS.get(slot.name, {}).get(n, n) for n in rec.output_names or []]
     entry = {"component": slot.component, "method": slot.method, "file": f"{slot.name}/model.onnx",
+             "dtype": _module_dtype(module),
              "inputs": {spread.get(n, n): {"shape": list(t.shape), "dtype": str(t.dtype).replace("torch.", ""),
                                           "dynamic": list((rec.kept or {}).get(n, []))}
                         for n, t in zip(rec.names, rec.inputs)},
@@ -183,6 +184,16 @@ def _export_slot(args, src: Path, slot: Slot, tmp: Path) -> dict | None:
     del module, loaded, rec
     gc.collect()
     return entry
+
+
+def _module_dtype(module) -> str | None:
+    """The component's floating dtype as the pipeline reads it (`component.dtype`: diffusers' and
+    transformers' first floating parameter), e.g. "bfloat16"; None for a module without one."""
+    inner = getattr(module, "inner", module)  # MethodCall wraps the autoencoder
+    dtype = getattr(inner, "dtype", None)
+    if not isinstance(dtype, torch.dtype):
+        dtype = next((p.dtype for p in inner.parameters() if p.is_floating_point()), None)
+    return str(dtype).replace("torch.", "") if dtype is not None else None
 
 
 def _weight_files(folder: Path) -> list[Path]:

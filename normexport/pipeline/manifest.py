@@ -122,6 +122,8 @@ def _problem(folder: Path, manifest: dict) -> str | None:
             return f"{where} file {file!r} points outside the folder"
         if not target.is_file():
             return f"{where} file {file!r} is missing"
+        if e.get("dtype") is not None and e.get("dtype") not in INPUT_DTYPES:
+            return f"{where} has dtype {e.get('dtype')!r}"
         inputs = e.get("inputs")
         if not isinstance(inputs, dict):
             return f"{where} has no inputs table"

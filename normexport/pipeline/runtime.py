@@ -120,8 +120,9 @@ class OrtComponent(nn.Module):
         self.component = name
         self._slots = {method: _Session(folder, slot, entry, providers) for method, (slot, entry) in slots.items()}
         first = next(iter(slots.values()))[1]
-        dtypes = [TORCH_DTYPES.get(i["dtype"]) for i in first["inputs"].values() if i["dtype"] in TORCH_DTYPES]
-        self._dtype = dtypes[0] if dtypes else torch.float32
+        # the component's own dtype (the manifest's; a folder written before it had one: its first float input's)
+        dtypes = [TORCH_DTYPES.get(first.get("dtype"))] + [TORCH_DTYPES.get(i["dtype"]) for i in first["inputs"].values()]
+        self._dtype = next((d for d in dtypes if d is not None), torch.float32)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -172,15 +173,41 @@ class _Session:
         from ..ortrun import file_session
 
         self.slot, self.entry = slot, entry
-        try:
-            self.session = file_session(folder / entry["file"], providers=providers)
-        except Exception as e:  # noqa: BLE001 - onnxruntime refuses a damaged file with its own exception types
-            raise UsageError(f"onnxruntime cannot open '{folder / entry['file']}' ({type(e).__name__}: "
-                             f"{first_line(e, 160)}): the file is damaged; convert the pipeline folder again") from None
-        self.inputs = {i.name: ORT_TYPES.get(i.type) for i in self.session.get_inputs()}
-        self.outputs = [o.name for o in self.session.get_outputs()]
         self.renames = entry.get("renames") or {}
         self.constants = entry.get("constants") or {}
+        self.runner = None  # a bfloat16 file on the CPU provider: parity's onnxruntime runner, widened
+        path = folder / entry["file"]
+        try:
+            self.session = file_session(path, providers=providers)
+        except Exception as e:  # noqa: BLE001 - onnxruntime refuses a damaged file with its own exception types
+            if "NOT_IMPLEMENTED" not in str(e) or (providers and providers[0] != "CPUExecutionProvider") \
+                    or not _has_bf16(path):
+                raise UsageError(f"onnxruntime cannot open '{path}' ({type(e).__name__}: {first_line(e, 160)}): the "
+                                 "file is damaged; convert the pipeline folder again") from None
+            self._widened(path)
+            return
+        self.inputs = {i.name: ORT_TYPES.get(i.type) for i in self.session.get_inputs()}
+        self.outputs = [o.name for o in self.session.get_outputs()]
+        self.output_types = {}
+
+    def _widened(self, path: Path) -> None:
+        """onnxruntime's CPU provider has no bfloat16 kernels for this file: the one onnxruntime
+        runner of normexport (parity.runners.OrtRunner, docs/design.md §8) runs it widened to
+        float32 (piece by piece where widened whole it would not fit); the inputs go in and the
+        outputs come back in the file's own dtypes, so the pipeline sees what eager gives."""
+        from ..parity.runners import OrtRunner, _ModelSource
+
+        source = _ModelSource(path)
+        self.runner = OrtRunner(source)
+        self.runner.activate()
+        graph = source.proto.graph
+        types = {v.name: ORT_TYPES.get(f"tensor({_ONNX_TYPE_NAMES.get(v.type.tensor_type.elem_type, '?')})")
+                 for v in list(graph.input) + list(graph.output)}
+        self.inputs = {n: types.get(n) for n in self.runner.names}
+        self.outputs = [o.name for o in graph.output]
+        self.output_types = {n: types.get(n) for n in self.outputs}
+        self.session = None
+        print(f"  {self.slot}: {WIDENED_NOTE}")
 
     def __call__(self, component: str, method: str, bound: dict):
         return_dict = bound.pop("return_dict", True)
@@ -196,7 +223,7 @@ class _Session:
                     if t.is_complex():  # exported as (re, im) pairs (load.call.CallAdapter)
                         t = torch.view_as_real(t)
                     want = self.inputs[name]
-                    feeds[name] = _numpy(t.to(want) if want is not None and t.dtype != want else t)
+                    feeds[name] = t.to(want) if want is not None and t.dtype != want else t
                 elif name not in self.entry["inputs"]:  # the export had no tensor there
                     raise RuntimeError(f"{component}.{method} called with a tensor {name}, which its file "
                                        f"{self.entry['file']} was not exported with: convert the pipeline again")
@@ -216,8 +243,12 @@ class _Session:
             raise RuntimeError(f"{component}.{method} called with {', '.join(fixed[:3])}: {self.entry['file']} keeps "
                                "those sizes static; generate at the size the pipeline was converted at, or convert it "
                                "at this size")
-        out = run_session(self.session, feeds)
-        tensors = [torch.from_numpy(np.ascontiguousarray(out[n])) for n in self.outputs]
+        if self.runner is not None:  # widened: float32 out, back to the file's dtypes
+            outs = self.runner.infer([feeds[n] for n in self.runner.names])
+            tensors = [_tensor(a, self.output_types.get(n)) for n, a in zip(self.outputs, outs)]
+        else:
+            out = run_session(self.session, {n: _numpy(t) for n, t in feeds.items()})
+            tensors = [_tensor(out[n]) for n in self.outputs]
         if method == "encode" and self.outputs == [LATENT_PARAMETERS]:  # the distribution, rebuilt as diffusers has it
             from diffusers.models.autoencoders.vae import DiagonalGaussianDistribution
             from diffusers.models.modeling_outputs import AutoencoderKLOutput
@@ -225,6 +256,30 @@ class _Session:
             dist = DiagonalGaussianDistribution(tensors[0])
             return AutoencoderKLOutput(latent_dist=dist) if return_dict else (dist,)
         return manifest_mod.rebuild(self.entry.get("structure"), tensors, return_dict=bool(return_dict))
+
+
+def _tensor(a: np.ndarray, dtype: torch.dtype | None = None) -> torch.Tensor:
+    t = torch.from_numpy(np.ascontiguousarray(a).astype(np.float32) if a.dtype.name == "bfloat16" else
+                         np.ascontiguousarray(a))
+    return t.to(dtype) if dtype is not None and t.dtype != dtype else t
+
+
+def _has_bf16(path: Path) -> bool:
+    """Whether the file (its graph, not its external data) holds bfloat16 tensors or values."""
+    import onnx
+
+    from ..parity.widen import _has_bf16 as has
+
+    try:
+        return has(onnx.load(str(path), load_external_data=False))
+    except Exception:  # noqa: BLE001 - a file that does not parse is damaged, said by the caller
+        return False
+
+
+#: said once per slot that runs widened (the parity report's words)
+WIDENED_NOTE = ("bfloat16 file run widened to float32 in onnxruntime (its CPU provider has no bfloat16 kernels "
+                "for it); inputs and outputs stay bfloat16")
+_ONNX_TYPE_NAMES = {1: "float", 10: "float16", 11: "double", 16: "bfloat16", 7: "int64", 6: "int32", 9: "bool"}
 
 
 def _numpy(t: torch.Tensor) -> np.ndarray:
