@@ -42,7 +42,7 @@ import _damage
 CASES = int(os.environ.get("NORMEXPORT_FUZZ_CASES", "40"))
 SEED = int(os.environ.get("NORMEXPORT_FUZZ_SEED", "0"))
 TIMEOUT = 120  # seconds for one case
-CHECK_EVERY = 8  # every 8th case also runs `normexport check FILE --reference torch.nn:Identity`
+CHECK_EVERY = 5  # every 5th case (prime to the 16 kinds: each kind in turn) also runs `normexport check`
 
 
 @pytest.fixture(scope="module")
