@@ -166,5 +166,12 @@ def norm_node_counts(nodes) -> dict[str, int]:
 def input_records(model: onnx.ModelProto, shapes: dict[str, list[int]]) -> list[dict[str, Any]]:
     """RewriteReport.inputs for `shapes`: name, shape, ONNX element type and its name."""
     return [{"name": i.name, "shape": list(shapes[i.name]), "elem_type": i.elem_type,
-             "dtype": onnx.helper.tensor_dtype_to_string(i.elem_type).replace("TensorProto.", "").lower()}
-            for i in _sizes.real_inputs(model) if i.name in shapes]
+             "dtype": _dtype_name(i.elem_type)} for i in _sizes.real_inputs(model) if i.name in shapes]
+
+
+def _dtype_name(elem_type: int) -> str:
+    """'float', 'int64', ...; 'undefined' for 0 (an optional or sequence input has no tensor type:
+    TorchScript's export of an `Optional[Tensor]` forward parameter)."""
+    if elem_type not in onnx.helper.get_all_tensor_dtypes():
+        return "undefined"
+    return onnx.helper.tensor_dtype_to_string(elem_type).replace("TensorProto.", "").lower()
