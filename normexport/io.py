@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from . import validate as _validate
 from .errors import UsageError, first_line
 
 #: protobuf cannot serialise a message of 2 GiB or more: larger models keep weights outside.
@@ -119,32 +120,6 @@ def _umask() -> int:
     return mask
 
 
-def _tensors(model: onnx.ModelProto):
-    """Every TensorProto of a model: initializers, sparse ones, Constant / attribute tensors, in the
-    main graph, its subgraphs (If / Loop / Scan bodies) and the functions."""
-    def graph(g):
-        yield from g.initializer
-        for sp in g.sparse_initializer:
-            yield sp.values
-            yield sp.indices
-        yield from nodes(g.node)
-
-    def nodes(ns):
-        for n in ns:
-            for a in n.attribute:
-                if a.HasField("t"):
-                    yield a.t
-                yield from a.tensors
-                if a.HasField("g"):
-                    yield from graph(a.g)
-                for sub in a.graphs:
-                    yield from graph(sub)
-
-    yield from graph(model.graph)
-    for f in model.functions:
-        yield from nodes(f.node)
-
-
 #: element types packed several to a byte: elements per byte
 _PACKED = {getattr(onnx.TensorProto, n): k for n, k in (("INT4", 2), ("UINT4", 2), ("FLOAT4E2M1", 2), ("INT2", 4),
                                                         ("UINT2", 4)) if hasattr(onnx.TensorProto, n)}
@@ -182,7 +157,7 @@ def check_external_data(path: str | os.PathLike, model: onnx.ModelProto | None =
     folder = os.path.dirname(os.path.abspath(path))
     real_folder = os.path.realpath(folder)
     sizes: dict[str, int] = {}
-    for t in _tensors(model):
+    for t in _validate.tensors(model):
         if t.data_location != onnx.TensorProto.EXTERNAL:
             continue
         info = {e.key: e.value for e in t.external_data}
@@ -215,7 +190,6 @@ def load_ir(path: str | os.PathLike):
     (check_external_data), or it is damaged or invalid (normexport.validate)."""
     import onnx_ir as ir
 
-    from . import validate
 
     path = Path(path)
     if not path.is_file():
@@ -225,7 +199,7 @@ def load_ir(path: str | os.PathLike):
     except Exception as e:  # noqa: BLE001 - protobuf's parse errors: not ONNX, truncated or corrupt
         raise UsageError(f"cannot read '{path}' as ONNX ({first_line(e, 160)}): pass a valid .onnx file") from None
     check_external_data(path, proto)
-    validate.check_file(path, proto)  # DESIGN §14: a damaged file is one line here, not an error later
+    _validate.check_file(path, proto)  # docs/design.md §14: a damaged file is one line here, not an error later
     del proto
     try:
         return ir.load(str(path))

@@ -1,4 +1,4 @@
-"""An ONNX file checked before anything works on it (DESIGN §14): a damaged or invalid file is a
+"""An ONNX file checked before anything works on it (docs/design.md §14): a damaged or invalid file is a
 UsageError of one line naming what is wrong, never an internal error later, nor an output that
 onnx's checker refuses.
 
@@ -132,15 +132,39 @@ def check_text(path: str | os.PathLike, model: onnx.ModelProto) -> None:
                     stack.append((value, f"{where}.{field.name}"))
 
 
+def tensors(model: onnx.ModelProto):
+    """Every TensorProto of a model: initializers, sparse ones, Constant / attribute tensors, in the
+    main graph, its subgraphs (If / Loop / Scan bodies) and the functions."""
+    def graph(g):
+        yield from g.initializer
+        for sp in g.sparse_initializer:
+            yield sp.values
+            yield sp.indices
+        yield from nodes(g.node)
+
+    def nodes(ns):
+        for n in ns:
+            for a in n.attribute:
+                if a.HasField("t"):
+                    yield a.t
+                yield from a.tensors
+                if a.HasField("g"):
+                    yield from graph(a.g)
+                for sub in a.graphs:
+                    yield from graph(sub)
+
+    yield from graph(model.graph)
+    for f in model.functions:
+        yield from nodes(f.node)
+
+
 def _without_external(path: Path, model: onnx.ModelProto) -> onnx.ModelProto | str:
     """What the checker reads: the file by path when all weights are inside it (the C++ checker
     reads it: no copy of embedded weights serialised from Python); else `model` with its
     initializers kept in external data as graph inputs of their type and shape
     (io.check_external_data checked their files, links inside the folder allowed; the checker
     would look for them from the current folder, and refuses any link)."""
-    from .io import _tensors
-
-    if not any(t.data_location == onnx.TensorProto.EXTERNAL for t in _tensors(model)):
+    if not any(t.data_location == onnx.TensorProto.EXTERNAL for t in tensors(model)):
         return str(path)
     ext = [t for t in model.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
     copy = onnx.ModelProto()

@@ -1,4 +1,4 @@
-"""Seeded damage of real ONNX files (DESIGN §14), for tests/test_fuzz_damaged.py.
+"""Seeded damage of real ONNX files (docs/design.md §14), for tests/test_fuzz_damaged.py.
 
 A case is (source file, damage kind, seed); `damage(case, folder)` writes the damaged copy as
 `folder/model.onnx` (and, for the external-data kinds, its data file beside it) and returns a

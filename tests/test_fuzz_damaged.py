@@ -1,4 +1,4 @@
-"""Damaged ONNX files never end in an internal error (DESIGN §14, issue 39 item 5).
+"""Damaged ONNX files never end in an internal error (docs/design.md §14, issue 39 item 5).
 
 A seeded generator (tests/_damage.py) damages copies of real ONNX files (the reference models
 exported plain and fused, and ONNX files shipped in installed wheels): truncated, bytes flipped, a

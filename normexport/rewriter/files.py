@@ -1,5 +1,5 @@
 """rewrite_file: an ONNX file in (its external data memory-mapped, never loaded whole), the
-rewritten file out, written atomically with the weights streamed into external data (DESIGN §8)."""
+rewritten file out, written atomically with the weights streamed into external data (docs/design.md §8)."""
 
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ def rewrite_file(in_path: str | os.PathLike, out_path: str | os.PathLike, target
         return report
     if not report.applied and not external and not any(n.domain == _ops.DOMAIN for n in model.graph):
         # nothing fused (and no plugin attributes to add): the input file as it is, byte for byte,
-        # not its canonical forms nor the shapes inference annotated (DESIGN §11)
+        # not its canonical forms nor the shapes inference annotated (docs/design.md §11)
         _io.write_atomic(Path(out_path), lambda tmp: shutil.copyfile(in_path, tmp), "-o")
         return report
     # the checker on the written file before it takes its place: the input passed it (io.load_ir),
