@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import json
 import logging
 import os
 import warnings
@@ -41,12 +40,9 @@ def load_module(path: Path):
     if not config_file.is_file():
         raise UsageError(f"'{path}' is a directory without config.json: pass a save_pretrained folder of transformers "
                          "or diffusers, a .pt2, .pt/.pth file or `package.module:callable`")
-    try:
-        config = json.loads(config_file.read_text())
-    except (OSError, ValueError) as e:
-        raise UsageError(f"cannot read '{config_file}' ({first_line(e, 120)}): re-save the model with save_pretrained") from None
-    if not isinstance(config, dict):
-        raise UsageError(f"'{config_file}' is not a JSON object: re-save the model with save_pretrained")
+    from ..io import read_json_object
+
+    config = read_json_object(config_file, "re-save the model with save_pretrained")
     if "_diffusers_version" in config or "_class_name" in config:
         library, class_name = "diffusers", config.get("_class_name")
     else:

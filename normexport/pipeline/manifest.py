@@ -20,10 +20,9 @@ way), so the runtime returns what the eager component returns.
 from __future__ import annotations
 
 import importlib
-import json
 from pathlib import Path
 
-from ..errors import UsageError, first_line
+from ..errors import UsageError
 
 NAME = "normexport_pipeline.json"
 FORMAT = "normexport-pipeline/1"
@@ -81,11 +80,10 @@ def read(folder: Path) -> dict:
     if not path.is_file():
         raise UsageError(f"'{folder}' holds no {NAME}: it is not a pipeline folder written by `normexport convert "
                          "PIPELINE_DIR -o OUT/`; convert the pipeline folder again")
-    try:
-        manifest = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise UsageError(f"cannot read '{path}' ({first_line(e, 120)}): convert the pipeline folder again") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT or not isinstance(manifest.get("slots"), dict):
+    from ..io import read_json_object
+
+    manifest = read_json_object(path, "convert the pipeline folder again")
+    if manifest.get("format") != FORMAT or not isinstance(manifest.get("slots"), dict):
         raise UsageError(f"'{path}' is not a {FORMAT} manifest: convert the pipeline folder again with this normexport")
     problem = _problem(Path(folder), manifest)
     if problem:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import importlib
 import inspect
-import json
 from pathlib import Path
 
 import numpy as np
@@ -78,14 +77,9 @@ def load(folder, providers: list[str] | None = None):
 
 
 def _model_index(folder: Path) -> dict:
-    path = folder / "model_index.json"
-    try:
-        index = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise UsageError(f"cannot read '{path}' ({first_line(e, 120)}): convert the pipeline folder again") from None
-    if not isinstance(index, dict):
-        raise UsageError(f"'{path}' is not a table of components: convert the pipeline folder again")
-    return index
+    from ..io import read_json_object
+
+    return read_json_object(folder / "model_index.json", "convert the pipeline folder again")
 
 
 class _quiet:
