@@ -23,7 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .trt import cli as build_cmd
     from .pipeline import cli as pipeline_cmd
 
-    routed = {"convert": pipeline_cmd.convert, "check": pipeline_cmd.check, "build": pipeline_cmd.build}
+    routed = {"convert": pipeline_cmd.convert, "check": _check, "build": pipeline_cmd.build}
 
     parser = _Parser(prog="normexport", description="Export PyTorch models to ONNX / TensorRT with "
                      "normalization layers done right.")
@@ -44,6 +44,15 @@ def build_parser() -> argparse.ArgumentParser:
             if name == "check":
                 pipeline_cmd.add_check_arguments(p)
     return parser
+
+
+def _check(args) -> int:
+    """`check`: an exported pipeline folder (normexport.pipeline), else one file: parity's check, a
+    file with a KV cache checked by generation (normexport.llm.checking; llm is above parity)."""
+    from .llm import checking
+    from .pipeline import cli as pipeline_cmd
+
+    return pipeline_cmd.check(args, checking.run)
 
 
 def _version() -> str:

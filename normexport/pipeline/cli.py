@@ -21,14 +21,14 @@ def convert(args) -> int:
     return exporting.run(args) if exporting.wants_folder(args) else convert_cmd.run(args)
 
 
-def check(args) -> int:
-    from ..llm import checking as check_cmd  # parity's check, a file with a KV cache checked by generation
-
+def check(args, single) -> int:
+    """`check OUT --reference DIR` for an exported pipeline folder; any other file goes to `single`
+    (the command line passes llm.checking.run: parity's check, a KV-cache file by generation)."""
     if is_exported_pipeline(args.onnx_model):
         from . import compare
 
         return compare.run(args)
-    return check_cmd.run(args)
+    return single(args)
 
 
 def build(args) -> int:
