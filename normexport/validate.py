@@ -174,9 +174,37 @@ def _without_external(path: Path, model: onnx.ModelProto) -> onnx.ModelProto | s
     kept = [t for t in copy.graph.initializer if t.name not in names]
     del copy.graph.initializer[:]
     copy.graph.initializer.extend(kept)
-    copy.graph.input.extend(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
-                            for t in ext if t.name not in inputs)
+    copy.graph.input.extend(_typed_input(t) for t in ext if t.name not in inputs)
     return copy
+
+
+def run_checker(source: str | onnx.ModelProto, model: onnx.ModelProto | None = None) -> None:
+    """onnx.checker's full check of a file (by path) or a proto. A graph input or output with a
+    type but no shape (unknown rank: real converters write it, onnxruntime runs it, the checker's
+    value-info rule refuses it) is not damage: such a model is checked as a copy whose shapeless
+    inputs / outputs say rank 0, without the strict shape inference that claim would upset."""
+    if isinstance(source, onnx.ModelProto):
+        model = source
+    elif model is None:  # (the caller's proto, when it has one: no second copy of embedded weights)
+        model = onnx.load(str(source), load_external_data=False)
+    io = list(model.graph.input) + list(model.graph.output)
+    if not any(v.type.HasField("tensor_type") and not v.type.tensor_type.HasField("shape") for v in io):
+        onnx.checker.check_model(source if isinstance(source, onnx.ModelProto) else str(source), full_check=True)
+        return
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    for v in list(copy.graph.input) + list(copy.graph.output):
+        if v.type.HasField("tensor_type") and not v.type.tensor_type.HasField("shape"):
+            v.type.tensor_type.shape.SetInParent()
+    onnx.checker.check_model(copy, full_check=False)
+
+
+def _typed_input(t: onnx.TensorProto) -> onnx.ValueInfoProto:
+    """A graph input of the tensor's type and shape; a scalar's shape is set present with no dims
+    (make_tensor_value_info leaves a rank-0 shape absent, which the checker refuses)."""
+    vi = onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+    vi.type.tensor_type.shape.SetInParent()
+    return vi
 
 
 def check_file(path: str | os.PathLike, model: onnx.ModelProto) -> None:
@@ -188,6 +216,6 @@ def check_file(path: str | os.PathLike, model: onnx.ModelProto) -> None:
     check_wiring(path, model)
     check_dims(path, model)
     try:
-        onnx.checker.check_model(_without_external(path, model), full_check=True)
+        run_checker(_without_external(path, model), model)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
         raise UsageError(f"'{path}' is damaged: onnx.checker refuses it: {_one_line(str(e))}: {_FIX}") from None
