@@ -255,18 +255,6 @@ def write_atomic(path: Path, write, flag: str = "output") -> None:
         raise
 
 
-def read_json_object(path: str | os.PathLike, fix: str) -> dict:
-    """A JSON file that must hold an object (a config, model_index.json, a manifest); where it cannot
-    be read or is not an object, one line naming the file and `fix` (what the user should do)."""
-    try:
-        value = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as e:
-        raise UsageError(f"cannot read '{path}' ({first_line(e, 120)}): {fix}") from None
-    if not isinstance(value, dict):
-        raise UsageError(f"'{path}' is not a JSON object: {fix}")
-    return value
-
-
 def write_json(obj, path: str | os.PathLike, flag: str = "output") -> Path:
     path = check_writable(path, flag)
     write_atomic(path, lambda p: p.write_text(json.dumps(obj, indent=2, default=str) + "\n"), flag)

@@ -11,7 +11,7 @@ from test_import_cycles import ROOT, _package, import_graph
 
 LAYERS = [
     {"errors", "dtypes", "ops", "ir_utils", "export_fixes"},  # leaves: specs, dtypes, graph helpers
-    {"capture", "ortrun", "prepare", "validate"},  # onnxruntime sessions, torch-side preparation, file checks
+    {"capture", "jsonfile", "ortrun", "prepare", "validate"},  # onnxruntime sessions, torch-side preparation, file checks
     {"io"},  # reading / writing ONNX and JSON
     {"load"},  # models and example inputs from paths
     {"sizes"},  # sizes an ONNX model runs at

@@ -40,7 +40,7 @@ def load_module(path: Path):
     if not config_file.is_file():
         raise UsageError(f"'{path}' is a directory without config.json: pass a save_pretrained folder of transformers "
                          "or diffusers, a .pt2, .pt/.pth file or `package.module:callable`")
-    from ..io import read_json_object
+    from ..jsonfile import read_json_object
 
     config = read_json_object(config_file, "re-save the model with save_pretrained")
     if "_diffusers_version" in config or "_class_name" in config:

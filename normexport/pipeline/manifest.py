@@ -80,7 +80,7 @@ def read(folder: Path) -> dict:
     if not path.is_file():
         raise UsageError(f"'{folder}' holds no {NAME}: it is not a pipeline folder written by `normexport convert "
                          "PIPELINE_DIR -o OUT/`; convert the pipeline folder again")
-    from ..io import read_json_object
+    from ..jsonfile import read_json_object
 
     manifest = read_json_object(path, "convert the pipeline folder again")
     if manifest.get("format") != FORMAT or not isinstance(manifest.get("slots"), dict):

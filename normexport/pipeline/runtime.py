@@ -77,7 +77,7 @@ def load(folder, providers: list[str] | None = None):
 
 
 def _model_index(folder: Path) -> dict:
-    from ..io import read_json_object
+    from ..jsonfile import read_json_object
 
     return read_json_object(folder / "model_index.json", "convert the pipeline folder again")
 
