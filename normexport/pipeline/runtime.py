@@ -37,6 +37,9 @@ TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": 
 ORT_TYPES = {"tensor(float)": torch.float32, "tensor(float16)": torch.float16, "tensor(double)": torch.float64,
              "tensor(bfloat16)": torch.bfloat16, "tensor(int64)": torch.int64, "tensor(int32)": torch.int32,
              "tensor(bool)": torch.bool}
+#: the same, by ONNX element type (a file's declared inputs and outputs)
+ELEM_TYPES = {1: torch.float32, 10: torch.float16, 11: torch.float64, 16: torch.bfloat16, 7: torch.int64,
+              6: torch.int32, 9: torch.bool}
 
 
 def load(folder, providers: list[str] | None = None):
@@ -195,8 +198,7 @@ class _Session:
         self.runner = OrtRunner(source)
         self.runner.activate()
         graph = source.proto.graph
-        types = {v.name: ORT_TYPES.get(f"tensor({_ONNX_TYPE_NAMES.get(v.type.tensor_type.elem_type, '?')})")
-                 for v in list(graph.input) + list(graph.output)}
+        types = {v.name: ELEM_TYPES.get(v.type.tensor_type.elem_type) for v in list(graph.input) + list(graph.output)}
         self.inputs = {n: types.get(n) for n in self.runner.names}
         self.outputs = [o.name for o in graph.output]
         self.output_types = {n: types.get(n) for n in self.outputs}
@@ -273,7 +275,6 @@ def _has_bf16(path: Path) -> bool:
 #: said once per slot that runs widened (the parity report's words)
 WIDENED_NOTE = ("bfloat16 file run widened to float32 in onnxruntime (its CPU provider has no bfloat16 kernels "
                 "for it); inputs and outputs stay bfloat16")
-_ONNX_TYPE_NAMES = {1: "float", 10: "float16", 11: "double", 16: "bfloat16", 7: "int64", 6: "int32", 9: "bool"}
 
 
 def _numpy(t: torch.Tensor) -> np.ndarray:
