@@ -44,11 +44,11 @@ def test_parity_hands_a_kv_cache_file_to_the_check_it_is_given(tmp_path):
 def test_llm_checking_passes_the_generation_check(tmp_path, monkeypatch):
     """normexport.llm.checking.run is parity's command with run_generation; its own argument checks
     answer before any model is loaded."""
+    from normexport import cli as normexport_cli
     from normexport.llm import checking
-    from normexport.pipeline import cli as pipeline_cli
 
     path = _kv_file(tmp_path / "kv.onnx")
     with pytest.raises(UsageError, match="--tokens must be >= 1"):
         checking.run(_args(path, "--reference", "x:y", "--tokens", "0"))
     with pytest.raises(UsageError, match="its generation check runs in onnxruntime"):
-        pipeline_cli.check(_args(path, "--reference", "x:y", "--backend", "trt"))
+        normexport_cli._check(_args(path, "--reference", "x:y", "--backend", "trt"))
