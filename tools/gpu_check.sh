@@ -15,7 +15,11 @@
 #    are part of its default run); results in benchmarks/results/ (in $OUT when set:
 #    the device tool's output folder, written as the run goes so that a run cut short still returns
 #    its logs).
-# STEPS="build tests bench" (default) selects the steps.
+# 4b. sanitize: build/plugins/normexport_kernel_sanitizer_driver (every kernel entry point and path
+#    against a float64 host reference, no torch) once plain, then under compute-sanitizer memcheck,
+#    racecheck, synccheck and initcheck (SANITIZER_TOOLS replaces that list; racecheck and initcheck
+#    run its --quick set); logs normexport_sanitizer_<tool>.log in $OUT or /tmp.
+# STEPS="build tests sanitize bench" (default) selects the steps.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -38,7 +42,7 @@ echo "== building plugins with $NVCC"
 CMAKE_ARGS=(-S plugins -B build/plugins -DCMAKE_CUDA_COMPILER="$NVCC")
 [ -n "${TensorRT_ROOT:-}" ] && CMAKE_ARGS+=(-DTensorRT_ROOT="$TensorRT_ROOT" -DNORMEXPORT_TRT_HEADERS_ONLY=ON)
 [ -n "${CUDA_ARCHS:-}" ] && CMAKE_ARGS+=(-DCMAKE_CUDA_ARCHITECTURES="$CUDA_ARCHS")
-STEPS=${STEPS:-build tests bench}
+STEPS=${STEPS:-build tests sanitize bench}
 command -v ninja >/dev/null && CMAKE_ARGS+=(-G Ninja)
 start=$(date +%s)
 cmake "${CMAKE_ARGS[@]}" && cmake --build build/plugins -j "$(nproc)" || { echo "gpu_check: build failed" >&2; exit 1; }
@@ -56,6 +60,23 @@ if [[ " $STEPS " == *" tests "* ]]; then
 tests/test_trt.py tests/test_trt_precision.py}
     PYTHONUNBUFFERED=1 $PY -m pytest $PYTEST_FILES -rs ${PYTEST_ARGS:-} 2>&1 | tee "$LOGS/normexport_gpu_pytest.log"
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+
+if [[ " $STEPS " == *" sanitize "* ]]; then
+    DRIVER=build/plugins/normexport_kernel_sanitizer_driver
+    SANITIZER=${COMPUTE_SANITIZER:-$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)}
+    echo "== kernel driver, plain (log: $LOGS/normexport_sanitizer_plain.log)"
+    "$DRIVER" > "$LOGS/normexport_sanitizer_plain.log" 2>&1 || status=1
+    grep -E "^(device|FAIL|[0-9]+ cases)" "$LOGS/normexport_sanitizer_plain.log"
+    for tool in ${SANITIZER_TOOLS:-memcheck racecheck synccheck initcheck}; do
+        args=()
+        [[ $tool == racecheck || $tool == initcheck ]] && args=(--quick)
+        t0=$(date +%s)
+        "$SANITIZER" --tool "$tool" --error-exitcode 3 "$DRIVER" "${args[@]}" > "$LOGS/normexport_sanitizer_$tool.log" 2>&1
+        rc=$?
+        [ $rc -eq 0 ] || status=1
+        echo "== compute-sanitizer --tool $tool: exit $rc in $(( $(date +%s) - t0 )) s; $(grep -E '[0-9]+ cases' "$LOGS/normexport_sanitizer_$tool.log" | tail -1); $(grep -E 'ERROR SUMMARY' "$LOGS/normexport_sanitizer_$tool.log" | tail -1)"
+    done
 fi
 
 echo "== benchmark (log: $LOGS/normexport_bench.log, results: $RESULTS)"
