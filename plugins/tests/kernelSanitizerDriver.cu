@@ -233,13 +233,13 @@ void finish(cudaError_t launched, std::string const& label)
 
 float const kEps = 1e-5f;
 
-void rmsNorm(int dtype, int64_t rows, int64_t hidden, bool mis, std::mt19937& rng)
+void rmsNorm(int dtype, int64_t rows, int64_t hidden, bool mis, double amp, std::mt19937& rng)
 {
-    Tensor x = makeTensor(rows * hidden, dtype, mis, rng, -2.0, 2.0);
+    Tensor x = makeTensor(rows * hidden, dtype, mis, rng, -2.0 * amp, 2.0 * amp);
     Tensor w = makeTensor(hidden, dtype, mis, rng, 0.5, 1.5);
     Tensor y = makeTensor(rows * hidden, dtype, mis, rng, 0, 0, false);
     std::string label = caseLabel("RMSNorm", dtype, rows, hidden, mis,
-        kernelName(NORMEXPORT_OP_RMS_NORM, dtype, rows, hidden, !mis));
+        kernelName(NORMEXPORT_OP_RMS_NORM, dtype, rows, hidden, !mis), amp < 1.0 ? " small x" : "");
     finish(normexport_rms_norm(x.ptr(), w.ptr(), y.ptr(), rows, hidden, dtype, kEps, nullptr), label);
     std::vector<double> want(x.host.size());
     for (int64_t r = 0; r < rows; ++r)
@@ -254,14 +254,15 @@ void rmsNorm(int dtype, int64_t rows, int64_t hidden, bool mis, std::mt19937& rn
     release({&x, &w, &y});
 }
 
-void layerNorm(int dtype, int64_t rows, int64_t hidden, bool mis, bool affine, std::mt19937& rng)
+void layerNorm(int dtype, int64_t rows, int64_t hidden, bool mis, bool affine, double amp, std::mt19937& rng)
 {
-    Tensor x = makeTensor(rows * hidden, dtype, mis, rng, -1.0, 3.0);
+    Tensor x = makeTensor(rows * hidden, dtype, mis, rng, -1.0 * amp, 3.0 * amp);
     Tensor w = makeTensor(hidden, dtype, mis, rng, 0.5, 1.5);
     Tensor b = makeTensor(hidden, dtype, mis, rng, -0.5, 0.5);
     Tensor y = makeTensor(rows * hidden, dtype, mis, rng, 0, 0, false);
     std::string label = caseLabel("LayerNorm", dtype, rows, hidden, mis,
-        kernelName(NORMEXPORT_OP_LAYER_NORM, dtype, rows, hidden, !mis), affine ? "" : " no affine");
+        kernelName(NORMEXPORT_OP_LAYER_NORM, dtype, rows, hidden, !mis),
+        affine ? (amp < 1.0 ? " small x" : "") : (amp < 1.0 ? " no affine, small x" : " no affine"));
     finish(normexport_layer_norm(x.ptr(), affine ? w.ptr() : nullptr, affine ? b.ptr() : nullptr, y.ptr(), rows,
                hidden, dtype, kEps, nullptr),
         label);
@@ -281,16 +282,17 @@ void layerNorm(int dtype, int64_t rows, int64_t hidden, bool mis, bool affine, s
     release({&x, &w, &b, &y});
 }
 
-void skipRmsNorm(int dtype, int64_t rows, int64_t hidden, bool mis, bool withBias, std::mt19937& rng)
+void skipRmsNorm(int dtype, int64_t rows, int64_t hidden, bool mis, bool withBias, double amp, std::mt19937& rng)
 {
-    Tensor x = makeTensor(rows * hidden, dtype, mis, rng, -2.0, 2.0);
-    Tensor s = makeTensor(rows * hidden, dtype, mis, rng, -2.0, 2.0);
-    Tensor bias = makeTensor(hidden, dtype, mis, rng, -0.5, 0.5);
+    Tensor x = makeTensor(rows * hidden, dtype, mis, rng, -2.0 * amp, 2.0 * amp);
+    Tensor s = makeTensor(rows * hidden, dtype, mis, rng, -2.0 * amp, 2.0 * amp);
+    Tensor bias = makeTensor(hidden, dtype, mis, rng, -0.5 * amp, 0.5 * amp);
     Tensor w = makeTensor(hidden, dtype, mis, rng, 0.5, 1.5);
     Tensor y = makeTensor(rows * hidden, dtype, mis, rng, 0, 0, false);
     Tensor sum = makeTensor(rows * hidden, dtype, mis, rng, 0, 0, false);
     std::string label = caseLabel("SkipRMSNorm", dtype, rows, hidden, mis,
-        kernelName(NORMEXPORT_OP_SKIP_RMS_NORM, dtype, rows, hidden, !mis), withBias ? " bias" : "");
+        kernelName(NORMEXPORT_OP_SKIP_RMS_NORM, dtype, rows, hidden, !mis),
+        withBias ? (amp < 1.0 ? " bias, small x" : " bias") : (amp < 1.0 ? " small x" : ""));
     finish(normexport_skip_rms_norm(x.ptr(), s.ptr(), withBias ? bias.ptr() : nullptr, w.ptr(), y.ptr(), sum.ptr(),
                rows, hidden, dtype, kEps, nullptr),
         label);
@@ -313,13 +315,13 @@ void skipRmsNorm(int dtype, int64_t rows, int64_t hidden, bool mis, bool withBia
 // AdaLN-Zero and its gated form. layout 0: [batch, hidden] modulation (mod_full 0); 1: full
 // (mod_full 1); 2: the _axis entry points, x [outer, batch, inner, hidden] (seq = outer * inner).
 void adaln(bool gated, int dtype, int64_t outer, int64_t batch, int64_t inner, int64_t hidden, int layout, bool mis,
-    bool affine, std::mt19937& rng)
+    bool affine, double amp, std::mt19937& rng)
 {
     int64_t rows = outer * batch * inner;
     int64_t seq = rows / batch;
     int64_t modRows = layout == 1 ? rows : batch;
-    Tensor x = makeTensor(rows * hidden, dtype, mis, rng, -1.0, 3.0);
-    Tensor upd = makeTensor(rows * hidden, dtype, mis, rng, -2.0, 2.0);
+    Tensor x = makeTensor(rows * hidden, dtype, mis, rng, -1.0 * amp, 3.0 * amp);
+    Tensor upd = makeTensor(rows * hidden, dtype, mis, rng, -2.0 * amp, 2.0 * amp);
     Tensor gate = makeTensor(modRows * hidden, dtype, mis, rng, -1.0, 1.0);
     Tensor shift = makeTensor(modRows * hidden, dtype, mis, rng, -0.5, 0.5);
     Tensor scale = makeTensor(modRows * hidden, dtype, mis, rng, -0.5, 0.5);
@@ -329,8 +331,8 @@ void adaln(bool gated, int dtype, int64_t outer, int64_t batch, int64_t inner, i
     Tensor sum = makeTensor(rows * hidden, dtype, mis, rng, 0, 0, false);
     int op = gated ? NORMEXPORT_OP_GATED_ADALN_ZERO : NORMEXPORT_OP_ADALN_ZERO;
     char extra[96];
-    std::snprintf(extra, sizeof(extra), " %s%s", layout == 0 ? "mod [B,H]" : layout == 1 ? "mod full" : "axis",
-        affine ? " affine" : "");
+    std::snprintf(extra, sizeof(extra), " %s%s%s", layout == 0 ? "mod [B,H]" : layout == 1 ? "mod full" : "axis",
+        affine ? " affine" : "", amp < 1.0 ? " small x" : "");
     if (layout == 2)
         std::snprintf(extra + std::strlen(extra), sizeof(extra) - std::strlen(extra), " outer=%lld batch=%lld inner=%lld",
             static_cast<long long>(outer), static_cast<long long>(batch), static_cast<long long>(inner));
@@ -408,18 +410,20 @@ int main(int argc, char** argv)
         for (int64_t hidden : hiddens)
         {
             int64_t rows = hidden <= 130 ? 37 : hidden <= 3072 ? 5 : 2;
+            // small x (|x| ~ 1e-3): eps is most of the statistic, so a wrong eps shows
+            double amp = (hidden == 96 || hidden == 1152 || hidden == 16400) ? 1e-3 : 1.0;
             for (int mis = 0; mis < 2; ++mis)
             {
-                rmsNorm(dtype, rows, hidden, mis != 0, rng);
-                layerNorm(dtype, rows, hidden, mis != 0, mis == 0, rng);
-                skipRmsNorm(dtype, rows, hidden, mis != 0, mis == 0, rng);
+                rmsNorm(dtype, rows, hidden, mis != 0, amp, rng);
+                layerNorm(dtype, rows, hidden, mis != 0, mis == 0, amp, rng);
+                skipRmsNorm(dtype, rows, hidden, mis != 0, mis == 0, amp, rng);
                 for (int layout = 0; layout < 3; ++layout)
                     for (int gated = 0; gated < 2; ++gated)
                     {
                         int64_t batch = 2;
                         int64_t outer = layout == 2 ? (rows > 4 ? 3 : 1) + 1 : 1;
                         int64_t inner = layout == 2 ? 2 : (rows + 1) / 2;
-                        adaln(gated != 0, dtype, outer, batch, inner, hidden, layout, mis != 0, mis == 0, rng);
+                        adaln(gated != 0, dtype, outer, batch, inner, hidden, layout, mis != 0, mis == 0, amp, rng);
                     }
             }
         }
