@@ -145,6 +145,21 @@ def test_bad_output_folder_is_one_line(cli, tmp_path):
     assert code == 2 and len(err.strip().splitlines()) == 1, err
 
 
+def test_check_of_a_folder_refuses_what_it_would_ignore(exported, cli):
+    """A single file's check options, --backend all and --plugin without --backend trt are refused in
+    one line (exit 2) before any pipeline runs; an unusable backend names why."""
+    kind, folder, out = exported
+    if kind != "dit":
+        pytest.skip("the refusals come before the pipeline class matters")
+    for extra, said in ((["--input", "x:1x4"], "--input: not options of an exported pipeline folder's check"),
+                        (["--rtol", "0.1", "--tokens", "3"], "--rtol, --tokens: not options"),
+                        (["--backend", "all"], "checked on one backend at a time"),
+                        (["--plugin", "x.so"], "add --backend trt"),
+                        (["--backend", "ort-cuda"], "backend 'ort-cuda' cannot run here (onnxruntime CUDAExecutionProvider")):
+        code, _, err = cli("check", out, "--reference", folder, *extra)
+        assert code == 2 and said in err and len(err.strip().splitlines()) == 1, (extra, err)
+
+
 def test_build_folder_makes_an_engine_per_component(exported, tmp_path):
     """`normexport build OUT/`: one engine per component in TensorRT for RTX (builds on the CPU
     here), profiles from the recorded shapes (the batch from 1 to twice the recorded)."""
@@ -157,7 +172,13 @@ def test_build_folder_makes_an_engine_per_component(exported, tmp_path):
     ok, why = trt.can_build()
     if not ok:
         pytest.skip(f"no TensorRT: {why}")
+    import normexport.pipeline
+    from normexport.errors import UsageError
+
     manifest = json.loads((out / "normexport_pipeline.json").read_text())
+    with pytest.raises(UsageError, match=r"has no TensorRT engine for transformer, vae_decoder: build them with "
+                                         r"`normexport build .*` first"):
+        normexport.pipeline.load(out, backend="trt")
     code = main(["build", str(out), "--no-plugin"])
     assert code == 0
     for slot, entry in manifest["slots"].items():
@@ -166,6 +187,29 @@ def test_build_folder_makes_an_engine_per_component(exported, tmp_path):
 
     shapes = profile(manifest["slots"]["transformer"])
     assert any(s.startswith("hidden_states:1x4x8x8/4x4x8x8/8x4x8x8") for s in shapes), shapes
+
+    # the folder through its engines: where TensorRT runs them, the pipeline generates as through
+    # onnxruntime; elsewhere asking for them is one line naming why, and left to itself load says why
+    # the components run in onnxruntime
+    ok, why = trt.is_available()
+    kw = _call("dit")
+    if ok:
+        via_trt = normexport.pipeline.load(out, backend="trt")(generator=torch.Generator().manual_seed(0), **kw).images
+        via_ort = normexport.pipeline.load(out, backend="ort")(generator=torch.Generator().manual_seed(0), **kw).images
+        assert np.abs(via_trt - via_ort).max() < 1e-2, np.abs(via_trt - via_ort).max()
+        assert main(["check", str(out), "--reference", str(folder), "--steps", "4", "--backend", "trt"]) == 0
+    else:
+        with pytest.raises(UsageError, match="backend 'trt' cannot run here .*: load '.*' with backend 'ort'"):
+            normexport.pipeline.load(out, backend="trt")
+        assert main(["check", str(out), "--reference", str(folder), "--backend", "trt"]) == 2
+        from io import StringIO
+        from contextlib import redirect_stdout
+
+        said = StringIO()
+        with redirect_stdout(said):
+            pipe = normexport.pipeline.load(out)
+        assert "TensorRT cannot run its engines here" in said.getvalue(), said.getvalue()
+        assert pipe(generator=torch.Generator().manual_seed(0), **kw).images.shape == (1, 64, 64, 3)
 
 
 def test_a_component_in_two_slots_is_written_once(tmp_path):

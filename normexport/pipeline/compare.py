@@ -2,7 +2,8 @@
 eager one, end to end (docs/convert.md, "A pipeline folder out").
 
 Three runs of the same call (the generic call of normexport.load.pipeline at the size the folder
-was exported at, N steps, one seed): the exported pipeline (onnxruntime), the eager pipeline in
+was exported at, N steps, one seed): the exported pipeline (onnxruntime, or with `--backend trt` the
+TensorRT engines `normexport build OUT/` wrote), the eager pipeline in
 its own dtype, and the eager pipeline in float64. Every run draws its noise in float32 from the
 same generator (diffusers' `randn_tensor`, cast after the draw), so the three start from the
 same latents and add the same noise.
@@ -41,6 +42,13 @@ from . import optimum_names
 def run(args) -> int:
     out, ref = Path(args.onnx_model), Path(args.reference)
     manifest = manifest_mod.read(out)
+    _refuse_single_model_options(args)
+    if args.backend == "all":
+        raise UsageError("--backend all: an exported pipeline folder is checked on one backend at a time: "
+                         "--backend ort, ort-cuda or trt")
+    if args.plugin and args.backend != "trt":
+        raise UsageError(f"--plugin {args.plugin}: the plugin library is TensorRT's; add --backend trt (the engines "
+                         "`normexport build OUT/` wrote) or leave --plugin out")
     if not folder_pipeline.is_pipeline_folder(ref):
         raise UsageError(f"--reference {ref}: an exported pipeline folder is checked against the diffusers pipeline "
                          "folder it was converted from (model_index.json): pass that folder")
@@ -50,7 +58,10 @@ def run(args) -> int:
                          "folder it was converted from")
     if args.steps < 1:
         raise UsageError(f"--steps {args.steps}: give at least 1 step")
-    result = compare(out, ref, index, manifest, steps=args.steps)
+    from .runtime import load
+
+    exported = load(out, backend=args.backend, plugin=args.plugin)  # refuses a backend that cannot run here
+    result = compare(out, ref, index, manifest, steps=args.steps, exported=exported, backend=args.backend)
     _print(result)
     if args.json:
         from ..io import write_json
@@ -59,11 +70,32 @@ def run(args) -> int:
     return 0 if result["passed"] else 1
 
 
-def compare(out: Path, ref: Path, index: dict, manifest: dict, steps: int) -> dict:
+#: check's options that an exported pipeline folder's check takes (the others are a single file's)
+PIPELINE_OPTIONS = ("onnx_model", "reference", "steps", "backend", "plugin", "json")
+
+
+def _refuse_single_model_options(args) -> None:
+    """An option of the single-file check given to a pipeline folder's check is refused, not ignored."""
+    import argparse
+
+    from ..parity import add_arguments
+
+    p = argparse.ArgumentParser(add_help=False)
+    add_arguments(p)
+    given = [a.option_strings[0] for a in p._actions if a.option_strings and a.dest not in PIPELINE_OPTIONS
+             and getattr(args, a.dest, a.default) != a.default]
+    if given:
+        raise UsageError(f"{', '.join(given)}: not options of an exported pipeline folder's check (it runs the "
+                         "pipeline's own call end to end; it takes --steps, --backend, --plugin, --json): leave "
+                         f"{'them' if len(given) > 1 else 'it'} out")
+
+
+def compare(out: Path, ref: Path, index: dict, manifest: dict, steps: int, exported=None, backend: str = "ort") -> dict:
     from .runtime import load
 
     side = int(manifest.get("side") or folder_pipeline.SIDE)
-    exported = load(out)
+    if exported is None:
+        exported = load(out, backend=backend)
     runs = {}
     calls: dict = {}
     with _float32_noise():
@@ -90,7 +122,7 @@ def compare(out: Path, ref: Path, index: dict, manifest: dict, steps: int) -> di
         c.pop("_ref", None)
     passed = latents["passed"] and image["passed"] and all(c.get("passed", True) for c in components.values())
     return {"command": "check", "pipeline": manifest["pipeline"], "exported": str(out), "reference": str(ref),
-            "steps": steps, "size": f"{side}x{side}", "components": components, "latents": latents, "image": image,
+            "backend": backend, "steps": steps, "size": f"{side}x{side}", "components": components, "latents": latents, "image": image,
             "rules": ["2x eager: |exported - float64| <= max(2 x |eager - float64|, floor)",
                       "plain export: |exported - float64| <= 1.25 x |plain export's pipeline - float64| + floor"],
             "passed": passed}
@@ -327,7 +359,8 @@ def _psnr(a: np.ndarray, b: np.ndarray, peak: float = 1.0) -> float:
 
 
 def _print(result: dict) -> None:
-    print(f"pipeline {result['pipeline']}: {result['exported']} vs {result['reference']} ({result['steps']} steps, "
+    runtime = {"ort": "onnxruntime", "ort-cuda": "onnxruntime CUDA", "trt": "TensorRT"}.get(result.get("backend"), "?")
+    print(f"pipeline {result['pipeline']}: {result['exported']} ({runtime}) vs {result['reference']} ({result['steps']} steps, "
           f"{result['size']}; errors against the float64 run of the eager pipeline)")
     print(f"{'what':<22}{'file_err':>11}{'eager_err':>11}{'limit':>11}  result")
     for slot, c in result["components"].items():

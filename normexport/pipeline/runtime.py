@@ -13,6 +13,14 @@ odd submodule such as SDXL's `add_embedding.linear_1.in_features`) come from the
 built on the meta device (no weights): its `dtype` is the exported one, its device the CPU.
 Schedulers, tokenizers and the other non-module components are loaded from their folders by the
 classes model_index.json names (diffusers / transformers only).
+
+Where the components run (`backend`): "ort" (onnxruntime, `providers` or its CPU provider),
+"ort-cuda" (onnxruntime's CUDA provider), "trt" (the TensorRT engines `normexport build OUT/` wrote
+beside the files, OUT/<slot>/model.engine, with the normexport plugin where one is found). Left out:
+a folder converted for TensorRT (convert's default --target trt) whose engines are all built runs
+them where TensorRT can run engines, anything else in onnxruntime, and a trt folder that runs in
+onnxruntime says why on the terminal. A backend asked for that cannot run here is refused in one
+line naming the reason.
 """
 
 from __future__ import annotations
@@ -42,11 +50,21 @@ ELEM_TYPES = {1: torch.float32, 10: torch.float16, 11: torch.float64, 16: torch.
               6: torch.int32, 9: torch.bool}
 
 
-def load(folder, providers: list[str] | None = None):
+#: load's backends (module doc)
+BACKENDS = ("ort", "ort-cuda", "trt")
+
+
+def load(folder, providers: list[str] | None = None, backend: str | None = None, plugin=None):
     """The pipeline of an exported folder, ready to call: `pipe(prompt, num_inference_steps=N,
-    generator=g)` runs as the eager pipeline does, every component in onnxruntime."""
+    generator=g)` runs as the eager pipeline does, every component in onnxruntime or TensorRT
+    (`backend`, module doc; `plugin`: the TensorRT plugin library, default normexport's own where
+    it is built)."""
     folder = Path(folder)
     manifest = manifest_mod.read(folder)
+    backend = _backend(folder, manifest, backend)
+    if backend == "ort-cuda":
+        providers = ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    engine_plugin = _engine_plugin(plugin) if backend == "trt" else None
     index = _model_index(folder)
     pipeline_cls = _library_class("diffusers", index.get("_class_name"), folder / "model_index.json")
     parts: dict = {}
@@ -57,7 +75,8 @@ def load(folder, providers: list[str] | None = None):
         if name.startswith("_"):
             continue
         if name in by_component:
-            parts[name] = OrtComponent(folder, name, index[name], by_component[name], providers)
+            parts[name] = OrtComponent(folder, name, index[name], by_component[name], providers,
+                                       engines=backend == "trt", plugin=engine_plugin)
         elif isinstance(value, list) and len(value) == 2 and all(isinstance(v, str) for v in value):
             if (folder / name).is_dir():
                 cls = _library_class(value[0], value[1], folder / "model_index.json")
@@ -77,6 +96,47 @@ def load(folder, providers: list[str] | None = None):
     if hasattr(pipe, "set_progress_bar_config"):
         pipe.set_progress_bar_config(disable=True)
     return pipe
+
+
+def _backend(folder: Path, manifest: dict, backend: str | None) -> str:
+    """The backend the components run on (module doc); a UsageError for one asked for that cannot run."""
+    from ..parity.runners import RUNNERS
+
+    missing = [slot for slot, e in manifest["slots"].items() if not (folder / e["file"]).with_suffix(".engine").is_file()]
+    if backend is None:
+        if manifest.get("target") != "trt":
+            return "ort"
+        if missing:
+            built = "no TensorRT engines built" if len(missing) == len(manifest["slots"]) else \
+                f"no TensorRT engine for {', '.join(missing)}"
+            print(f"  {folder}: {built} (`normexport build {folder}` makes them): the components run in onnxruntime")
+            return "ort"
+        why = RUNNERS["trt"].availability()
+        if why:
+            print(f"  {folder}: TensorRT cannot run its engines here ({why}): the components run in onnxruntime")
+            return "ort"
+        print(f"  {folder}: the components run as the TensorRT engines beside their files")
+        return "trt"
+    if backend not in BACKENDS:
+        raise UsageError(f"backend {backend!r}: use one of {', '.join(BACKENDS)}")
+    if backend == "trt" and missing:
+        raise UsageError(f"'{folder}' has no TensorRT engine for {', '.join(missing)}: build them with "
+                         f"`normexport build {folder}` first")
+    why = RUNNERS[backend].availability()
+    if why:
+        raise UsageError(f"backend '{backend}' cannot run here ({why}): load '{folder}' with backend 'ort'")
+    return backend
+
+
+def _engine_plugin(plugin):
+    """The plugin library TensorRT loads before the engines: the one given, else normexport's own
+    where it is built (engines built without it do not need it; loading it is harmless)."""
+    from ..trt import cli as trt_cli
+
+    if plugin is not None:
+        return trt_cli.check_plugin(Path(plugin))
+    found = trt_cli.find_plugin()
+    return trt_cli.check_plugin(found) if found is not None else None
 
 
 def _model_index(folder: Path) -> dict:
@@ -110,12 +170,14 @@ def _library_class(library: str, name, where: Path):
 class OrtComponent(nn.Module):
     """One component of the pipeline in onnxruntime (module doc)."""
 
-    def __init__(self, folder: Path, name: str, library_class: list, slots: dict, providers=None):
+    def __init__(self, folder: Path, name: str, library_class: list, slots: dict, providers=None, engines=False,
+                 plugin=None):
         super().__init__()
         meta = _meta_module(folder, library_class, slots)
         object.__setattr__(self, "_meta", meta)
         self.component = name
-        self._slots = {method: _Session(folder, slot, entry, providers) for method, (slot, entry) in slots.items()}
+        self._slots = {method: (_EngineSession(folder, slot, entry, plugin) if engines else
+                                _Session(folder, slot, entry, providers)) for method, (slot, entry) in slots.items()}
         first = next(iter(slots.values()))[1]
         # the component's own dtype (the manifest's; a folder written before it had one: its first float input's)
         dtypes = [TORCH_DTYPES.get(first.get("dtype"))] + [TORCH_DTYPES.get(i["dtype"]) for i in first["inputs"].values()]
@@ -230,8 +292,6 @@ class _Session:
         if missing:
             raise RuntimeError(f"{component}.{method} called without {', '.join(missing)}, which its file "
                                f"{self.entry['file']} needs")
-        from ..ortrun import run_session
-
         fixed = [f"{n} {list(feeds[n].shape)} (the file takes {i['shape']})" for n, i in self.entry["inputs"].items()
                  if n in feeds and len(i["shape"]) == feeds[n].ndim and any(
                      a != b and k not in i.get("dynamic", []) for k, (a, b) in enumerate(zip(feeds[n].shape, i["shape"])))]
@@ -239,12 +299,7 @@ class _Session:
             raise RuntimeError(f"{component}.{method} called with {', '.join(fixed[:3])}: {self.entry['file']} keeps "
                                "those sizes static; generate at the size the pipeline was converted at, or convert it "
                                "at this size")
-        if self.runner is not None:  # widened: float32 out, back to the file's dtypes
-            outs = self.runner.infer([feeds[n] for n in self.runner.names])
-            tensors = [_tensor(a, self.output_types.get(n)) for n, a in zip(self.outputs, outs)]
-        else:
-            out = run_session(self.session, {n: _numpy(t) for n, t in feeds.items()})
-            tensors = [_tensor(out[n]) for n in self.outputs]
+        tensors = self._run(feeds)
         if method == "encode" and self.outputs == [LATENT_PARAMETERS]:  # the distribution, rebuilt as diffusers has it
             from diffusers.models.autoencoders.vae import DiagonalGaussianDistribution
             from diffusers.models.modeling_outputs import AutoencoderKLOutput
@@ -252,6 +307,61 @@ class _Session:
             dist = DiagonalGaussianDistribution(tensors[0])
             return AutoencoderKLOutput(latent_dist=dist) if return_dict else (dist,)
         return manifest_mod.rebuild(self.entry.get("structure"), tensors, return_dict=bool(return_dict))
+
+
+    def _run(self, feeds: dict) -> list[torch.Tensor]:
+        """The file's outputs, in its output order, for the named input tensors."""
+        if self.runner is not None:  # widened: float32 out, back to the file's dtypes
+            outs = self.runner.infer([feeds[n] for n in self.runner.names])
+            return [_tensor(a, self.output_types.get(n)) for n, a in zip(self.outputs, outs)]
+        from ..ortrun import run_session
+
+        out = run_session(self.session, {n: _numpy(t) for n, t in feeds.items()})
+        return [_tensor(out[n]) for n in self.outputs]
+
+
+class _EngineSession(_Session):
+    """One slot as its TensorRT engine (OUT/<slot>/model.engine, `normexport build OUT/`): the same
+    call as _Session, the file's input and output names and dtypes from the ONNX graph (no weights
+    read), run by normexport.trt.run_engine (bfloat16 goes in and comes back as float32, then the
+    file's dtype)."""
+
+    def __init__(self, folder: Path, slot: str, entry: dict, plugin=None):
+        import onnx
+
+        from .. import trt as ntrt
+
+        self.slot, self.entry = slot, entry
+        self.renames = entry.get("renames") or {}
+        self.constants = entry.get("constants") or {}
+        self.runner = self.session = None
+        path = folder / entry["file"]
+        engine_path = path.with_suffix(".engine")
+        try:
+            self.engine = ntrt.deserialize(engine_path.read_bytes(), plugin)
+        except Exception as e:  # noqa: BLE001 - TensorRT's own reason (another GPU, another TensorRT, no plugin)
+            raise UsageError(f"TensorRT cannot load '{engine_path}' ({type(e).__name__}: {first_line(e, 200)}): "
+                             f"build the engines again on this machine with `normexport build {folder}`") from None
+        graph = onnx.load(str(path), load_external_data=False).graph
+        types = {v.name: ELEM_TYPES.get(v.type.tensor_type.elem_type) for v in list(graph.input) + list(graph.output)}
+        weights = {t.name for t in graph.initializer}
+        self.inputs = {v.name: types[v.name] for v in graph.input if v.name not in weights}
+        self.outputs = [o.name for o in graph.output]
+        self.output_types = {n: types.get(n) for n in self.outputs}
+        trt = ntrt.load().module
+        names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]
+        self.engine_outputs = [n for n in names if self.engine.get_tensor_mode(n) == trt.TensorIOMode.OUTPUT]
+        lost = sorted(set(self.outputs) - set(self.engine_outputs))
+        if lost:
+            raise UsageError(f"'{engine_path}' has no output {', '.join(lost)} of {entry['file']}: build the engines "
+                             f"again with `normexport build {folder}`")
+
+    def _run(self, feeds: dict) -> list[torch.Tensor]:
+        from .. import trt as ntrt
+        from ..parity._util import _to_numpy
+
+        outs = dict(zip(self.engine_outputs, ntrt.run_engine(self.engine, {n: _to_numpy(t) for n, t in feeds.items()})))
+        return [_tensor(outs[n], self.output_types.get(n)) for n in self.outputs]
 
 
 def _tensor(a: np.ndarray, dtype: torch.dtype | None = None) -> torch.Tensor:
