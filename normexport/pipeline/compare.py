@@ -299,7 +299,7 @@ def _plain_rule(out: Path, ref: Path, index: dict, manifest: dict, side: int, st
             save_onnx(model, tmp / "out" / entry["file"])
             optimum_names.rename_file(tmp / "out" / entry["file"], slot)
         del eager
-        plain_pipe = load(tmp / "out")
+        plain_pipe = load(tmp / "out", backend="ort")
         for slot, c in components.items():  # each component: the plain file on the same call
             entry = manifest["slots"].get(slot)
             if c.get("passed", True) or "_ref" not in c or entry is None:
