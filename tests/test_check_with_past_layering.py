@@ -52,3 +52,12 @@ def test_llm_checking_passes_the_generation_check(tmp_path, monkeypatch):
         checking.run(_args(path, "--reference", "x:y", "--tokens", "0"))
     with pytest.raises(UsageError, match="its generation check runs in onnxruntime"):
         normexport_cli._check(_args(path, "--reference", "x:y", "--backend", "trt"))
+
+
+def test_steps_of_a_single_file_check_is_refused(tmp_path, cli):
+    """--steps is an exported pipeline folder's option; a single file's check refuses it in one line
+    instead of ignoring it."""
+    path = _kv_file(tmp_path / "kv.onnx")
+    code, _, err = cli("check", path, "--reference", "x:y", "--steps", "2")
+    assert code == 2 and "--steps 2: denoising steps are an exported pipeline folder's check" in err, err
+    assert len(err.strip().splitlines()) == 1

@@ -6,12 +6,17 @@ from __future__ import annotations
 
 import argparse
 
+from ..errors import UsageError
 from .manifest import is_exported_pipeline
 
 
+#: check --steps when not given
+STEPS = 4
+
+
 def add_check_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--steps", type=int, default=4, metavar="N", help="an exported pipeline folder: denoising steps of "
-                   "the end-to-end comparison (default 4)")
+    p.add_argument("--steps", type=int, default=STEPS, metavar="N", help="an exported pipeline folder: denoising steps "
+                   f"of the end-to-end comparison (default {STEPS})")
 
 
 def convert(args) -> int:
@@ -28,6 +33,9 @@ def check(args, single) -> int:
         from . import compare
 
         return compare.run(args)
+    if getattr(args, "steps", STEPS) != STEPS:
+        raise UsageError(f"--steps {args.steps}: denoising steps are an exported pipeline folder's check; "
+                         f"'{args.onnx_model}' is a single file: leave --steps out")
     return single(args)
 
 
