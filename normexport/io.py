@@ -193,15 +193,7 @@ def load_ir(path: str | os.PathLike):
 
 
     path = Path(path)
-    if not path.is_file():
-        raise UsageError(f"ONNX file not found: '{path}': check the path")
-    try:
-        proto = onnx.load(str(path), load_external_data=False)
-    except Exception as e:  # noqa: BLE001 - protobuf's parse errors: not ONNX, truncated or corrupt
-        raise UsageError(f"cannot read '{path}' as ONNX ({first_line(e, 160)}): pass a valid .onnx file") from None
-    check_external_data(path, proto)
-    _validate.check_file(path, proto)  # docs/design.md §14: a damaged file is one line here, not an error later
-    del proto
+    read_checked(path)  # docs/design.md §14: a damaged file is one line here, not an error later
     try:
         return ir.load(str(path))
     except Exception as e:
@@ -273,13 +265,27 @@ def _too_large(model: onnx.ModelProto) -> bool:
         return True
 
 
-def load_onnx(path: str | os.PathLike) -> onnx.ModelProto:
-    """Load an ONNX file (with its external data); UsageError when it is missing or corrupt, or its
-    external data is unsafe or short (check_external_data)."""
+def read_checked(path: str | os.PathLike) -> onnx.ModelProto:
+    """An ONNX file's proto without its external data, after the checks every command makes
+    before working on a file (docs/design.md §14): it exists and parses, its external data is safe
+    and complete (check_external_data), and it is not damaged or invalid (normexport.validate).
+    Each refusal is a one-line UsageError naming the problem and the fix."""
     path = Path(path)
     if not path.is_file():
         raise UsageError(f"ONNX file not found: '{path}': check the path")
-    check_external_data(path)
+    try:
+        proto = onnx.load(str(path), load_external_data=False)
+    except Exception as e:  # noqa: BLE001 - protobuf's parse errors: not ONNX, truncated or corrupt
+        raise UsageError(f"cannot read '{path}' as ONNX ({first_line(e, 160)}): pass a valid .onnx file") from None
+    check_external_data(path, proto)
+    _validate.check_file(path, proto)
+    return proto
+
+
+def load_onnx(path: str | os.PathLike) -> onnx.ModelProto:
+    """Load an ONNX file (with its external data) after read_checked's checks."""
+    path = Path(path)
+    read_checked(path)
     try:
         return onnx.load(str(path), load_external_data=True)
     except Exception as e:

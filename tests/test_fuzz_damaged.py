@@ -174,6 +174,53 @@ def test_fuzz_rewrite_damaged(sources, tmp_path):
     assert {r["kind"] for r in results} == set(_damage.KINDS) or CASES < len(_damage.KINDS)
 
 
+def test_fuzz_build_damaged(sources, tmp_path):
+    """`normexport build` of one damaged file of each kind (TensorRT for RTX builds on the CPU): a
+    file normexport's checks refuse (io.read_checked: what rewrite refuses) is refused by build too,
+    exit 2 in one line, before TensorRT sees it (TensorRT built engines from files with an unknown
+    opset or domain); anything else is an engine (exit 0) or TensorRT's refusal in one line (exit 1);
+    never a traceback, never a file left beside a failure."""
+    from normexport import trt
+    from normexport.errors import UsageError
+    from normexport.io import read_checked
+
+    ok, why = trt.can_build()
+    if not ok:
+        pytest.skip(f"no TensorRT to build with: {why}")
+    failed, seen = [], collections.Counter()
+    for c in _damage.cases(sources, len(_damage.KINDS), SEED + 1):
+        work = tmp_path / c.id
+        what = _damage.damage(c, work / "in")
+        out_dir = work / "out"
+        out_dir.mkdir(parents=True)
+        engine = out_dir / "model.engine"
+        try:
+            read_checked(work / "in" / "model.onnx")
+            refused = False
+        except UsageError:
+            refused = True
+        code, _, err = run_forked(["build", str(work / "in" / "model.onnx"), "-o", str(engine), "--no-plugin"], work,
+                                  timeout=300)
+        seen[(c.kind, code)] += 1
+        lines = err.strip("\n").split("\n")
+        bad = []
+        if refused and code != 2:
+            bad.append(f"normexport's checks refuse the file, build exits {code}")
+        if code in (1, 2) and (len(lines) != 1 or not err.startswith("normexport: ")):
+            bad.append(f"exit {code} but stderr is not one 'normexport: ' line: {err[:400]!r}")
+        if code not in (0, 1, 2) or "Traceback" in err or "internal error" in err:
+            bad.append(f"exit {code}: {err[-400:]!r}")
+        left = sorted(p.name for p in out_dir.iterdir())
+        if code != 0 and left:
+            bad.append(f"left after a failure: {left}")
+        if code == 0 and not engine.is_file():
+            bad.append("exit 0 without an engine")
+        if bad:
+            failed.append(f"{c.id} ({what}): {'; '.join(bad)}")
+    print("\n" + "\n".join(f"{k:18} exit {c}: {n}" for (k, c), n in sorted(seen.items())))
+    assert not failed, "\n".join(failed)
+
+
 def test_damage_is_deterministic(sources, tmp_path):
     for c in _damage.cases(sources, len(_damage.KINDS), SEED):
         a, b = tmp_path / "a" / c.id, tmp_path / "b" / c.id

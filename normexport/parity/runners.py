@@ -136,17 +136,10 @@ class _ModelSource:
             self.path: str | None = None
             self.label = "<in-memory model>"
         else:
-            from ..io import check_external_data, load_onnx
+            from ..io import read_checked
 
             p = Path(os.fspath(onnx_model))
-            if not p.is_file():
-                raise UsageError(f"ONNX file not found: '{p}': check the path")
-            try:
-                self.proto = onnx.load(str(p), load_external_data=False)
-            except Exception as e:  # corrupt file
-                load_onnx(p)  # raises the project's one-line UsageError
-                raise UsageError(f"cannot read '{p}' as ONNX ({_short(e)})") from None
-            check_external_data(p, self.proto)  # data outside the model's folder, or short: one line, exit 2
+            self.proto = read_checked(p)  # missing, corrupt, unsafe or short data, damaged: one line, exit 2
             self.path = str(p)
             self.label = str(p)
 
