@@ -96,6 +96,11 @@ def test_loaded_folder_generates_as_eager(exported):
     want = eager(generator=torch.Generator().manual_seed(0), **_call(kind)).images
     assert got.shape == want.shape == (1, 64, 64, 3)
     assert np.abs(got - want).max() < 1e-3, np.abs(got - want).max()
+    # the pipeline's own config values from model_index.json (SD's requires_safety_checker, SDXL's
+    # force_zeros_for_empty_prompt) as eager has them: load had passed them as None
+    index = json.loads((out / "model_index.json").read_text())
+    plain = {k: v for k, v in index.items() if not k.startswith("_") and not isinstance(v, list)}
+    assert {k: pipe.config[k] for k in plain} == {k: eager.config[k] for k in plain} == plain
 
 
 def test_check_end_to_end(exported, tmp_path):

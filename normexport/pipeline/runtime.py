@@ -84,8 +84,13 @@ def load(folder, providers: list[str] | None = None, backend: str | None = None,
                     parts[name] = cls.from_pretrained(str(folder / name))
             else:
                 parts[name] = None  # a module the pipeline never called (safety checker): not exported
+        elif isinstance(value, list) and len(value) == 2 and all(v is None for v in value):
+            parts[name] = None  # an optional component saved as absent ([null, null])
+        elif value is None or isinstance(value, (bool, int, float, str)):
+            parts[name] = value  # the pipeline's own config (SDXL's force_zeros_for_empty_prompt): as saved
         else:
-            parts[name] = None
+            raise UsageError(f"'{folder / 'model_index.json'}' gives {name!r} the value {str(value)[:80]}, neither a "
+                             "[library, class] pair nor a plain value: convert the pipeline folder again")
     params = inspect.signature(pipeline_cls.__init__).parameters
     kwargs = {k: v for k, v in parts.items() if k in params}
     try:
