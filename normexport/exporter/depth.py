@@ -468,11 +468,14 @@ class Plan:
 
     def export(self, module, exporter) -> ir.Model:
         """`exporter(module, args, names, output_names, dynamic_axes)`: the dynamo exporter's file,
-        not optimized; returns it grown to full depth and optimized as torch.onnx does, or raises
+        not optimized; returns it grown to full depth and optimized as torch.onnx does (its no-op
+        rules exact: optimizer_rules), or raises
         NotGrowable (nothing of the shallow export is kept)."""
         from torch.onnx._internal._lazy_import import onnxscript_apis
 
-        with shallow(self.stack), self.narrowed(SHALLOW) as (args, names, output_names, axes):
+        from .optimizer_rules import exact_no_op_rules
+
+        with shallow(self.stack), self.narrowed(SHALLOW) as (args, names, output_names, axes), exact_no_op_rules():
             # optimized shallow (7x fewer nodes for the optimizer's rules), then grown: the weights it
             # folded are views of block 2's, made again of each block's (_Views)
             small = onnxscript_apis.optimize(exporter(module, args, names, output_names, axes))
@@ -482,4 +485,5 @@ class Plan:
             except NotGrowable:  # the optimized file does not grow: grown first, then optimized whole
                 small = exporter(module, args, names, output_names, axes)
         grow(small, self.stack, weights=self.weights, io_layer=self.io_layer)
-        return onnxscript_apis.optimize(small)
+        with exact_no_op_rules():
+            return onnxscript_apis.optimize(small)

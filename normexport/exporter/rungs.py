@@ -19,6 +19,7 @@ import torch
 from .. import export_fixes, ops
 from ..load.call import CallAdapter
 from ..errors import UsageError
+from .optimizer_rules import exact_no_op_rules
 
 
 def dynamic_shapes_for(args: tuple, names: list[str], dynamic_axes: dict[str, list[int]] | None, auto: bool = False):
@@ -134,11 +135,12 @@ TORCHSCRIPT_OPSET = 17
 
 def _torch_onnx_export(module, args, names, output_names, dynamic_axes, opset, auto=False, optimize=True):
     """The dynamo exporter's onnx_ir model (its initializers wrap the module's tensors); `optimize`:
-    onnxscript's optimizer run on it (constant folding, ...), as torch.onnx does by default."""
+    onnxscript's optimizer run on it (constant folding, ...), as torch.onnx does by default, its
+    no-op rules exact (optimizer_rules: `x + 1e-15` is not `x`)."""
     shapes = dynamic_shapes_for(args, names, dynamic_axes, auto)
     if shapes is not None and isinstance(module, CallAdapter):
         shapes = (shapes,)  # forward(*tensors): one entry, the tuple of the tensors' shapes
-    with warnings.catch_warnings(), gc_paused(), math_attention():
+    with warnings.catch_warnings(), gc_paused(), math_attention(), exact_no_op_rules():
         warnings.simplefilter("ignore")
         logging.getLogger("torch.onnx").setLevel(logging.ERROR)
         program = torch.onnx.export(

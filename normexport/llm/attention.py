@@ -199,10 +199,12 @@ def _fused_copy(model_ir: ir.Model, model: ir.Model, max_positions: int) -> Fusi
     `Fusion.reason`."""
     import onnx_ir.passes.common as common_passes
     from onnxscript.optimizer import optimize
+    from onnxscript.rewriter import pattern
     from onnxscript.rewriter.ort_fusions import shape_optimization
     from onnxscript.rewriter.ort_fusions.rotary_embedding import fuse_rotary_embedding
-    from onnxscript.rewriter import pattern
     from onnxscript.rewriter.ort_fusions.sdpa import fuse_sdpa
+
+    from ..exporter.optimizer_rules import exact_no_op_rules
 
     layers = sum(1 for v in model_ir.graph.inputs if v.name.startswith("past_key_values.") and v.name.endswith(".key"))
     result = Fusion(None, layers, nodes_before=_count(model_ir))
@@ -211,9 +213,10 @@ def _fused_copy(model_ir: ir.Model, model: ir.Model, max_positions: int) -> Fusi
         return result
     try:
         common_passes.ShapeInferencePass()(model)
-        optimize(model, num_iterations=_ITERATIONS)
-        if shape_optimization.rules.apply_to_model(model):  # else optimize's fixed point stands: not run again
+        with exact_no_op_rules():  # `x + 1e-15` is not `x` (exporter.optimizer_rules)
             optimize(model, num_iterations=_ITERATIONS)
+            if shape_optimization.rules.apply_to_model(model):  # else optimize's fixed point stands: not run again
+                optimize(model, num_iterations=_ITERATIONS)
         _canonical_dims(model)
         rotary = fuse_rotary_embedding(model)
         sdpa = fuse_sdpa(model, apply_shape_inference=True)
@@ -231,7 +234,8 @@ def _fused_copy(model_ir: ir.Model, model: ir.Model, max_positions: int) -> Fusi
                          + (rule.mask_failures[0] if rule.mask_failures else "the attention is not the plain "
                             "grouped-query form (rotate-half RoPE from position_ids, concatenated cache, causal mask)"))
         return result
-    optimize(model)  # the decomposed attention, its mask and the rotary's cos / sin are now unused
+    with exact_no_op_rules():
+        optimize(model)  # the decomposed attention, its mask and the rotary's cos / sin are now unused
     common_passes.RemoveUnusedNodesPass()(model)
     common_passes.CommonSubexpressionEliminationPass()(model)
     model.opset_imports.setdefault(MS, 1)
