@@ -39,12 +39,13 @@ class Slot:
     method: str
     args: tuple = ()
     kwargs: dict = dataclasses.field(default_factory=dict)
-    shapes: list = dataclasses.field(default_factory=list)  # per run: {input path: shape}
+    shapes: list = dataclasses.field(default_factory=list)  # per call, every run's: {input path: shape}
     renames: dict = dataclasses.field(default_factory=dict)  # method parameter -> file input name
     single: tuple | None = None  # (args, kwargs) of the one-prompt run's call
 
     def dynamic(self) -> dict[str, list[int]]:
-        """{input path: axes whose size differs between the runs}."""
+        """{input path: axes whose size differs between the recorded calls (of one run, as Sana's
+        text encoder for the prompt with its instruction and for the negative prompt, or of two)}."""
         if len(self.shapes) < 2:
             return {}
         first, *rest = self.shapes
@@ -68,13 +69,14 @@ def slot_name(component: str, method: str) -> str:
 
 
 class _Run:
-    """The hooks of one run: first calls per slot, the shapes of every run."""
+    """The hooks of one run: first calls per slot, the shapes of every call."""
 
     def __init__(self, modules: dict[str, nn.Module]):
         self.modules = modules
         self.slots: dict[str, Slot] = {}
         self.order: list[str] = []
-        self.shapes: dict[str, dict] = {}
+        self.shapes: dict[str, dict] = {}  # the first call's
+        self.later: dict[str, list] = {}  # the later calls' shapes that differ from every one seen
         self.decoded: torch.Tensor | None = None  # what the VAE decoded (the final latents, scaled)
         self.latents: torch.Tensor | None = None  # prepare_latents' result (the initial noise)
 
@@ -91,10 +93,14 @@ class _Run:
             yield self
 
     def _note(self, slot: str, component: str, method: str, bound: dict, args, kwargs, first: bool, renames=None):
+        shapes = {n: list(t.shape) for n, t in _leaves(bound)}
         if slot in self.shapes:
+            seen = self.later.setdefault(slot, [])
+            if shapes != self.shapes[slot] and shapes not in seen:
+                seen.append(shapes)
             return
         self.order.append(slot)
-        self.shapes[slot] = {n: list(t.shape) for n, t in _leaves(bound)}
+        self.shapes[slot] = shapes
         if first:
             self.slots[slot] = Slot(slot, component, method, _plain(args), _plain(kwargs), renames=renames or {})
 
@@ -226,7 +232,7 @@ def record(path: Path, index: dict) -> Recording:
                              f"--module NAME, or record its call with normexport.capture") from None
     first = runs[0][0]
     for name, slot in first.slots.items():
-        slot.shapes = [first.shapes[name]] + [r.shapes[name] for r, _, _ in runs[1:] if name in r.shapes]
+        slot.shapes = call_shapes([r for r, _, _ in runs], name)
         single = runs[1][0].slots.get(name)
         if single is not None:  # the one-prompt call: a file that cannot keep even the batch dynamic serves it
             slot.single = (single.args, single.kwargs)
@@ -236,6 +242,12 @@ def record(path: Path, index: dict) -> Recording:
     del pipe, modules, first, runs
     gc.collect()
     return Recording(cls, slots, side, skipped, time.perf_counter() - start)
+
+
+def call_shapes(runs: list[_Run], name: str) -> list[dict]:
+    """Every recorded call's input shapes of slot `name` (the first run's first call first, then
+    its later calls of other shapes, then the other runs')."""
+    return [s for r in runs if name in r.shapes for s in (r.shapes[name], *r.later.get(name, []))]
 
 
 def _call(kwargs: dict, **over) -> dict:
