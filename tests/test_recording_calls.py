@@ -49,3 +49,22 @@ def test_every_call_of_a_run_is_recorded():
                                {"input_ids": [2, 7], "attention_mask": [2, 7]}]
     assert slot.dynamic() == {"input_ids": [0, 1], "attention_mask": [0, 1]}
     assert list(slot.args[0].shape) == [2, 12]  # the file is exported from the first call
+
+
+def test_dims_at_the_converted_size_leave_out_the_larger_run():
+    """`dynamic(at_size=True)`: the axes that vary between the calls at the converted image size
+    (batch, text length), not those that change only in the one-size-up run (the latent's size):
+    the middle rung of a pipeline file whose full set of varying dims no exporter keeps (Latte's
+    transformer: text length dynamic, latent size fixed)."""
+    enc = Encoder()
+    pipe = TwoCalls(enc)
+    runs = []
+    for batch, lengths, saved in ((2, (12,), True), (1, (12,), True), (1, (14,), False)):
+        run = _Run({"text_encoder": enc})
+        with run.hooks(pipe, first=saved):
+            pipe(batch, lengths)
+        runs.append(run)
+    slot = runs[0].slots["text_encoder"]
+    slot.shapes, slot.at_size = call_shapes(runs, "text_encoder"), len(call_shapes(runs[:2], "text_encoder"))
+    assert slot.dynamic() == {"input_ids": [0, 1], "attention_mask": [0, 1]}
+    assert slot.dynamic(at_size=True) == {"input_ids": [0], "attention_mask": [0]}

@@ -149,6 +149,13 @@ def _export_slot(args, src: Path, slot: Slot, tmp: Path) -> dict | None:
     ns.shown_output = str(Path(args.output.rstrip("/" + os.sep)) / slot.name / "model.onnx")  # not the temp folder
     try:
         rec = convert_stages.convert(ns, loaded)
+        at_size = {**batch, **slot.dynamic(at_size=True)}
+        if rec.exit_code == 0 and not rec.kept and at_size not in (batch, loaded.dynamic_axes):
+            # the sizes that vary at this image size (batch, text length) without the latent's size
+            print(f"  {slot.name}: no exporter kept the sizes that vary dynamic: exported again with those that vary "
+                  f"at this image size ({_axes(at_size)}; the file serves the recorded image size)")
+            loaded.dynamic_axes = at_size
+            rec = convert_stages.convert(ns, loaded)
         if rec.exit_code == 0 and batch and not rec.kept and loaded.dynamic_axes != batch:
             # no exporter kept the sizes dynamic: the batch alone, so one file serves any batch at this size
             print(f"  {slot.name}: no exporter kept the sizes that vary dynamic: exported again with the batch "
@@ -184,6 +191,10 @@ def _export_slot(args, src: Path, slot: Slot, tmp: Path) -> dict | None:
     del module, loaded, rec
     gc.collect()
     return entry
+
+
+def _axes(axes: dict[str, list[int]]) -> str:
+    return ", ".join(f"{n}:{','.join(map(str, a))}" for n, a in axes.items())
 
 
 def _module_dtype(module) -> str | None:

@@ -42,13 +42,17 @@ class Slot:
     shapes: list = dataclasses.field(default_factory=list)  # per call, every run's: {input path: shape}
     renames: dict = dataclasses.field(default_factory=dict)  # method parameter -> file input name
     single: tuple | None = None  # (args, kwargs) of the one-prompt run's call
+    at_size: int | None = None  # shapes[:at_size]: the calls at the converted image size (the rest: one size up)
 
-    def dynamic(self) -> dict[str, list[int]]:
+    def dynamic(self, at_size: bool = False) -> dict[str, list[int]]:
         """{input path: axes whose size differs between the recorded calls (of one run, as Sana's
-        text encoder for the prompt with its instruction and for the negative prompt, or of two)}."""
-        if len(self.shapes) < 2:
+        text encoder for the prompt with its instruction and for the negative prompt, or of two)};
+        `at_size`: between the calls at the converted image size only (batch, text length: not the
+        latent's size)."""
+        shapes = self.shapes[:self.at_size] if at_size and self.at_size is not None else self.shapes
+        if len(shapes) < 2:
             return {}
-        first, *rest = self.shapes
+        first, *rest = shapes
         out = {}
         for name, shape in first.items():
             others = [r.get(name) for r in rest]
@@ -232,7 +236,8 @@ def record(path: Path, index: dict) -> Recording:
                              f"--module NAME, or record its call with normexport.capture") from None
     first = runs[0][0]
     for name, slot in first.slots.items():
-        slot.shapes = call_shapes([r for r, _, _ in runs], name)
+        at_size = call_shapes([r for r, _, _ in runs[:2]], name)
+        slot.shapes, slot.at_size = at_size + call_shapes([r for r, _, _ in runs[2:]], name), len(at_size)
         single = runs[1][0].slots.get(name)
         if single is not None:  # the one-prompt call: a file that cannot keep even the batch dynamic serves it
             slot.single = (single.args, single.kwargs)
