@@ -33,6 +33,7 @@ from .. import convert as convert_stages
 from ..errors import ExportError, UsageError, first_line
 from ..load import pipeline as folder_pipeline
 from ..load.call import CallAdapter
+from ..load.examples import MASK_READ_AS_VALUES
 from ..load.pretrained import batched_axes, load_module
 from . import manifest as manifest_mod
 from . import optimum_names
@@ -139,9 +140,14 @@ def _export_slot(args, src: Path, slot: Slot, tmp: Path) -> dict | None:
         module = MethodCall(module, slot.method, METHODS[slot.method][1])
     constants = CallAdapter(module, slot.args, {k: v for k, v in slot.kwargs.items() if k != "return_dict"}).constants()
     source = f"recorded from a {slot.component} call of the pipeline run"
+    by_values = type(module).__name__ in MASK_READ_AS_VALUES and slot.single is not None
+    if by_values:  # its forward reads the text mask's values in python: one static file for the one-prompt call
+        print(f"  {slot.name}: {type(module).__name__} reads its text mask's values in python (token counts): "
+              "exported static from the one-prompt call; the loaded pipeline refuses a mask of other values")
+        save_call(slot, file, single=True)
     loaded = folder_pipeline._component_model(module, file, source, "")
-    batch = {**(loaded.dynamic_axes or {}), **batched_axes(dict(slot.kwargs))}
-    loaded.dynamic_axes = {**batch, **slot.dynamic()} or None
+    batch = {} if by_values else {**(loaded.dynamic_axes or {}), **batched_axes(dict(slot.kwargs))}
+    loaded.dynamic_axes = None if by_values else {**batch, **slot.dynamic()} or None
     ns = argparse.Namespace(**vars(args))
     ns.model, ns.output, ns.inputs, ns.module = str(src / slot.component), str(folder) + os.sep, str(file), None
     ns.input, ns.dynamic, ns.task = [], [], None
@@ -150,7 +156,7 @@ def _export_slot(args, src: Path, slot: Slot, tmp: Path) -> dict | None:
     try:
         rec = convert_stages.convert(ns, loaded)
         at_size = {**batch, **slot.dynamic(at_size=True)}
-        if rec.exit_code == 0 and not rec.kept and at_size not in (batch, loaded.dynamic_axes):
+        if rec.exit_code == 0 and not rec.kept and not by_values and at_size not in (batch, loaded.dynamic_axes):
             # the sizes that vary at this image size (batch, text length) without the latent's size
             print(f"  {slot.name}: no exporter kept the sizes that vary dynamic: exported again with those that vary "
                   f"at this image size ({_axes(at_size)}; the file serves the recorded image size)")
@@ -162,7 +168,7 @@ def _export_slot(args, src: Path, slot: Slot, tmp: Path) -> dict | None:
                   "dynamic only (the file serves the recorded size)")
             loaded.dynamic_axes = batch
             rec = convert_stages.convert(ns, loaded)
-        if rec.exit_code == 0 and batch and not rec.kept and slot.single is not None:
+        if rec.exit_code == 0 and batch and not rec.kept and slot.single is not None and not by_values:
             # not even the batch: a static file of the one-prompt call (what a pipeline call of one prompt makes)
             print(f"  {slot.name}: no exporter kept the batch dynamic either: exported again, static, from the "
                   "one-prompt call (the file serves one prompt at the recorded size)")
@@ -182,7 +188,9 @@ def _export_slot(args, src: Path, slot: Slot, tmp: Path) -> dict | None:
     entry = {"component": slot.component, "method": slot.method, "file": f"{slot.name}/model.onnx",
              "dtype": _module_dtype(module),
              "inputs": {spread.get(n, n): {"shape": list(t.shape), "dtype": str(t.dtype).replace("torch.", ""),
-                                          "dynamic": list((rec.kept or {}).get(n, []))}
+                                          "dynamic": list((rec.kept or {}).get(n, [])),
+                                          **({"values": t.to(torch.int64).flatten().tolist()} if by_values and not
+                                             t.is_floating_point() and not t.is_complex() else {})}
                         for n, t in zip(rec.names, rec.inputs)},
              "constants": {k: repr(v) for k, v in constants.items()},
              "outputs": outputs, "structure": rec.output_structure,

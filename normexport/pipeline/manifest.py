@@ -135,6 +135,10 @@ def _problem(folder: Path, manifest: dict) -> str | None:
             dyn = i.get("dynamic", [])
             if not isinstance(dyn, list) or not all(isinstance(a, int) and 0 <= a < len(shape) for a in dyn):
                 return f"{where} input {name!r} has dynamic axes {dyn!r} outside its rank {len(shape)}"
+            values = i.get("values")
+            if values is not None and (not isinstance(values, list) or dyn or len(values) != _size(shape) or not all(
+                    isinstance(v, int) and not isinstance(v, bool) for v in values)):
+                return f"{where} input {name!r} has values that are not its static shape's integers"
         for key in ("constants", "renames"):
             table = e.get(key) or {}
             if not isinstance(table, dict) or not all(isinstance(v, str) for v in table.values()):
@@ -146,6 +150,13 @@ def _problem(folder: Path, manifest: dict) -> str | None:
         if bad:
             return f"{where} output structure {bad}"
     return None
+
+
+def _size(shape: list[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
 
 
 def _structure_problem(node, n_outputs: int) -> str | None:

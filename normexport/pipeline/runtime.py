@@ -297,6 +297,13 @@ class _Session:
         if missing:
             raise RuntimeError(f"{component}.{method} called without {', '.join(missing)}, which its file "
                                f"{self.entry['file']} needs")
+        valued = [n for n, i in self.entry["inputs"].items() if i.get("values") is not None and n in feeds
+                  and list(feeds[n].shape) == i["shape"] and feeds[n].to(torch.int64).flatten().tolist() != i["values"]]
+        if valued:
+            raise RuntimeError(f"{component}.{method} called with {', '.join(valued)} of other values than its file "
+                               f"{self.entry['file']} was exported with: {component} reads them in python (token "
+                               "counts), so the file serves the prompt the pipeline was converted with; convert the "
+                               "pipeline with this call")
         fixed = [f"{n} {list(feeds[n].shape)} (the file takes {i['shape']})" for n, i in self.entry["inputs"].items()
                  if n in feeds and len(i["shape"]) == feeds[n].ndim and any(
                      a != b and k not in i.get("dynamic", []) for k, (a, b) in enumerate(zip(feeds[n].shape, i["shape"])))]
