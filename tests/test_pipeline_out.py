@@ -165,6 +165,29 @@ def test_check_of_a_folder_refuses_what_it_would_ignore(exported, cli):
         assert code == 2 and said in err and len(err.strip().splitlines()) == 1, (extra, err)
 
 
+def test_a_file_fixed_to_its_inputs_values_refuses_other_values(exported, tmp_path):
+    """A component whose forward reads an integer input's values in python (Lumina2's text mask)
+    is exported static with those values in the manifest; the loaded pipeline refuses a call with
+    other values in one line rather than generating a wrong image. Here DiT's class labels stand in
+    for the mask: the manifest says the file serves labels [7, 7] only."""
+    import normexport.pipeline
+
+    kind, folder, out = exported
+    if kind != "dit":
+        pytest.skip("one pipeline is enough for the manifest's values")
+    copy = tmp_path / "out"
+    shutil.copytree(out, copy)
+    path = copy / "normexport_pipeline.json"
+    manifest = json.loads(path.read_text())
+    labels = manifest["slots"]["transformer"]["inputs"]["class_labels"]
+    labels.update(shape=[2], dynamic=[], values=[7, 7])
+    path.write_text(json.dumps(manifest))
+    pipe = normexport.pipeline.load(copy, backend="ort")
+    with pytest.raises(RuntimeError, match="called with class_labels of other values than its file "
+                                           "transformer/model.onnx was exported with"):
+        pipe(generator=torch.Generator().manual_seed(0), **_call(kind))
+
+
 def test_build_folder_makes_an_engine_per_component(exported, tmp_path):
     """`normexport build OUT/`: one engine per component in TensorRT for RTX (builds on the CPU
     here), profiles from the recorded shapes (the batch from 1 to twice the recorded)."""
