@@ -31,28 +31,10 @@ def _exactly(number: float):
     return condition
 
 
-def _add(op, x, c):
-    return op.Add(x, c)
-
-
-def _add_left(op, x, c):
-    return op.Add(c, x)
-
-
-def _sub(op, x, c):
-    return op.Sub(x, c)
-
-
-def _mul(op, x, c):
-    return op.Mul(x, c)
-
-
-def _mul_left(op, x, c):
-    return op.Mul(c, x)
-
-
-def _div(op, x, c):
-    return op.Div(x, c)
+#: the arithmetic no-op patterns, (name, pattern, the constant that makes it a no-op)
+_NO_OPS = (("add", lambda op, x, c: op.Add(x, c), 0.0), ("add_left", lambda op, x, c: op.Add(c, x), 0.0),
+           ("sub", lambda op, x, c: op.Sub(x, c), 0.0), ("mul", lambda op, x, c: op.Mul(x, c), 1.0),
+           ("mul_left", lambda op, x, c: op.Mul(c, x), 1.0), ("div", lambda op, x, c: op.Div(x, c), 1.0))
 
 
 def _identity(op, x, c):
@@ -63,9 +45,8 @@ def exact_rules() -> list:
     """The arithmetic no-op rules, on exact scalar constants."""
     from onnxscript.rewriter import pattern
 
-    return [pattern.RewriteRule(target, _identity, _exactly(number), name=f"exact_{target.__name__.strip('_')}")
-            for target, number in ((_add, 0.0), (_add_left, 0.0), (_sub, 0.0), (_mul, 1.0), (_mul_left, 1.0),
-                                   (_div, 1.0))]
+    return [pattern.RewriteRule(target, _identity, _exactly(number), name=f"exact_{name}")
+            for name, target, number in _NO_OPS]
 
 
 @contextlib.contextmanager
