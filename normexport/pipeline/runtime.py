@@ -264,13 +264,17 @@ class _Session:
         source = _ModelSource(path)
         self.runner = OrtRunner(source)
         self.runner.activate()
-        graph = source.proto.graph
-        types = {v.name: ELEM_TYPES.get(v.type.tensor_type.elem_type) for v in list(graph.input) + list(graph.output)}
+        types = self._read_io(source.proto.graph)
         self.inputs = {n: types.get(n) for n in self.runner.names}
-        self.outputs = [o.name for o in graph.output]
-        self.output_types = {n: types.get(n) for n in self.outputs}
         self.session = None
         print(f"  {self.slot}: {WIDENED_NOTE}")
+
+    def _read_io(self, graph) -> dict:
+        """The file's outputs (names, dtypes) set from its graph; every input's and output's dtype."""
+        types = {v.name: ELEM_TYPES.get(v.type.tensor_type.elem_type) for v in list(graph.input) + list(graph.output)}
+        self.outputs = [o.name for o in graph.output]
+        self.output_types = {n: types.get(n) for n in self.outputs}
+        return types
 
     def __call__(self, component: str, method: str, bound: dict):
         return_dict = bound.pop("return_dict", True)
@@ -355,11 +359,9 @@ class _EngineSession(_Session):
             raise UsageError(f"TensorRT cannot load '{engine_path}' ({type(e).__name__}: {first_line(e, 200)}): "
                              f"build the engines again on this machine with `normexport build {folder}`") from None
         graph = onnx.load(str(path), load_external_data=False).graph
-        types = {v.name: ELEM_TYPES.get(v.type.tensor_type.elem_type) for v in list(graph.input) + list(graph.output)}
+        types = self._read_io(graph)
         weights = {t.name for t in graph.initializer}
         self.inputs = {v.name: types[v.name] for v in graph.input if v.name not in weights}
-        self.outputs = [o.name for o in graph.output]
-        self.output_types = {n: types.get(n) for n in self.outputs}
         trt = ntrt.load().module
         names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]
         self.engine_outputs = [n for n in names if self.engine.get_tensor_mode(n) == trt.TensorIOMode.OUTPUT]
