@@ -9,6 +9,8 @@ takes the record and returns it, none calling back up:
     attention  a causal LM's attention as onnxruntime's GroupQueryAttention (--target ort)
     checking   the check shown, or run (greedy generation for a causal LM with its cache)
     writing    the report, the file (atomically, only when checked), a causal LM's deployable folder
+    quantizing --quantize: the written file quantized (normexport.quantize), judged as quantized,
+               put in its place only when it passes
 
 prewrite.py is not a stage: the weights of a causal LM checked by path written ahead, one owner the
 run opens around the stages from exporting on (rec.prewrite), started by the rewrite stage, taken by
@@ -20,8 +22,9 @@ from __future__ import annotations
 import argparse
 
 from ..export import TARGETS
+from ..quantize import add_arguments as add_quantize_arguments
 from ..rewriter.cli import add_switches
-from . import attention, checking, exporting, inputs, loading, prewrite, preparing, rewriting, writing
+from . import attention, checking, exporting, inputs, loading, prewrite, preparing, quantizing, rewriting, writing
 from .loading import default_output  # noqa: F401 - the default output path, for callers
 from .record import Record
 
@@ -52,6 +55,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-check", action="store_true", help="skip the onnxruntime parity check")
     p.add_argument("--report", metavar="FILE.json", help="write a JSON report")
     add_switches(p)  # --no-residual-fusion, --no-fuse MODULE (the rewriter's rule switches)
+    add_quantize_arguments(p)  # --quantize int4|int8|fp8 and the int4 options (docs/design.md §15)
 
 
 def run(args) -> int:
@@ -62,6 +66,7 @@ def convert(args, loaded=None) -> Record:
     """The stages over one record; `loaded`: a model already in memory (a normexport.load
     LoadedModel, e.g. one component of a pipeline folder), used in place of loading args.model."""
     rec = Record(args=args, loaded=loaded)
+    rec.quant = quantizing.refuse_early(args)  # a --quantize the target cannot serve: one line, nothing loaded
     for stage in (loading.run, inputs.run, preparing.run):
         rec = stage(rec)
     # the ladder's judge: each exported file rewritten, then (where convert checks it) its parity
@@ -74,7 +79,7 @@ def convert(args, loaded=None) -> Record:
             if _grown_wrong(rec):  # the file grown from a shallow trace is not eager's: exported whole instead
                 rec = exporting.run(_without_depth(rec, before), judge=judge)
                 rec = attention.run(rec)
-            for stage in (checking.run, writing.run):
+            for stage in (checking.run, writing.run, quantizing.run):
                 rec = stage(rec)
         finally:
             if rec.bypath is not None:  # the temp folder of a file checked from files: never left behind

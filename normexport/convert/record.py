@@ -73,6 +73,8 @@ class Record:
     packing: Any = None  # the packed projections (normexport.llm.packing.Packing)
     bypath: Any = None  # a causal LM over PARITY_LIMIT checked from files (normexport.llm.bypath.Checked)
     prewrite: Any = None  # its weights written ahead: the run's owner of them (normexport.convert.prewrite.Prewrite)
+    quant: dict | None = None  # --quantize's options (normexport.quantize.options), None without it
+    quantized: Any = None  # the quantized file's verdict (normexport.quantize), after writing
     exit_code: int = 0
 
     def copy(self) -> "Record":
