@@ -79,7 +79,7 @@ def convert(args, loaded=None) -> Record:
             if _grown_wrong(rec):  # the file grown from a shallow trace is not eager's: exported whole instead
                 rec = exporting.run(_without_depth(rec, before), judge=judge)
                 rec = attention.run(rec)
-            for stage in (checking.run, writing.run, quantizing.run):
+            for stage in (checking.run, quantizing.refuse_unquantizable, writing.run, quantizing.run):
                 rec = stage(rec)
         finally:
             if rec.bypath is not None:  # the temp folder of a file checked from files: never left behind

@@ -13,6 +13,14 @@ def refuse_early(args) -> dict | None:
     return quantize.refuse_early(args)
 
 
+def refuse_unquantizable(rec: Record) -> Record:
+    """Before the writing stage: a model --quantize cannot serve (no weight of the kind it
+    quantizes) is refused in one line, nothing written."""
+    if rec.quant is not None and rec.passed:
+        quantize.refuse_unquantizable(rec)
+    return rec
+
+
 def run(rec: Record) -> Record:
     if rec.quant is None or rec.exit_code != 0:
         return rec

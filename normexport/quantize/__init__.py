@@ -23,8 +23,12 @@ KINDS = ("int4", "int8", "fp8")
 #: the targets each kind serves
 TARGETS_OF = {"int4": ("ort", "onnx"), "int8": ("trt",), "fp8": ("trt",)}
 BLOCK_SIZES = (16, 32, 64, 128, 256)
-#: MatMulNBitsQuantizer's algorithms offered (RTN is its default; k_quant and hqq are the better ones it has)
-ALGORITHMS = ("rtn", "k_quant", "hqq")
+#: MatMulNBitsQuantizer's algorithms offered: rtn (its default blockwise round to nearest, in C++: what
+#: onnxruntime-genai's builder uses) and hqq (half-quadratic: scales and zero points fitted to each block).
+#: Its neural-compressor k_quant / rtn paths are not offered: in onnxruntime 1.32 they ignore the block
+#: size and stop on weights narrower than a block ("cannot reshape array of size 16 into shape (32,newaxis)"
+#: on a 32 x 16 projection), and take 400x the time
+ALGORITHMS = ("rtn", "hqq")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -39,9 +43,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="int4: MatMulNBits accuracy_level, the activations' type in the kernel (4: int8, the "
                         "fastest on CPU and onnxruntime-genai's builder's CPU default; 0: unset)")
     p.add_argument("--quant-algo", choices=ALGORITHMS, default=None,
-                   help="int4: onnxruntime's algorithm (rtn: round to nearest, the default; k_quant; hqq)")
-    p.add_argument("--quantize-lm-head", action="store_true",
-                   help="int4: the LM head's MatMul too (default: kept in float, as the logits are what is judged)")
+                   help="int4: onnxruntime's algorithm (rtn: its blockwise round to nearest, the default, as onnxruntime-genai's "
+                        "builder; hqq: half-quadratic, scales and zero points fitted per block)")
+    p.add_argument("--float-lm-head", action="store_true",
+                   help="int4: keep the LM head's MatMul in float (default: quantized too, as onnxruntime-genai's builder)")
 
 
 def options(args) -> dict | None:
@@ -49,7 +54,7 @@ def options(args) -> dict | None:
     kind = getattr(args, "quantize", None)
     int4_only = {"--block-size": getattr(args, "block_size", None), "--asymmetric": getattr(args, "asymmetric", False),
                  "--accuracy-level": getattr(args, "accuracy_level", None), "--quant-algo": getattr(args, "quant_algo", None),
-                 "--quantize-lm-head": getattr(args, "quantize_lm_head", False)}
+                 "--float-lm-head": getattr(args, "float_lm_head", False)}
     given = [flag for flag, v in int4_only.items() if v not in (None, False)]
     if kind != "int4" and given:
         raise UsageError(f"{', '.join(given)}: int4 options; pass --quantize int4 (with --target ort) or leave them out")
@@ -60,7 +65,7 @@ def options(args) -> dict | None:
             "symmetric": not int4_only["--asymmetric"],
             "accuracy_level": 4 if int4_only["--accuracy-level"] is None else int4_only["--accuracy-level"],
             "algorithm": int4_only["--quant-algo"] or "rtn",
-            "lm_head": bool(int4_only["--quantize-lm-head"])}
+            "lm_head": not int4_only["--float-lm-head"]}
 
 
 def refuse_early(args) -> dict | None:
@@ -88,3 +93,16 @@ def run(rec):
     from . import qdq
 
     return qdq.run(rec)
+
+
+def refuse_unquantizable(rec) -> None:
+    """Before anything is written: one line (exit 2) where the exported graph has nothing the kind quantizes."""
+    if rec.quant["kind"] == "int4":
+        from . import int4
+
+        int4.refuse_unquantizable(rec)
+    else:
+        from . import qdq
+
+        if hasattr(qdq, "refuse_unquantizable"):
+            qdq.refuse_unquantizable(rec)

@@ -1,0 +1,178 @@
+"""`--quantize int4` (docs/design.md §15): the MatMul weights of the written file as MatMulNBits,
+made by onnxruntime's own quantizer (onnxruntime.quantization.matmul_nbits_quantizer, as
+onnxruntime-genai's builder makes its int4 folders), the fused norms and everything else as they
+are. The quantized file is judged before it takes the float file's place (weights.py: every block
+against the float weights; verdict.py: agreement with eager fp32); the deployable folder's
+genai_config.json and config files stay beside it, since the graph takes and gives the same tensors.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+from ..errors import UsageError
+
+
+def eligible(model_ir) -> list[str]:
+    """Names of the MatMul nodes onnxruntime's quantizer takes: a constant weight B of rank 2 (or
+    leading dims of 1), K >= 16."""
+    names = []
+    for node in model_ir.graph.all_nodes() if hasattr(model_ir.graph, "all_nodes") else model_ir.graph:
+        if node.op_type != "MatMul" or node.domain not in ("", "ai.onnx") or len(node.inputs) < 2:
+            continue
+        b = node.inputs[1]
+        if b is None or b.const_value is None:
+            continue
+        shape = list(b.const_value.shape)
+        if len(shape) >= 2 and all(d == 1 for d in shape[:-2]) and shape[-2] >= 16:
+            names.append(node.name)
+    return names
+
+
+def lm_head(model_ir, output: str = "logits") -> str | None:
+    """The MatMul that makes `output` (through shape-only ops), None where there is none."""
+    producers = {o.name: n for n in model_ir.graph for o in n.outputs}
+    name, seen = output, 0
+    while name in producers and seen < 8:
+        node = producers[name]
+        if node.op_type == "MatMul":
+            return node.name
+        if node.op_type not in ("Reshape", "Cast", "Identity", "Squeeze", "Unsqueeze", "Add") or not node.inputs:
+            return None
+        name, seen = node.inputs[0].name, seen + 1
+    return None
+
+
+def refuse_unquantizable(rec) -> None:
+    """Before anything is written: a graph with no MatMul weight onnxruntime's quantizer takes is
+    refused in one line (exit 2)."""
+    if rec.model_ir is None:
+        return
+    names = eligible(rec.model_ir)
+    head = lm_head(rec.model_ir)
+    if not rec.quant["lm_head"] and head in names:
+        names.remove(head)
+    if not names:
+        raise UsageError(f"--quantize int4: '{rec.args.model}' exports no MatMul with a constant weight of K >= 16 "
+                         "(int4 quantizes MatMul weights as MatMulNBits): leave --quantize out, or use --quantize "
+                         "int8 / fp8 with --target trt for Conv / Gemm models")
+
+
+def quantize(path: Path, opts: dict, exclude: list[str]):
+    """onnxruntime's MatMulNBitsQuantizer over the file at `path`: the quantized ModelProto."""
+    from onnxruntime.quantization import matmul_nbits_quantizer as mnq
+    from onnxruntime.quantization.quant_utils import QuantFormat
+
+    config = None  # rtn: the quantizer's DEFAULT (blockwise round to nearest, MLAS), as genai's builder
+    if opts["algorithm"] == "hqq":
+        config = mnq.HQQWeightOnlyQuantConfig(block_size=opts["block_size"], bits=4, quant_format=QuantFormat.QOperator,
+                                              op_types_to_quantize=("MatMul",))
+    level = logging.getLogger("onnxruntime.quantization").level
+    logging.getLogger("onnxruntime.quantization").setLevel(logging.ERROR)  # its per-node info lines
+    try:
+        q = mnq.MatMulNBitsQuantizer(str(path), bits=4, block_size=opts["block_size"], is_symmetric=opts["symmetric"],
+                                     accuracy_level=opts["accuracy_level"] or None, nodes_to_exclude=exclude,
+                                     quant_format=QuantFormat.QOperator, op_types_to_quantize=("MatMul",),
+                                     algo_config=config)
+        q.process()
+    finally:
+        logging.getLogger("onnxruntime.quantization").setLevel(level)
+    model = q.model.model if hasattr(q.model, "model") else q.model
+    return model
+
+
+def run(rec):
+    """The stage's int4 work on the written file rec.out."""
+    import onnx_ir as ir
+
+    from .. import io, llm
+    from . import verdict, weights
+
+    opts, out = rec.quant, rec.out
+    float_ir = ir.load(str(out))  # the float file as written; its external weights read lazily
+    exclude = [] if opts["lm_head"] else [n for n in [lm_head(float_ir)] if n]
+    t0 = time.perf_counter()
+    proto = quantize(out, opts, exclude)
+    seconds = time.perf_counter() - t0
+    counts = weights.count(proto)
+    print(f"quantize int4: {counts['MatMulNBits']} MatMul weight(s) as MatMulNBits by onnxruntime's quantizer "
+          f"({opts['algorithm']}, block {opts['block_size']}, {'symmetric' if opts['symmetric'] else 'asymmetric'}, "
+          f"accuracy level {opts['accuracy_level']}; LM head {'int4' if opts['lm_head'] else 'float'}), "
+          f"{counts['MatMul']} MatMul(s) left in float, {counts['normexport']} normexport / "
+          f"{counts['norms']} norm node(s) kept; {seconds:.1f} s")
+    found = weights.check(proto, float_ir, opts)
+    print(found.line())
+    judged = {}
+
+    def judge(tmp: Path) -> None:  # the quantized file, written beside the output, judged before it replaces it
+        if not found.passed:
+            raise _Failed(found.line())
+        if getattr(rec.args, "no_check", False):
+            judged["verdict"] = None
+            return
+        if rec.task == llm.WITH_PAST:
+            v = judge_llm_with_anchor(tmp, rec.module, rec.args.model, opts)
+        else:
+            v = verdict.judge_outputs(tmp, rec.module, rec.inputs, rec.names, kind="int4")
+        judged["verdict"] = v
+        print(v.table())
+        if not v.passed:
+            raise _Failed("the quantized file FAILED its agreement check (table above)")
+
+    model_ir = ir.serde.deserialize_model(proto)
+    try:
+        io.save_ir(model_ir, out, validate=judge)
+    except _Failed as e:
+        _drop(out)
+        print(f"quantize int4: {e}; {out} not written (--no-check writes it without the check)")
+        rec.quantized = {"kind": "int4", "passed": False, "weights": found.to_dict(),
+                         "verdict": judged.get("verdict").to_dict() if judged.get("verdict") else None}
+        rec.exit_code = 1
+        return rec
+    v = judged.get("verdict")
+    rec.quantized = {"kind": "int4", "passed": True, "options": opts, "weights": found.to_dict(),
+                     "verdict": v.to_dict() if v is not None else None, "seconds": round(seconds, 2)}
+    _report(rec)
+    print(f"wrote {getattr(rec.args, 'shown_output', None) or out} (int4)")
+    return rec
+
+
+def judge_llm_with_anchor(path, lm, source, opts):
+    """verdict.judge_llm of the file at `path`, beside onnxruntime-genai's int4 folder of `source`
+    where its builder runs here (anchor.py)."""
+    from . import anchor, verdict
+
+    with anchor.Workdir() as work:
+        model, note, _ = anchor.build(source, opts, work)
+        if model is None:
+            note = f"none ({note}): judged by the thresholds"
+        return verdict.judge_llm(path, lm, anchor=model, anchor_note=note)
+
+
+class _Failed(Exception):
+    pass
+
+
+def _drop(out: Path) -> None:
+    """The float file the writing stage wrote: not left where the int4 file was asked for."""
+    for p in (out, out.with_name(out.name + ".data")):
+        p.unlink(missing_ok=True)
+
+
+def _report(rec) -> None:
+    """The --report JSON, written by the writing stage, with the quantized section added."""
+    import json
+
+    path = getattr(rec.args, "report", None)
+    if not path:
+        return
+    from .. import io
+
+    try:
+        report = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        report = {}
+    report["quantized"] = rec.quantized
+    io.write_json(report, path, "--report")

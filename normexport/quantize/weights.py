@@ -1,0 +1,123 @@
+"""The int4 file's weights against the float file's (docs/design.md §15): every MatMulNBits block
+unpacked by the format's reference rule (onnxruntime's contrib op MatMulNBits: 4-bit values, low
+nibble first, blocks of `block_size` along K; zero point 8 where none is stored, else packed two a
+byte) and each element compared with the float weight it stands for. Round to nearest keeps every
+element within one quantization step (|scale|) of its float weight (half a step, one at the clipped
+extreme of a symmetric block); a scale that is wrong (halved, another block's) or a zero point off
+by one breaks that bound at once, whatever the logits then show. The quantizer is onnxruntime's; this only reads what it wrote.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+#: the largest error allowed, in quantization steps (|scale|), per algorithm: round to nearest is
+#: within half a step inside the range, and symmetric int4 (-8..7, the scale set by the block's
+#: largest magnitude as -8) clips the other sign's extreme by up to one step; hqq fits scale and
+#: zero point to the block's total error, single elements may sit further (measured: 0.78)
+STEPS = {"rtn": 1.0, "hqq": 1.5}
+#: float rounding of the dequantization (relative to the step)
+SLACK = 1e-3
+
+
+def count(model: onnx.ModelProto) -> dict:
+    nodes = list(model.graph.node)
+    return {"MatMulNBits": sum(n.op_type == "MatMulNBits" for n in nodes),
+            "MatMul": sum(n.op_type == "MatMul" for n in nodes),
+            "normexport": sum(n.domain == "normexport" for n in nodes),
+            "norms": sum(n.op_type in ("RMSNormalization", "LayerNormalization", "SimplifiedLayerNormalization",
+                                       "SkipSimplifiedLayerNormalization", "SkipLayerNormalization")
+                         or n.domain == "normexport" for n in nodes)}
+
+
+@dataclasses.dataclass
+class WeightCheck:
+    algorithm: str
+    matrices: int = 0
+    blocks: int = 0
+    worst_steps: float = 0.0  # the largest |float - dequantized| / |scale| over every element
+    worst_node: str | None = None
+    limit: float = 0.5
+    missing: list = dataclasses.field(default_factory=list)  # MatMulNBits whose float weight was not found
+
+    @property
+    def passed(self) -> bool:
+        return self.matrices > 0 and self.worst_steps <= self.limit * (1 + SLACK) and not self.missing
+
+    def line(self) -> str:
+        head = "weights PASSED" if self.passed else "weights FAILED"
+        text = (f"  {head}: {self.matrices} int4 matrices ({self.blocks} blocks) unpacked against the float weights: "
+                f"worst element {self.worst_steps:.3f} steps from its float weight (limit {self.limit} for "
+                f"{self.algorithm}){f' at {self.worst_node}' if self.worst_steps > self.limit * (1 + SLACK) else ''}")
+        if self.missing:
+            text += f"; no float weight found for {', '.join(self.missing[:3])}"
+        if not self.matrices:
+            text += "; no MatMulNBits node"
+        return text
+
+    def to_dict(self) -> dict:
+        return {"passed": self.passed, "matrices": self.matrices, "blocks": self.blocks,
+                "worst_steps": self.worst_steps, "limit_steps": self.limit, "worst_node": self.worst_node,
+                "missing": self.missing}
+
+
+def dequantize(b: np.ndarray, scales: np.ndarray, zero_points: np.ndarray | None, k: int, n: int,
+               block: int) -> tuple[np.ndarray, np.ndarray]:
+    """MatMulNBits' (4 bits) B [N, blocks, block/2] uint8, scales, zero points -> (W [N, K] float32,
+    the step of each element [N, K])."""
+    blocks = (k + block - 1) // block
+    b = b.reshape(n, blocks, block // 2)
+    q = np.empty((n, blocks, block), dtype=np.uint8)
+    q[..., 0::2] = b & 0x0F
+    q[..., 1::2] = b >> 4
+    s = scales.astype(np.float32).reshape(n, blocks, 1)
+    if zero_points is None:
+        zp = np.float32(8)
+    elif zero_points.dtype == np.uint8:
+        packed = zero_points.reshape(n, -1)
+        zp = np.empty((n, packed.shape[1] * 2), dtype=np.uint8)
+        zp[:, 0::2] = packed & 0x0F
+        zp[:, 1::2] = packed >> 4
+        zp = zp[:, :blocks].astype(np.float32).reshape(n, blocks, 1)
+    else:  # a float zero point (hqq): the value that stands for 0
+        zp = zero_points.astype(np.float32).reshape(n, blocks, 1)
+    w = (q.astype(np.float32) - zp) * s
+    step = np.broadcast_to(np.abs(s), w.shape)
+    return w.reshape(n, blocks * block)[:, :k], step.reshape(n, blocks * block)[:, :k]
+
+
+def check(model: onnx.ModelProto, float_ir, opts: dict) -> WeightCheck:
+    """Every MatMulNBits of `model` against the float weight (in `float_ir`, the file before it was
+    quantized) it replaced."""
+    inits = {t.name: t for t in model.graph.initializer}
+    floats = float_ir.graph.initializers
+    result = WeightCheck(algorithm=opts["algorithm"], limit=STEPS.get(opts["algorithm"], 1.0))
+    for node in model.graph.node:
+        if node.op_type != "MatMulNBits":
+            continue
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        k, n, block = attrs["K"], attrs["N"], attrs["block_size"]
+        name = node.input[1]
+        base = name[:-3] if name.endswith("_Q4") else name
+        if base not in floats or floats[base].const_value is None:
+            result.missing.append(node.name)
+            continue
+        want = floats[base].const_value.numpy().astype(np.float32).reshape(k, n).T  # [N, K]
+        b = numpy_helper.to_array(inits[name])
+        scales = numpy_helper.to_array(inits[node.input[2]])
+        zp = numpy_helper.to_array(inits[node.input[3]]) if len(node.input) > 3 and node.input[3] else None
+        got, step = dequantize(b, scales, zp, k, n, block)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            err = np.abs(want - got)
+            steps = np.where(step > 0, err / np.where(step > 0, step, 1), np.where(err > 0, np.inf, 0.0))
+        worst = float(steps.max()) if steps.size else 0.0
+        result.matrices += 1
+        result.blocks += n * ((k + block - 1) // block)
+        if worst > result.worst_steps or result.worst_node is None:
+            result.worst_steps, result.worst_node = max(worst, result.worst_steps), (
+                node.name if worst >= result.worst_steps else result.worst_node)
+    return result
