@@ -269,3 +269,108 @@ def test_twice_eager_boundary_in_compare(dtype, max_ref, eager_err):
         assert row.max_abs_err == pytest.approx(factor * eager_err)
         assert row.passed is expected and row.rule == "2x eager", (factor, row)
         assert row.limit == pytest.approx(2 * eager_err)
+
+
+# ---- the floor, the plain-export rule and the tolerance rule at their boundaries (arrays) ---------
+def _row(dtype: str, n: int) -> Row:
+    return Row("ort", 0, {"x": [n]}, "y", dtype)
+
+
+@pytest.mark.parametrize("dtype, k", [("float32", 4), ("float16", 1)])
+def test_floor_boundary_in_compare(dtype, k):
+    """eager exact: the limit is the floor, k x eps(dtype) x max|ref| (§7: k = 4 in float32, 1 in
+    float16); 0.99x passes, 1.01x fails."""
+    t = getattr(torch, dtype)
+    eps = {"float32": 2.0 ** -23, "float16": 2.0 ** -10}[dtype]
+    ref = np.linspace(-3.0, 2.0, 64)
+    floor = k * eps * 3.0
+    for factor, expected in ((0.99, True), (1.01, False)):
+        got = ref.copy()
+        got[20] += factor * floor
+        row = _compare(_row(dtype, 64), got, ref, ref.copy(), t, 0.0, None, None)
+        assert row.floor == pytest.approx(floor, rel=1e-12) and row.limit == pytest.approx(floor, rel=1e-12)
+        assert row.passed is expected and row.rule == "2x eager", (factor, row)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_plain_export_boundary_in_compare(dtype):
+    """Rule 1 failed (the file 10x eager's error): rule 2 passes at 0.999 x (1.25 x the plain export's
+    error + floor) and fails at 1.001x, asked once, with the reason naming the plain export."""
+    t = getattr(torch, dtype)
+    eps, k = {"float32": (2.0 ** -23, 4), "float16": (2.0 ** -10, 1)}[dtype]
+    ref = np.linspace(-2.0, 2.0, 64)
+    eager_err = 30 * eps
+    plain_err = 200 * eps
+    limit = 1.25 * plain_err + k * eps * 2.0
+    for factor, expected in ((0.999, True), (1.001, False)):
+        got = ref.copy()
+        got[33] += factor * limit
+        asked = []
+        row = _compare(_row(dtype, 64), got, ref, ref + eager_err, t, eager_err, None, None,
+                       plain=lambda: asked.append(1) or (plain_err, None))
+        assert asked == [1] and row.plain_err == plain_err
+        assert row.limit == pytest.approx(limit, rel=1e-12) and row.rule == "plain export"
+        assert row.passed is expected, (factor, row)
+        if not expected:
+            assert "adds error" in row.reason
+
+
+@pytest.mark.parametrize("dtype, rtol", [("float32", 1e-5), ("float16", 2e-3)])
+def test_tolerance_rule_boundary_without_a_float64_reference(dtype, rtol):
+    """No float64 reference (eager_err None): the limit is the tolerance, rtol x max|ref| + atol
+    (§7: 1e-5 / 1e-6 in float32, 2e-3 / 0 in float16); 0.99x passes, 1.01x fails."""
+    t = getattr(torch, dtype)
+    atol = 1e-6 if dtype == "float32" else 0.0
+    ref = np.linspace(-1.0, 4.0, 64)
+    tol = rtol * 4.0 + atol
+    for factor, expected in ((0.99, True), (1.01, False)):
+        got = ref.copy()
+        got[1] += factor * tol
+        row = _compare(_row(dtype, 64), got, ref, ref.copy(), t, None, None, None)
+        assert row.rule == "tolerance" and row.limit == pytest.approx(tol, rel=1e-12)
+        assert row.passed is expected, (factor, row)
+
+
+def test_non_finite_reference_where_eager_is_finite_judged_against_eager():
+    """The float64 reference NaN in one row where eager is finite (a float64 run overflowing in masked
+    attention rows): there |file - eager| <= tolerance decides (float32: 1e-5 x max + 1e-6), the rest
+    by 2x eager; just inside passes with a warning, just past fails, and a whole NaN reference is
+    judged by the tolerance alone (rule 'tolerance'). Never passed or failed on NaN itself."""
+    ref = np.linspace(-2.0, 2.0, 64).reshape(8, 8)
+    eager = ref + 1e-6
+    ref[5] = np.nan
+    eager[5] = np.linspace(-3.0, 3.0, 8)
+    tol = 1e-5 * 3.0 + 1e-6
+    base = eager.copy()
+    base[np.isfinite(ref)] = ref[np.isfinite(ref)] + 1.5e-6
+    for factor, expected in ((0.99, True), (1.01, False)):
+        got = base.copy()
+        got[5, 6] += factor * tol
+        row = _compare(Row("ort", 0, {"x": [8, 8]}, "y", "float32"), got, ref, eager, torch.float32, 1e-6, None, None)
+        assert row.max_abs_err == pytest.approx(1.5e-6, rel=1e-6) and row.rule == "2x eager"
+        assert row.passed is expected, (factor, row)
+        text = row.warning if expected else row.reason
+        assert "non-finite at 8 element(s) where eager is finite" in text and f"{tol:.3g}" in text
+    got = base.copy()
+    got[0, 0] += 2.1e-6  # the rest: past 2x eager, whatever the NaN row does
+    assert _compare(Row("ort", 0, {"x": [8, 8]}, "y", "float32"), got, ref, eager, torch.float32, 1e-6, None,
+                    None).passed is False
+    whole = np.full_like(ref, np.nan)
+    for factor, expected in ((0.99, True), (1.01, False)):
+        got = eager.copy()
+        got[2, 2] += factor * tol
+        row = _compare(Row("ort", 0, {"x": [8, 8]}, "y", "float32"), got, whole, eager, torch.float32, 0.0, None, None)
+        assert row.rule == "tolerance" and row.passed is expected, (factor, row)
+
+
+def test_non_finite_plain_export_excuses_nothing():
+    """A plain export with NaN / inf where the float64 reference is finite has an infinite error; 1.25
+    x inf would excuse any file: it excuses nothing (rule 1 decides, the reason says why)."""
+    ref = np.linspace(-1.0, 1.0, 64)
+    got = ref.copy()
+    got[9] += 1e-3  # far past 2x eager's 1e-6
+    for plain_err in (math.inf, math.nan):
+        row = _compare(_row("float32", 64), got, ref, ref + 1e-6, torch.float32, 1e-6, None, None,
+                       plain=lambda plain_err=plain_err: (plain_err, None))
+        assert row.passed is False and row.rule == "2x eager", row
+        assert "excuses nothing" in row.reason

@@ -9,6 +9,33 @@ import warnings
 from ..errors import first_line
 
 
+def meta_tensors(modules: dict) -> list[str]:
+    """'name.parameter' of every parameter / buffer left on the meta device (no values) in the
+    torch modules among `modules` ({name: component}): what a lazy or incomplete from_pretrained
+    can leave, and what no run or float64 copy can use ("Cannot copy out of meta tensor")."""
+    import itertools
+
+    import torch
+
+    out = []
+    for name, m in modules.items():
+        if isinstance(m, torch.nn.Module):
+            out += [f"{name}.{k}" if name else k for k, t in itertools.chain(m.named_parameters(), m.named_buffers())
+                    if t is not None and t.is_meta]
+    return out
+
+
+def refuse_meta_tensors(modules: dict, what: str, fix: str) -> None:
+    """A one-line UsageError naming the tensors meta_tensors finds (the first 4, and how many)."""
+    meta = meta_tensors(modules)
+    if meta:
+        more = f" and {len(meta) - 4} more" if len(meta) > 4 else ""
+        from ..errors import UsageError
+
+        raise UsageError(f"{what}: {len(meta)} weight(s) left on the meta device by from_pretrained, with no values "
+                         f"({', '.join(meta[:4])}{more}): {fix}")
+
+
 def short(e: BaseException) -> str:
     return first_line(e, 160)
 

@@ -46,7 +46,7 @@ from torch import nn
 
 from ..capture import Capture, save
 from ..errors import UsageError, first_line
-from ._util import quiet
+from ._util import quiet, refuse_meta_tensors
 from .call import CallAdapter
 from .examples import BATCH_LOOP, MASK_READ_AS_VALUES
 from .model import LoadedModel
@@ -318,6 +318,8 @@ def build(path: Path, index: dict, component: str | None = None):
             os.environ.pop("HF_HUB_OFFLINE", None)
         else:
             os.environ["HF_HUB_OFFLINE"] = saved
+    refuse_meta_tensors(pipe.components, f"cannot build {cls_name} from '{path}'",
+                        f"the folder's weights lack them; save the pipeline again with save_pretrained, or {hatch}")
     if hasattr(pipe, "set_progress_bar_config"):
         pipe.set_progress_bar_config(disable=True)
     return pipe

@@ -19,6 +19,7 @@ import torch
 
 from ..errors import UsageError, first_line
 from . import entries
+from ._util import refuse_meta_tensors
 from .call import CallAdapter
 from .examples import BATCH, BATCH_LOOP, BATCHED, MASK_READ_AS_VALUES, derive, forward_parameters, make_one, \
     missing_message
@@ -219,6 +220,8 @@ def _from_pretrained(cls, path: Path):
             os.environ.pop("HF_HUB_OFFLINE", None)
         else:
             os.environ["HF_HUB_OFFLINE"] = saved
+    refuse_meta_tensors({"": model}, f"cannot load '{path}' as {cls.__name__}",
+                        "the folder's weights lack them: re-save the model with save_pretrained")
     config = getattr(model, "config", None)
     if config is not None and hasattr(config, "use_cache"):
         config.use_cache = False  # no KV cache objects among the outputs

@@ -57,6 +57,46 @@ class _Float64Mode(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
+@contextlib.contextmanager
+def kept_in_float64(modules, methods=("forward", "encode", "decode")):
+    """While inside: each of `modules`' `methods` (those it has) runs under _Float64Mode, as the float64
+    reference does, for float64 copies whose calls other code makes (a diffusers pipeline's own call,
+    normexport.pipeline.compare). Without it a float64 transformers text encoder's eager attention
+    adds finfo(float64).min for masked keys and takes the softmax with dtype=float32: -1.8e308 casts
+    to -inf, and a fully masked row (left padding) is softmax(all -inf) = NaN, where float32 eager
+    (finfo(float32).min, finite) gives a uniform row. Nested calls enter the mode once."""
+    depth = [0]
+
+    def wrap(original):
+        def run(*args, **kwargs):
+            if depth[0]:
+                return original(*args, **kwargs)
+            depth[0] += 1
+            try:
+                with _Float64Mode():
+                    return original(*args, **kwargs)
+            finally:
+                depth[0] -= 1
+
+        return run
+
+    wrapped = []
+    for m in modules:
+        for name in methods:
+            if callable(getattr(m, name, None)):
+                previous = vars(m).get(name)  # an instance attribute already there (another wrapper), or None
+                setattr(m, name, wrap(getattr(m, name)))
+                wrapped.append((m, name, previous))
+    try:
+        yield
+    finally:
+        for m, name, previous in reversed(wrapped):
+            if previous is None:
+                vars(m).pop(name, None)
+            else:
+                setattr(m, name, previous)
+
+
 def _to_fp64(x):
     return x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x
 

@@ -16,6 +16,8 @@ DEFAULT_TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
 FLOOR_EPS: dict[torch.dtype, float] = {
     torch.float32: 4.0, torch.float64: 4.0, torch.float16: 1.0, torch.bfloat16: 1.0,
 }
+#: the 2x-eager rule: err(file) <= max(EAGER_FACTOR x err(eager), floor)
+EAGER_FACTOR = 2.0
 #: the plain-export rule: err(file) <= PLAIN_FACTOR x err(plain export) + floor
 PLAIN_FACTOR = 1.25
 LIMIT_RULE = ("pass when max_abs_err <= max(2 x ref_err_fp64, floor) (rule '2x eager'), or else when "
@@ -46,7 +48,12 @@ def limit_for(dtype: torch.dtype, tolerance: float, max_abs_ref: float, eager_er
     when there is no float64 reference (eager_err None) or the output is not floating."""
     if eager_err is None or not dtype.is_floating_point:
         return tolerance
-    return max(2.0 * eager_err, floor_for(dtype, max_abs_ref))
+    return eager_limit_for(dtype, max_abs_ref, eager_err)
+
+
+def eager_limit_for(dtype: torch.dtype, max_abs_ref: float, eager_err: float) -> float:
+    """The limit of the 2x-eager rule: max(EAGER_FACTOR x eager's own error, floor)."""
+    return max(EAGER_FACTOR * eager_err, floor_for(dtype, max_abs_ref))
 
 
 def plain_limit_for(dtype: torch.dtype, max_abs_ref: float, plain_err: float) -> float:

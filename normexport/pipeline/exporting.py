@@ -35,6 +35,7 @@ from ..load import pipeline as folder_pipeline
 from ..load.call import CallAdapter
 from ..load.examples import MASK_READ_AS_VALUES
 from ..load.pretrained import batched_axes, load_module
+from . import buffers
 from . import manifest as manifest_mod
 from . import optimum_names
 from .recording import LATENT_PARAMETERS, METHODS, Slot, record, save_call
@@ -96,6 +97,8 @@ def run(args) -> int:
                 entry = {**slots[seen[key]], "component": slot.component, "shared_with": seen[key]}
                 (tmp / slot.name).mkdir()
                 shutil.copy2(src / slot.component / "config.json", tmp / slot.name / "config.json")
+                if (tmp / seen[key] / buffers.FILE).is_file():
+                    shutil.copy2(tmp / seen[key] / buffers.FILE, tmp / slot.name / buffers.FILE)
                 print(f"[{slot.name}] {slot.component}: the same weights and call as {seen[key]}: "
                       f"uses {entry['file']}")
                 slots[slot.name] = entry
@@ -136,6 +139,7 @@ def _export_slot(args, src: Path, slot: Slot, tmp: Path) -> dict | None:
     file = save_call(slot, calls / f"{slot.name}.pt")
     module, _ = load_module(src / slot.component)
     module.eval()
+    component = module
     if slot.method != "forward":
         module = MethodCall(module, slot.method, METHODS[slot.method][1])
     constants = CallAdapter(module, slot.args, {k: v for k, v in slot.kwargs.items() if k != "return_dict"}).constants()
@@ -182,6 +186,7 @@ def _export_slot(args, src: Path, slot: Slot, tmp: Path) -> dict | None:
     if rec.exit_code:
         return None
     shutil.copy2(src / slot.component / "config.json", folder / "config.json")
+    buffers.write(component, folder)  # the values the pipeline may read from the component (buffers.py)
     spread = optimum_names.rename_file(folder / "model.onnx", slot.name)  # the names optimum reads
     report = json.loads((folder / "normexport_report.json").read_text())
     outputs = [optimum_names.OUTPUTS.get(slot.name, {}).get(n, n) for n in rec.output_names or []]

@@ -10,7 +10,9 @@ and rebuilds the component's own output (a ModelOutput / BaseOutput, or its tupl
 file was exported with, or a tensor the file has no input for, is an error naming it — never a
 silently different computation. Attributes the pipeline reads from the model (`config`, and the
 odd submodule such as SDXL's `add_embedding.linear_1.in_features`) come from the original class
-built on the meta device (no weights): its `dtype` is the exported one, its device the CPU.
+built on the meta device (no weights; its own buffers' values from the slot's buffers.safetensors,
+pipeline/buffers.py; any other tensor read from it refused in one line): its `dtype` is the
+exported one, its device the CPU.
 Schedulers, tokenizers and the other non-module components are loaded from their folders by the
 classes model_index.json names (diffusers / transformers only).
 
@@ -35,6 +37,7 @@ import torch.utils._pytree as pytree
 from torch import nn
 
 from ..errors import UsageError, first_line
+from . import buffers
 from . import manifest as manifest_mod
 from .recording import LATENT_PARAMETERS, bind_call, key_text
 
@@ -203,7 +206,7 @@ class OrtComponent(nn.Module):
             meta = self.__dict__.get("_meta")
             if meta is None or name.startswith("__"):
                 raise
-            return getattr(meta, name)
+            return buffers.refuse_meta(self.component, name, getattr(meta, name))  # a tensor without values: refused
 
     def to(self, *args, **kwargs):  # the sessions stay where they are (the pipeline's .to(device) is a no-op)
         return self
@@ -422,9 +425,11 @@ def _meta_module(folder: Path, library_class: list, slots: dict):
         cls = _library_class(library, cls_name, folder / "model_index.json")
         with torch.device("meta"), _quiet():
             if library == "diffusers":
-                return cls.from_config(cls.load_config(str(config_dir)))
-            config = cls.config_class.from_pretrained(str(config_dir))
-            return cls._from_config(config)
+                meta = cls.from_config(cls.load_config(str(config_dir)))
+            else:
+                meta = cls._from_config(cls.config_class.from_pretrained(str(config_dir)))
+        buffers.load_into(meta, config_dir)  # its own buffers' values, written by convert (buffers.py)
+        return meta
     except UsageError:
         raise
     except Exception as e:  # noqa: BLE001 - a class that cannot be built without weights

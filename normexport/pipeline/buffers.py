@@ -1,0 +1,67 @@
+"""The tensors a pipeline reads from a component outside the exported call (docs/design.md §12).
+
+The loaded pipeline's components stand on their class built on the meta device (runtime.OrtComponent:
+config and submodules, no weights). Some pipelines read a component's own tensor values: LTXPipeline
+denormalises the latents with `self.vae.latents_mean` / `latents_std` (AutoencoderKLLTXVideo's
+buffers) before decoding; on the meta device that was "Cannot copy out of meta tensor; no data!"
+deep in the run. Convert writes the component's own buffers (registered on the component itself,
+not its submodules, each up to BUFFER_LIMIT bytes) beside its file, and load puts them into the meta
+module; any other tensor the pipeline reads from a loaded component is refused in one line naming
+it (runtime.OrtComponent.__getattr__), never handed over without values."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ..errors import UsageError, first_line
+
+FILE = "buffers.safetensors"
+#: a component's own buffer larger than this is not written (the pipelines read small statistics)
+BUFFER_LIMIT = 1 << 20
+
+
+def write(module: nn.Module, folder: Path) -> list[str]:
+    """`module`'s own buffers (not its submodules') with values, each up to BUFFER_LIMIT bytes, in
+    folder/FILE; their names (none: no file)."""
+    tensors = {n: b.detach().cpu().contiguous() for n, b in module.named_buffers(recurse=False)
+               if b is not None and not b.is_meta and b.numel() * b.element_size() <= BUFFER_LIMIT}
+    if tensors:
+        from safetensors.torch import save_file
+
+        save_file(tensors, str(Path(folder) / FILE))
+    return sorted(tensors)
+
+
+def load_into(meta: nn.Module, folder: Path) -> list[str]:
+    """The buffers of folder/FILE put into `meta` (the component's class on the meta device) where it
+    registers a buffer of that name; their names. A file that cannot be read is a one-line error."""
+    path = Path(folder) / FILE
+    if not path.is_file():
+        return []
+    try:
+        from safetensors.torch import load_file
+
+        tensors = load_file(str(path))
+    except Exception as e:  # noqa: BLE001 - a damaged file (docs/design.md §14)
+        raise UsageError(f"'{path}' cannot be read ({type(e).__name__}: {first_line(e, 160)}): convert the pipeline "
+                         "folder again") from None
+    put = []
+    for name, t in tensors.items():
+        if name in meta._buffers:
+            meta._buffers[name] = t
+            put.append(name)
+    return sorted(put)
+
+
+def refuse_meta(component: str, name: str, value):
+    """`value` unless it is a tensor on the meta device (no values): then a one-line UsageError."""
+    if isinstance(value, torch.Tensor) and value.is_meta:
+        raise UsageError(f"the pipeline reads {component}.{name} ({'x'.join(map(str, value.shape)) or 'scalar'} "
+                         f"{str(value.dtype).replace('torch.', '')}) from the exported component, which holds no "
+                         f"values for it (only the component's own buffers up to {BUFFER_LIMIT >> 20} MiB are "
+                         f"written beside its file, {FILE}): convert the pipeline folder again with this normexport, "
+                         "or run that component in torch")
+    return value
