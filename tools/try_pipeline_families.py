@@ -24,6 +24,9 @@ dynamic), Sana failed convert (onnxscript's optimizer dropped the DC-AE linear a
 SDXL and Latte pass check; Sana converts and generates, and passes check since the float64 run keeps
 its components' casts in float64 (it had failed on NaN latents of the eager pipeline's own float64
 run: image 1.85e-06, 132.3 dB, rule plain export); Lumina2's loaded pipeline refuses the call in one line.
+LTX-Video (added later) failed check with "Cannot copy out of meta tensor" (the pipeline reads its VAE's
+latents_mean / latents_std, which the loaded component, its class on the meta device, had no values for);
+convert writes them now (pipeline/buffers.py): PASS (image 8.46e-06, 135.1 dB, rule 2x eager).
 """
 
 from __future__ import annotations
@@ -176,6 +179,22 @@ def build(kind: str, d: Path) -> Path:
             vae=P.vae(), text_encoder=P.clip_text(transformers.CLIPTextModel), tokenizer=P.clip_tokenizer(d / "tok"),
             unet=P._perturb(unet), scheduler=diffusers.DDIMScheduler(), safety_checker=None, feature_extractor=None,
             requires_safety_checker=False)
+    elif kind == "ltx":  # a video pipeline whose VAE's own buffers (latents_mean / std) the pipeline reads
+        vae = diffusers.AutoencoderKLLTXVideo(
+            in_channels=3, out_channels=3, latent_channels=8, block_out_channels=(8, 8, 8, 8),
+            decoder_block_out_channels=(8, 8, 8, 8), layers_per_block=(1, 1, 1, 1, 1),
+            decoder_layers_per_block=(1, 1, 1, 1, 1), spatio_temporal_scaling=(True, True, False, False),
+            decoder_spatio_temporal_scaling=(True, True, False, False), decoder_inject_noise=(False,) * 5,
+            upsample_residual=(False,) * 4, upsample_factor=(1,) * 4)
+        with torch.no_grad():  # statistics away from their init (zeros / ones), so a lost value shows
+            vae.latents_mean.copy_(torch.linspace(-0.5, 0.5, 8))
+            vae.latents_std.copy_(torch.linspace(0.5, 2.0, 8))
+        transformer = diffusers.LTXVideoTransformer3DModel(
+            in_channels=8, out_channels=8, patch_size=1, patch_size_t=1, num_attention_heads=2, attention_head_dim=8,
+            cross_attention_dim=16, num_layers=1, caption_channels=16)
+        pipe = diffusers.LTXPipeline(scheduler=diffusers.FlowMatchEulerDiscreteScheduler(), vae=vae,
+                                     text_encoder=P.t5(16), tokenizer=P.word_tokenizer(),
+                                     transformer=P._perturb(transformer))
     else:
         raise KeyError(kind)
     pipe.save_pretrained(d / kind)
@@ -210,7 +229,7 @@ def prefixed_tokenizer():
 
 
 #: the order the brief asks for
-KINDS = ["sdxl", "pixart_sigma", "sana", "auraflow", "lumina2", "hunyuandit", "cogview4", "latte", "inpaint"]
+KINDS = ["sdxl", "pixart_sigma", "sana", "auraflow", "lumina2", "hunyuandit", "cogview4", "latte", "inpaint", "ltx"]
 
 
 def _num(x, spec: str = ".3g") -> str:
