@@ -43,16 +43,21 @@ def build_parser() -> argparse.ArgumentParser:
             p.set_defaults(run=routed[name])
             if name == "check":
                 pipeline_cmd.add_check_arguments(p)
+                from .quantize import add_check_arguments as add_quantized_check_arguments
+
+                add_quantized_check_arguments(p)  # --no-anchor (docs/design.md §15)
     return parser
 
 
 def _check(args) -> int:
-    """`check`: an exported pipeline folder (normexport.pipeline), else one file: parity's check, a
-    file with a KV cache checked by generation (normexport.llm.checking; llm is above parity)."""
+    """`check`: an exported pipeline folder (normexport.pipeline), else one file: a quantized file by
+    the quantized verdict (normexport.quantize.checking), else parity's check, a file with a KV cache
+    checked by generation (normexport.llm.checking; llm is above parity)."""
     from .llm import checking
     from .pipeline import cli as pipeline_cmd
+    from .quantize import checking as quantized
 
-    return pipeline_cmd.check(args, checking.run)
+    return pipeline_cmd.check(args, lambda a: quantized.run(a, checking.run))
 
 
 def _version() -> str:

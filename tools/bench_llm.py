@@ -146,14 +146,20 @@ def warm_cache(folder: Path) -> None:
                     pass
 
 
-def export(name: str, folder: Path, work: Path) -> tuple[dict, Path | None]:
+#: --quantize int4: both sides quantize with the same options (onnxruntime-genai's builder's CPU defaults)
+INT4 = {"block_size": 32, "symmetric": True, "accuracy_level": 4}
+
+
+def export(name: str, folder: Path, work: Path, quantize: str | None = None) -> tuple[dict, Path | None]:
     out = work / name
     out.mkdir(exist_ok=True)
     env = dict(os.environ)
     if name in ("normexport", "normexport-decomposed"):
         onnx_path = out / "model.onnx"
         cmd = [sys.executable, "-m", "normexport", "convert", str(folder), "-o", str(onnx_path), "--target", "ort",
-               "--no-check", *(["--no-fuse", "attention"] if name == "normexport-decomposed" else [])]
+               "--no-check", *(["--no-fuse", "attention"] if name == "normexport-decomposed" else []),
+               *(["--quantize", "int4", "--block-size", str(INT4["block_size"]), "--accuracy-level",
+                  str(INT4["accuracy_level"])] if quantize else [])]
     elif name == "optimum":
         # optimum-onnx 0.1.0 needs transformers < 4.58 (the project runs 5.x) and optimum ~= 2.1.0 (2.3 imports
         # huggingface_hub.resolve_revision, which the hub that transformers 4.57 takes lacks): those, in their own folders, first
@@ -172,7 +178,10 @@ def export(name: str, folder: Path, work: Path) -> tuple[dict, Path | None]:
             env["PYTHONPATH"] = str(pip_target("onnxruntime-genai", work / "pkgs_genai"))
         onnx_path = out / "model.onnx"
         cmd = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(folder), "-o", str(out),
-               "-p", "fp32", "-e", "cpu", "-c", str(work / "genai_cache")]
+               "-p", "int4" if quantize else "fp32", "-e", "cpu", "-c", str(work / "genai_cache")]
+        if quantize:
+            cmd += ["--extra_options", f"block_size={INT4['block_size']}", f"is_symmetric={str(INT4['symmetric']).lower()}",
+                    f"accuracy_level={INT4['accuracy_level']}"]
     row = timed(cmd, env, log=work / f"{name}.export.log")
     if row["rc"] == 0 and onnx_path.exists():
         import onnx
@@ -180,6 +189,8 @@ def export(name: str, folder: Path, work: Path) -> tuple[dict, Path | None]:
         graph = onnx.load(str(onnx_path), load_external_data=False).graph
         row["nodes"] = len(graph.node)
         row["group_query_attention"] = sum(n.op_type == "GroupQueryAttention" for n in graph.node)
+        row["matmul_nbits"] = sum(n.op_type == "MatMulNBits" for n in graph.node)
+        row["file_bytes"] = sum(p.stat().st_size for p in out.iterdir() if p.name.startswith("model.onnx"))
     return row, (onnx_path if row["rc"] == 0 and onnx_path.exists() else None)
 
 
@@ -228,6 +239,33 @@ print(json.dumps({"prefill_ms": round(1000 * sorted(times)[1], 1), "decode_token
 '''
 
 
+AGREEMENT = r'''
+import json, sys
+import torch, transformers
+from normexport.llm import CacheLM
+from normexport.quantize import verdict
+folder, files = sys.argv[1], json.loads(sys.argv[2])
+lm = CacheLM(transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval())
+prompt, path, eager = verdict.eager_path(lm)
+empty = list(lm.layout.empty(1, 0, dtype=torch.float32))
+out = {name: verdict.agreement(f, name, prompt, path, eager, empty, checked=name.startswith("normexport")).to_dict()
+       for name, f in files.items()}
+print(json.dumps(out))
+'''
+
+
+def agreement(folder: Path, paths: dict, work: Path) -> dict:
+    """normexport.quantize.verdict's numbers (teacher-forced top-1, logit cosine, greedy tokens against
+    eager fp32, one prompt) for every file, in one child process."""
+    script = work / "agreement.py"
+    script.write_text(AGREEMENT)
+    p = subprocess.run([sys.executable, str(script), str(folder), json.dumps({k: str(v) for k, v in paths.items()})],
+                       capture_output=True, text=True)
+    if p.returncode != 0:
+        return {"error": (p.stderr.strip().splitlines() or ["?"])[-1][:300]}
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
 def speed(onnx_path: Path, prefill: int, decode: int, work: Path, preset: str) -> dict:
     script = work / "speed.py"
     script.write_text(SPEED)
@@ -258,6 +296,9 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat", type=int, default=1, help="speed rounds, files alternating (median reported)")
     ap.add_argument("--export-repeat", type=int, default=1,
                     help="export rounds, exporters alternating (median export time reported, every run kept)")
+    ap.add_argument("--quantize", choices=("int4",), default=None,
+                    help="int4: normexport convert --quantize int4 beside genai's builder -p int4, same block size, "
+                         "symmetry and accuracy level; their agreement with eager fp32 beside each other")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     args.work.mkdir(parents=True, exist_ok=True)
@@ -272,7 +313,7 @@ def main(argv=None) -> int:
         for i, name in _abba(list(enumerate(names)), k):
             shutil.rmtree(args.work / name, ignore_errors=True)  # each export writes a new folder
             warm_cache(folder)  # every exporter starts with the folder in the page cache (the first one paid the disk read)
-            row, path = export(name, folder, args.work)
+            row, path = export(name, folder, args.work, args.quantize)
             row["exporter"] = name
             print(f"export round {k + 1}: {json.dumps(row)}", flush=True)
             if k == 0:
@@ -297,6 +338,10 @@ def main(argv=None) -> int:
                 row[key] = sorted(r[key] for r in ok)[len(ok) // 2]
         elif row.get("rounds"):
             row["speed_error"] = row["rounds"][0]["speed_error"]
+    agreed = agreement(folder, paths, args.work) if args.quantize else {}
+    for row in rows:
+        if row["exporter"] in agreed:
+            row["agreement"] = agreed[row["exporter"]]
     bw, per_token = read_bandwidth(), decode_bytes(folder)
     limit = bw * 1e9 / per_token
     print(f"read bandwidth {bw:.1f} GB/s (every core); a decode step reads {per_token / 1e9:.2f} GB of weights: "
@@ -318,9 +363,22 @@ def main(argv=None) -> int:
             r["export_vs_genai"] = round(r["seconds"] / base["seconds"], 2)
             print(f"{r['exporter']} export / genai's builder: {r['export_vs_genai']:.2f}x (median of "
                   f"{len(r['export_runs'])} run(s) each: {r['export_runs']} vs {base['export_runs']} s)")
+    if args.quantize:
+        print(f"\n{'exporter':<22} {'MatMulNBits':>11} {'file MiB':>9} {'top-1':>6} {'cos mean':>9} {'cos min':>8} {'greedy':>7}")
+        for r in rows:
+            a = r.get("agreement") or {}
+            print(f"{r['exporter']:<22} {r.get('matmul_nbits', '-'):>11} "
+                  f"{(format(r['file_bytes'] / 2**20, '.1f') if r.get('file_bytes') else '-'):>9} "
+                  f"{a.get('top1', '-'):>6} {a.get('cosine_mean', '-'):>9} {a.get('cosine_min', '-'):>8} "
+                  f"{str(a.get('greedy_equal', '-')) + '/' + str(a.get('steps', '-')):>7}" + (f"  {a['error']}" if a.get("error") else ""))
+        if base is not None and base.get("file_bytes"):
+            for r in rows:
+                if r is not base and r.get("file_bytes"):
+                    r["file_vs_genai"] = round(r["file_bytes"] / base["file_bytes"], 3)
+                    print(f"{r['exporter']} file size / genai's: {r['file_vs_genai']:.3f}x")
     print(f"load average after: {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}")
     if args.json:
-        args.json.write_text(json.dumps({"preset": args.preset, "cpu": cpu_model(), "weights_bytes": weights, "prefill": args.prefill,
+        args.json.write_text(json.dumps({"preset": args.preset, "quantize": args.quantize, "int4": INT4 if args.quantize else None, "cpu": cpu_model(), "weights_bytes": weights, "prefill": args.prefill,
                                          "decode": args.decode, "repeat": args.repeat, "export_repeat": args.export_repeat, "cpus": os.cpu_count(),
                                          "read_gbps": round(bw, 1), "decode_bytes": per_token, "decode_limit_tokens_per_s": round(limit, 2), "load_before": list(load_before), "load_after": list(load),
                                          "page_cache": "the folder read once before each export", "rows": rows}, indent=1))

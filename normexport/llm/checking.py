@@ -17,15 +17,35 @@ def run(args) -> int:
     return check_cmd.run(args, with_past=run_generation)
 
 
-def run_generation(args, source) -> int:
-    """`check` of a file with a KV cache: greedy generation step by step (parity/generate.py). The
-    reference is loaded inside the check and released before onnxruntime loads the file."""
+def reference_lm(args):
+    """The causal LM `--reference` names, as the file's cache semantics run it (CacheLM / ProgramLM),
+    or a one-line refusal."""
     from ..load import load as load_reference
-    from ..load.inputs import parse_input
-    from ..parity.generate import DEFAULT_BATCH, DEFAULT_PROMPT, check_generation
     from .cache import CacheLM, NoKVCache
     from .program import ProgramLM
     from .task import causal_lm
+
+    loaded = load_reference(args.reference, trust_pickle=args.trust_pickle, weights=args.weights,
+                            imports=getattr(args, "imports", ()))
+    model = causal_lm(loaded)
+    if model is not None:
+        return CacheLM(model)
+    if loaded.kind == "exported-program":  # a .pt2 that takes a KV cache (llm.program)
+        try:
+            return ProgramLM(loaded, label=f"the program of {Path(args.reference).name}")
+        except NoKVCache as e:
+            raise UsageError(f"'{args.onnx_model}' takes a KV cache but the program '{args.reference}' cannot be "
+                             f"fed one: {e.reason}") from None
+    raise UsageError(f"'{args.onnx_model}' takes a KV cache but '{args.reference}' is not a transformers "
+                     "causal-LM folder, factory or pickle, nor a .pt2 taking a KV cache: pass the model it was "
+                     "converted from")
+
+
+def run_generation(args, source) -> int:
+    """`check` of a file with a KV cache: greedy generation step by step (parity/generate.py). The
+    reference is loaded inside the check and released before onnxruntime loads the file."""
+    from ..load.inputs import parse_input
+    from ..parity.generate import DEFAULT_BATCH, DEFAULT_PROMPT, check_generation
 
     if args.tokens < 1:
         raise UsageError(f"--tokens must be >= 1, got {args.tokens}")
@@ -41,24 +61,9 @@ def run_generation(args, source) -> int:
     if args.dtype:
         raise UsageError("--dtype: a file with a KV cache is checked in the dtype of its cache inputs; leave --dtype out")
 
-    def reference():
-        loaded = load_reference(args.reference, trust_pickle=args.trust_pickle, weights=args.weights,
-                                imports=getattr(args, "imports", ()))
-        model = causal_lm(loaded)
-        if model is not None:
-            return CacheLM(model)
-        if loaded.kind == "exported-program":  # a .pt2 that takes a KV cache (llm.program)
-            try:
-                return ProgramLM(loaded, label=f"the program of {Path(args.reference).name}")
-            except NoKVCache as e:
-                raise UsageError(f"'{args.onnx_model}' takes a KV cache but the program '{args.reference}' cannot be "
-                                 f"fed one: {e.reason}") from None
-        raise UsageError(f"'{args.onnx_model}' takes a KV cache but '{args.reference}' is not a transformers "
-                         "causal-LM folder, factory or pickle, nor a .pt2 taking a KV cache: pass the model it was "
-                         "converted from")
-
     try:
-        report = check_generation(source.proto if source.path is None else source.path, reference, tokens=args.tokens,
+        report = check_generation(source.proto if source.path is None else source.path, lambda: reference_lm(args),
+                                  tokens=args.tokens,
                                   batch=batch, prompt_length=length, rtol=args.rtol, atol=args.atol,
                                   backend=args.backend, command="check", plain_export=True)
     finally:

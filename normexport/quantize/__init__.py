@@ -47,6 +47,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "builder; hqq: half-quadratic, scales and zero points fitted per block)")
     p.add_argument("--float-lm-head", action="store_true",
                    help="int4: keep the LM head's MatMul in float (default: quantized too, as onnxruntime-genai's builder)")
+    add_check_arguments(p)
+
+
+def add_check_arguments(p: argparse.ArgumentParser) -> None:
+    """What convert and check share: --no-anchor."""
+    p.add_argument("--no-anchor", action="store_true",
+                   help="a quantized LLM: judge it by the thresholds of docs/design.md §15 without building "
+                        "onnxruntime-genai's int4 file of the same folder beside it")
 
 
 def options(args) -> dict | None:

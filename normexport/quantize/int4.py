@@ -31,17 +31,27 @@ def eligible(model_ir) -> list[str]:
     return names
 
 
-def lm_head(model_ir, output: str = "logits") -> str | None:
-    """The MatMul that makes `output` (through shape-only ops), None where there is none."""
-    producers = {o.name: n for n in model_ir.graph for o in n.outputs}
-    name, seen = output, 0
-    while name in producers and seen < 8:
-        node = producers[name]
-        if node.op_type == "MatMul":
-            return node.name
-        if node.op_type not in ("Reshape", "Cast", "Identity", "Squeeze", "Unsqueeze", "Add") or not node.inputs:
+def lm_head(model, output: str = "logits") -> str | None:
+    """The name of the MatMul (or MatMulNBits) that makes `output` through shape-only ops, None where
+    there is none; `model`: an onnx_ir model or a ModelProto."""
+    import onnx
+
+    graph = model.graph
+    if isinstance(model, onnx.ModelProto):
+        producers = {o: (n.op_type, n.name, list(n.input)) for n in graph.node for o in n.output}
+    else:
+        producers = {o.name: (n.op_type, n.name, [i.name if i is not None else "" for i in n.inputs])
+                     for n in graph for o in n.outputs}
+    name = output
+    for _ in range(8):
+        if name not in producers:
             return None
-        name, seen = node.inputs[0].name, seen + 1
+        op, node_name, inputs = producers[name]
+        if op in ("MatMul", "MatMulNBits"):
+            return node_name
+        if op not in ("Reshape", "Cast", "Identity", "Squeeze", "Unsqueeze", "Add") or not inputs:
+            return None
+        name = inputs[0]
     return None
 
 
@@ -60,8 +70,42 @@ def refuse_unquantizable(rec) -> None:
                          "int8 / fp8 with --target trt for Conv / Gemm models")
 
 
+def transposed_weights(model) -> int:
+    """A MatMul whose weight is Transpose(initializer) (a tied LM head: the exporter shares the
+    embedding table and transposes it in the graph) gets the transposed weight as an initializer of
+    its own, as onnxruntime-genai's builder writes a tied head: onnxruntime's quantizer takes
+    constant weights only. The embedding table stays as it is. Returns how many were given one."""
+    import numpy as np
+    from onnx import helper, numpy_helper
+
+    inits = {t.name: t for t in model.graph.initializer}
+    producers = {o: n for n in model.graph.node for o in n.output}
+    consumers: dict = {}
+    for n in model.graph.node:
+        for i in n.input:
+            consumers.setdefault(i, []).append(n)
+    done = 0
+    for node in model.graph.node:
+        if node.op_type != "MatMul" or len(node.input) < 2 or node.input[1] in inits:
+            continue
+        t = producers.get(node.input[1])
+        if t is None or t.op_type != "Transpose" or t.input[0] not in inits:
+            continue
+        w = numpy_helper.to_array(inits[t.input[0]])
+        perm = next((list(helper.get_attribute_value(a)) for a in t.attribute if a.name == "perm"), None)
+        name = f"{t.input[0]}.transposed_for_{node.name}"
+        model.graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(np.transpose(w, perm)), name))
+        node.input[1] = name
+        if len(consumers.get(t.output[0], [])) == 1:  # the Transpose fed this MatMul alone: it goes
+            model.graph.node.remove(t)
+        done += 1
+    return done
+
+
 def quantize(path: Path, opts: dict, exclude: list[str]):
-    """onnxruntime's MatMulNBitsQuantizer over the file at `path`: the quantized ModelProto."""
+    """onnxruntime's MatMulNBitsQuantizer over the file at `path` (tied weights given their own,
+    transposed_weights): the quantized ModelProto."""
+    import onnx
     from onnxruntime.quantization import matmul_nbits_quantizer as mnq
     from onnxruntime.quantization.quant_utils import QuantFormat
 
@@ -72,7 +116,9 @@ def quantize(path: Path, opts: dict, exclude: list[str]):
     level = logging.getLogger("onnxruntime.quantization").level
     logging.getLogger("onnxruntime.quantization").setLevel(logging.ERROR)  # its per-node info lines
     try:
-        q = mnq.MatMulNBitsQuantizer(str(path), bits=4, block_size=opts["block_size"], is_symmetric=opts["symmetric"],
+        model = onnx.load(str(path))  # the weights read in once; the quantizer works on this proto
+        transposed_weights(model)
+        q = mnq.MatMulNBitsQuantizer(model, bits=4, block_size=opts["block_size"], is_symmetric=opts["symmetric"],
                                      accuracy_level=opts["accuracy_level"] or None, nodes_to_exclude=exclude,
                                      quant_format=QuantFormat.QOperator, op_types_to_quantize=("MatMul",),
                                      algo_config=config)
@@ -113,7 +159,7 @@ def run(rec):
             judged["verdict"] = None
             return
         if rec.task == llm.WITH_PAST:
-            v = judge_llm_with_anchor(tmp, rec.module, rec.args.model, opts)
+            v = judge_llm_with_anchor(tmp, rec.module, rec.args.model, opts, anchor=not getattr(rec.args, "no_anchor", False))
         else:
             v = verdict.judge_outputs(tmp, rec.module, rec.inputs, rec.names, kind="int4")
         judged["verdict"] = v
@@ -139,13 +185,15 @@ def run(rec):
     return rec
 
 
-def judge_llm_with_anchor(path, lm, source, opts):
+def judge_llm_with_anchor(path, lm, source, opts, anchor: bool = True):
     """verdict.judge_llm of the file at `path`, beside onnxruntime-genai's int4 folder of `source`
-    where its builder runs here (anchor.py)."""
-    from . import anchor, verdict
+    where its builder runs here (anchor.py) and `anchor` (--no-anchor: the thresholds)."""
+    from . import anchor as anchors, verdict
 
-    with anchor.Workdir() as work:
-        model, note, _ = anchor.build(source, opts, work)
+    if not anchor:
+        return verdict.judge_llm(path, lm, anchor=None, anchor_note="none (--no-anchor): judged by the thresholds")
+    with anchors.Workdir() as work:
+        model, note, _ = anchors.build(source, opts, work)
         if model is None:
             note = f"none ({note}): judged by the thresholds"
         return verdict.judge_llm(path, lm, anchor=model, anchor_note=note)

@@ -103,10 +103,15 @@ def check(model: onnx.ModelProto, float_ir, opts: dict) -> WeightCheck:
         k, n, block = attrs["K"], attrs["N"], attrs["block_size"]
         name = node.input[1]
         base = name[:-3] if name.endswith("_Q4") else name
-        if base not in floats or floats[base].const_value is None:
+        tied = ".transposed_for_"
+        if base not in floats and tied in base and base.split(tied)[0] in floats:  # a tied head (int4.transposed_weights)
+            table = floats[base.split(tied)[0]].const_value.numpy().astype(np.float32)
+            want = table if table.shape == (n, k) else table.reshape(k, n).T
+        elif base not in floats or floats[base].const_value is None:
             result.missing.append(node.name)
             continue
-        want = floats[base].const_value.numpy().astype(np.float32).reshape(k, n).T  # [N, K]
+        else:
+            want = floats[base].const_value.numpy().astype(np.float32).reshape(k, n).T  # [N, K]
         b = numpy_helper.to_array(inits[name])
         scales = numpy_helper.to_array(inits[node.input[2]])
         zp = numpy_helper.to_array(inits[node.input[3]]) if len(node.input) > 3 and node.input[3] else None

@@ -1,0 +1,264 @@
+"""`convert LLM_DIR -o OUT/ --target ort --quantize int4` (docs/design.md §15, issue 45 item 1 and 3):
+MatMul weights as MatMulNBits by onnxruntime's own quantizer, the fused norms kept, the folder
+generated from by onnxruntime-genai as it is, judged by agreement with eager fp32 beside
+onnxruntime-genai's builder's int4 file of the same folder (the anchor).
+
+Real transformers classes, random weights (head size 16: onnxruntime's GroupQueryAttention takes
+multiples of 16): LLaMA with grouped-query attention (with the anchor), Qwen 3 (q/k norms) and
+Gemma 3 with tied embeddings (judged by the thresholds, --no-anchor). Planted: a block's scale
+halved and a zero point shifted by one are caught by the weight check; each rule of the verdict
+has a case just inside (passes) and just past (fails)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+COMMON = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, max_position_embeddings=128, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+
+
+def make_folder(family: str, root: Path) -> Path:
+    import transformers as t
+
+    cls, cfg = {"llama": (t.LlamaForCausalLM, lambda: t.LlamaConfig(**COMMON)),
+                "qwen3": (t.Qwen3ForCausalLM, lambda: t.Qwen3Config(**COMMON, head_dim=16)),
+                "gemma3": (t.Gemma3ForCausalLM, lambda: t.Gemma3TextConfig(
+                    **COMMON, head_dim=16, sliding_window=4, tie_word_embeddings=True,
+                    layer_types=["sliding_attention", "full_attention"]))}[family]
+    torch.manual_seed(0)
+    model = cls(cfg()).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(torch.randn_like(p) * 0.3 + (0.0 if family == "gemma3" else 1.0))
+    out = root / family
+    model.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory):
+    """family -> (source folder, output folder, exit code, stdout, the report)."""
+    from normexport.cli import main
+
+    root = tmp_path_factory.mktemp("int4")
+    done = {}
+    for family in ("llama", "qwen3", "gemma3"):
+        src = make_folder(family, root)
+        out = root / f"{family}_int4"
+        report = root / f"{family}.json"
+        anchor = [] if family == "llama" else ["--no-anchor"]
+        import contextlib
+        import io
+
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            code = main(["convert", str(src), "-o", f"{out}/", "--target", "ort", "--quantize", "int4",
+                         "--report", str(report), *anchor])
+        done[family] = (src, out, code, buf.getvalue(), json.loads(report.read_text()) if report.exists() else None)
+    return done
+
+
+@pytest.fixture(scope="module")
+def float_file(tmp_path_factory, converted):
+    """The float file of the LLaMA folder (--no-check) and its onnx_ir model: the planted weight cases."""
+    import onnx_ir as ir
+
+    from normexport.cli import main
+
+    out = tmp_path_factory.mktemp("float") / "llama"
+    assert main(["convert", str(converted["llama"][0]), "-o", f"{out}/", "--target", "ort", "--no-check"]) == 0
+    return out / "model.onnx", ir.load(str(out / "model.onnx"))
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3", "gemma3"])
+def test_int4_folder_passes_with_its_norms_kept(converted, family):
+    _, out, code, stdout, report = converted[family]
+    assert code == 0, stdout
+    model = onnx.load(str(out / "model.onnx"))
+    ops = [n.op_type for n in model.graph.node]
+    q = report["quantized"]
+    assert q["passed"] and q["verdict"]["passed"], stdout
+    # every projection and the LM head (genai's default) in MatMulNBits; what is left in float takes no weight
+    inits = {t.name for t in model.graph.initializer}
+    assert ops.count("MatMulNBits") >= 2 * 3 + 1
+    assert not [n.name for n in model.graph.node if n.op_type == "MatMul" and n.input[1] in inits]
+    # the norms are the float file's (the report's op counts are the float file's)
+    norms = sum(1 for n in model.graph.node if n.op_type in ("RMSNormalization", "SimplifiedLayerNormalization",
+                                                               "SkipSimplifiedLayerNormalization"))
+    assert norms == sum(v for k, v in report["op_counts"].items() if "Normalization" in k) > 0
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in
+             next(n for n in model.graph.node if n.op_type == "MatMulNBits").attribute}
+    assert (attrs["block_size"], attrs["bits"], attrs["accuracy_level"]) == (32, 4, 4)
+    assert q["weights"]["passed"] and q["weights"]["worst_steps"] <= 1.0
+    v = q["verdict"]["ours"]
+    assert v["top1"] >= 0.75 and v["cosine_mean"] >= 0.9, v
+    assert "PASSED (quantized verdict" in stdout and "wrote" in stdout
+
+
+def test_tied_embeddings_keep_the_table_in_float(converted):
+    """Gemma 3 ties its LM head to the embedding table: the head's MatMul is int4, the Gather's table float."""
+    _, out, _, _, _ = converted["gemma3"]
+    model = onnx.load(str(out / "model.onnx"))
+    gathers = [n for n in model.graph.node if n.op_type == "Gather"]
+    inits = {t.name: t for t in model.graph.initializer}
+    tables = [inits[n.input[0]] for n in gathers if n.input[0] in inits and len(inits[n.input[0]].dims) == 2]
+    assert tables and all(t.data_type == onnx.TensorProto.FLOAT and list(t.dims) == [256, 64] for t in tables)
+    from normexport.quantize.int4 import lm_head
+
+    head = lm_head(model)
+    assert next(n.op_type for n in model.graph.node if n.name == head) == "MatMulNBits"
+
+
+def test_anchor_beside_ours(converted):
+    """LLaMA: onnxruntime-genai's builder made the anchor; same quantizer, same weights: the same
+    agreement within noise, and the verdict's rule is the anchor's."""
+    _, _, code, stdout, report = converted["llama"]
+    v = report["quantized"]["verdict"]
+    assert v["anchor"] is not None and v["anchor"]["error"] is None, stdout
+    assert "at least as close to eager as the anchor" in v["rule"]
+    assert abs(v["ours"]["cosine_mean"] - v["anchor"]["cosine_mean"]) < 2e-3
+    assert "onnxruntime-genai int4" in stdout
+
+
+def test_genai_generates_from_the_int4_folder(converted):
+    """onnxruntime-genai's generator on the folder as it is gives the file's own greedy tokens
+    (onnxruntime, the verdict's loop)."""
+    og = pytest.importorskip("onnxruntime_genai")
+    from normexport.parity import runners
+    from normexport.quantize import verdict
+
+    _, out, _, _, _ = converted["llama"]
+    ids = [5, 17, 42, 9, 100, 7]
+    model = og.Model(str(out))
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=len(ids) + 12)
+    gen = og.Generator(model, params)
+    gen.append_tokens(np.array([ids], dtype=np.int32))
+    got = []
+    while not gen.is_done():
+        gen.generate_next_token()
+        got.append(int(gen.get_next_tokens()[0]))
+    source = runners._ModelSource(str(out / "model.onnx"))
+    runner = runners.runner_for("ort", source)
+    empty = [torch.zeros(1, 2, 0, 16) for _ in range(4)]
+    own = verdict._steps(runner, source.proto, torch.tensor([ids]), 12, empty,
+                         lambda k, logits: torch.tensor([[int(np.argmax(logits[0]))]]))
+    runner.deactivate()
+    assert got == [int(np.argmax(l[0])) for l in own]
+
+
+def _opts(**kw):
+    return {"kind": "int4", "block_size": 32, "symmetric": True, "accuracy_level": 4, "algorithm": "rtn",
+            "lm_head": True, **kw}
+
+
+def _init(model, name):
+    return next(t for t in model.graph.initializer if t.name == name)
+
+
+def test_weight_check_catches_a_halved_scale(float_file):
+    from onnx import numpy_helper
+
+    from normexport.quantize import int4, weights
+
+    path, float_ir = float_file
+    q = int4.quantize(path, _opts(), [])
+    assert weights.check(q, float_ir, _opts()).passed
+    node = next(n for n in q.graph.node if n.op_type == "MatMulNBits")
+    t = _init(q, node.input[2])
+    s = numpy_helper.to_array(t).copy()
+    s.flat[3] *= 0.5  # one block's scale halved
+    t.CopyFrom(numpy_helper.from_array(s, t.name))
+    found = weights.check(q, float_ir, _opts())
+    assert not found.passed and found.worst_node == node.name, found.line()
+
+
+def test_weight_check_catches_a_zero_point_shifted(float_file):
+    from onnx import numpy_helper
+
+    from normexport.quantize import int4, weights
+
+    path, float_ir = float_file
+    opts = _opts(symmetric=False)
+    q = int4.quantize(path, opts, [])
+    assert weights.check(q, float_ir, opts).passed
+    node = next(n for n in q.graph.node if n.op_type == "MatMulNBits")
+    t = _init(q, node.input[3])
+    zp = numpy_helper.to_array(t).copy()
+    low = zp.flat[0] & 0x0F
+    zp.flat[0] = (zp.flat[0] & 0xF0) | ((low + 1) & 0x0F if low < 15 else low - 1)  # block 0's zero point off by one
+    t.CopyFrom(numpy_helper.from_array(zp, t.name))
+    found = weights.check(q, float_ir, opts)
+    assert not found.passed and found.worst_node == node.name, found.line()
+
+
+def _agreement(label="x", **kw):
+    from normexport.quantize.verdict import Agreement
+
+    base = dict(steps=32, top1=0.9, cosine_mean=0.995, cosine_min=0.99, greedy_equal=20, greedy_prefix=10)
+    return Agreement(label=label, **{**base, **kw})
+
+
+@pytest.mark.parametrize("field,inside,past", [("top1", 0.75, 0.7499), ("cosine_mean", 0.9, 0.8999),
+                                               ("cosine_min", 0.8, 0.7999)])
+def test_threshold_rules_without_an_anchor(field, inside, past):
+    from normexport.quantize.verdict import LLMVerdict, decide
+
+    assert decide(LLMVerdict(ours=_agreement(**{field: inside}))).passed
+    failed = decide(LLMVerdict(ours=_agreement(**{field: past})))
+    assert not failed.passed and len(failed.failures) == 1
+
+
+@pytest.mark.parametrize("field,anchor,inside,past", [("top1", 0.9, 0.9 - 1 / 32, 0.9 - 1 / 32 - 1e-6),
+                                                      ("cosine_mean", 0.995, 0.993, 0.99299),
+                                                      ("greedy_equal", 20, 16, 15)])
+def test_anchor_rules(field, anchor, inside, past):
+    """At least as close to eager as the anchor, within the stated slack; a file that beats the
+    anchor passes whatever the thresholds say."""
+    from normexport.quantize.verdict import LLMVerdict, decide
+
+    a = _agreement("anchor", **{field: anchor})
+    assert decide(LLMVerdict(ours=_agreement(**{field: inside}), anchor=a)).passed
+    assert not decide(LLMVerdict(ours=_agreement(**{field: past}), anchor=a)).passed
+    low = dict(top1=0.5, cosine_mean=0.85, cosine_min=0.5)
+    assert decide(LLMVerdict(ours=_agreement(**low), anchor=_agreement("anchor", **low))).passed
+
+
+def test_a_file_that_does_not_run_fails():
+    from normexport.quantize.verdict import LLMVerdict, decide
+
+    assert not decide(LLMVerdict(ours=_agreement(error="InvalidArgument: x"))).passed
+
+
+def test_check_judges_the_int4_file_as_quantized(converted, cli, tmp_path):
+    src, out, _, _, _ = converted["qwen3"]
+    code, stdout, err = cli("check", out / "model.onnx", "--reference", src, "--no-anchor", "--json", tmp_path / "c.json")
+    assert code == 0, stdout + err
+    assert "quantized check" in stdout and "PASSED (quantized verdict" in stdout and "2x eager" not in stdout
+    q = json.loads((tmp_path / "c.json").read_text())["quantized"]
+    assert q["options"] == _opts() and q["verdict"]["passed"]
+
+
+def test_refusals_write_nothing(cli, tmp_path):
+    out = tmp_path / "o"
+    out.mkdir()
+    code, _, err = cli("convert", "normexport.models.llama:tiny", "-o", out / "x.onnx", "--target", "ort",
+                       "--quantize", "fp8")
+    assert code == 2 and "--quantize fp8 does not serve --target ort" in err and err.count("\n") == 1
+    code, _, err = cli("convert", "normexport.models.llama:tiny", "-o", out / "x.onnx", "--target", "trt",
+                       "--quantize", "int8", "--block-size", "64")
+    assert code == 2 and "--block-size: int4 options" in err
+    code, stdout, err = cli("convert", "normexport.models.conv_bn:tiny", "-o", out / "c.onnx", "--target", "ort",
+                            "--quantize", "int4")
+    assert code == 2 and "exports no MatMul with a constant weight" in err, stdout + err
+    assert not out.exists() or not any(out.iterdir())
