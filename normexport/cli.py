@@ -39,6 +39,14 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text, description=help_text)
         mod.add_arguments(p)
         p.set_defaults(run=mod.run)
+        if name in ("convert", "check"):  # a save_pretrained folder whose config.json and weights disagree
+            from .load import checkpoint_keys
+
+            p.add_argument(checkpoint_keys.FLAG, action="store_true",
+                           help="load a transformers / diffusers folder (or pipeline component) whose config.json "
+                                "and checkpoint disagree: parameters the checkpoint lacks or holds in another shape "
+                                "get random values, checkpoint tensors the model does not use are dropped (said on "
+                                "stderr); without it such a folder is refused in one line")
         if name in routed:  # a diffusers pipeline folder in or out (normexport.pipeline)
             p.set_defaults(run=routed[name])
             if name == "check":
@@ -95,7 +103,10 @@ def main(argv: list[str] | None = None) -> int:
     debug = os.environ.get("NORMEXPORT_DEBUG", "").strip() not in ("", "0")
     try:
         args = build_parser().parse_args(argv)
-        code = args.run(args)
+        from .load import checkpoint_keys
+
+        with checkpoint_keys.allowing(getattr(args, "allow_random_weights", False)):
+            code = args.run(args)
     except UsageError as e:
         print(f"normexport: error: {e}", file=sys.stderr)
         return 2

@@ -50,6 +50,7 @@ from ._util import quiet, refuse_meta_tensors
 from .call import CallAdapter
 from .examples import BATCH_LOOP, MASK_READ_AS_VALUES
 from .model import LoadedModel
+from .pipeline_parts import load_components
 from .pretrained import _stored_dtype, batched_axes, fixed_by_mask_note
 
 KIND = "diffusers-pipeline"
@@ -303,13 +304,17 @@ def build(path: Path, index: dict, component: str | None = None):
         except (ImportError, AttributeError):
             pass
     try:
+        with quiet():  # each model component with its checkpoint judged (pipeline_parts, checkpoint_keys)
+            parts = load_components(cls_name, path, index, components(index), dtypes)
         try:
             with quiet():
-                pipe = _from_pretrained(pipeline_cls, path, dtypes)
+                pipe = _from_pretrained(pipeline_cls, path, dtypes, parts)
         except ValueError as e:
             if "keep_in_fp32_modules" not in str(e):
                 raise
-            pipe = _without_keep_fp32(pipeline_cls, path, index, dtypes)
+            pipe = _without_keep_fp32(pipeline_cls, path, index, dtypes, parts)
+    except UsageError:  # a component's config.json and checkpoint disagree: its own line
+        raise
     except Exception as e:  # noqa: BLE001 - a missing tokenizer / weights, a class this library lacks
         raise UsageError(f"cannot build {cls_name} from '{path}' ({type(e).__name__}: {first_line(e, 400)}): "
                          f"{hatch}") from None
@@ -339,12 +344,13 @@ def _optional(pipeline_cls, name: str) -> bool:
     return param is None or param.default is not inspect.Parameter.empty
 
 
-def _from_pretrained(pipeline_cls, path: Path, dtypes: dict):
-    return pipeline_cls.from_pretrained(str(path), local_files_only=True,
+def _from_pretrained(pipeline_cls, path: Path, dtypes: dict, parts: dict):
+    """`parts`: the components loaded already (pipeline_parts), used by the pipeline as they are."""
+    return pipeline_cls.from_pretrained(str(path), local_files_only=True, **parts,
                                         **({"torch_dtype": {**dtypes, "default": torch.float32}} if dtypes else {}))
 
 
-def _without_keep_fp32(pipeline_cls, path: Path, index: dict, dtypes: dict):
+def _without_keep_fp32(pipeline_cls, path: Path, index: dict, dtypes: dict, parts: dict):
     """diffusers without accelerate refuses a model class with `_keep_in_fp32_modules` ("low_cpu_mem_usage
     cannot be False when keep_in_fp32_modules is True"): those components load in float32 with the
     list set aside for the load, then restored (as normexport.load.pretrained loads such a folder;
@@ -358,7 +364,7 @@ def _without_keep_fp32(pipeline_cls, path: Path, index: dict, dtypes: dict):
         for c in kept.values():
             c._keep_in_fp32_modules = None
         with quiet():
-            return _from_pretrained(pipeline_cls, path, {n: d for n, d in dtypes.items() if n not in kept})
+            return _from_pretrained(pipeline_cls, path, {n: d for n, d in dtypes.items() if n not in kept}, parts)
     finally:
         for n, c in kept.items():
             c._keep_in_fp32_modules = saved[n]

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from ..errors import UsageError, first_line
-from . import entries
+from . import checkpoint_keys, entries
 from ._util import refuse_meta_tensors
 from .call import CallAdapter
 from .examples import BATCH, BATCH_LOOP, BATCHED, MASK_READ_AS_VALUES, derive, forward_parameters, make_one, \
@@ -211,6 +211,8 @@ def _from_pretrained(cls, path: Path):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             model = _load_weights(cls, path)
+    except UsageError:  # the checkpoint and config.json disagree (checkpoint_keys): its own line
+        raise
     except Exception as e:
         raise UsageError(f"cannot load '{path}' as {cls.__name__} ({first_line(e, 160)}): "
                          "check that the folder holds config.json and its weights (save_pretrained)") from None
@@ -258,15 +260,26 @@ def _load_weights(cls, path: Path):
     kwargs = {}
     if cls.__module__.startswith("diffusers") and (stored := _stored_dtype(path)) is not None:
         kwargs["torch_dtype"] = stored
+    return load_checked(cls, path, f"'{path}' ({cls.__name__})", **kwargs)
+
+
+def load_checked(cls, path: Path, what: str, **kwargs):
+    """cls.from_pretrained(path, **kwargs), the checkpoint's keys judged against the model's
+    (checkpoint_keys: one line, or under --allow-random-weights said on stderr); a class with
+    `_keep_in_fp32_modules` that diffusers refuses without accelerate loads in float32 with the
+    list set aside for the load (`_load_weights`)."""
     try:
-        return cls.from_pretrained(str(path), local_files_only=True, **kwargs)
+        return checkpoint_keys.from_pretrained(cls, path, what, **kwargs)
+    except UsageError:
+        raise
     except ValueError as e:
         keep = cls.__dict__.get("_keep_in_fp32_modules")
         if "keep_in_fp32_modules" not in str(e) or not keep:
             raise
     cls._keep_in_fp32_modules = None
     try:
-        model = cls.from_pretrained(str(path), local_files_only=True)
+        rest = {k: v for k, v in kwargs.items() if k not in ("torch_dtype", "dtype")}
+        model = checkpoint_keys.from_pretrained(cls, path, what, **rest)
     finally:
         cls._keep_in_fp32_modules = keep
     return model
