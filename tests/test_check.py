@@ -589,7 +589,8 @@ def test_cli_check_without_input_finds_sizes_and_says_which(unet, rms, tmp_path,
     (rows,) = rep["results"]["ort"].values()
     # extra shapes step image dims by their power-of-two alignment (96x128, not 65x97, which it cannot take)
     assert [r["input_shapes"]["x"] for r in rows] == [[2, 3, 64, 96], [3, 3, 96, 128], [4, 3, 128, 192]]
-    assert all(r["passed"] and r["rule"] == "2x eager" and r["max_abs_err"] > 0 for r in rows)
+    # passed by either legitimate rule (tests/test_verdict*.py test which rule decides where)
+    assert all(r["passed"] and r["rule"] in ("2x eager", "plain export") and r["max_abs_err"] > 0 for r in rows)
     assert not any("skipped" in s for s in rep["shapes"])
 
     _, x, _, path = rms  # dims N x S x 32: batch 2, sequence 8

@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -72,7 +73,8 @@ def test_qwen3_moe_folder_converts_with_batched_experts(cli, tmp_path):
     code, stdout, err = cli("check", out, "--reference", folder)
     assert code == 0, (stdout, err)
     assert "experts: Qwen3MoeForCausalLM grouped_mm -> batched_mm" in stdout and "no float64 reference" not in stdout
-    assert "2x eager  PASS" in stdout, stdout
+    # passed against that float64 reference, by either legitimate rule (which one decides varies by machine)
+    assert re.search(r"(2x eager|plain export) +PASS", stdout), stdout
 
 
 def test_flex_attention_switched_to_sdpa_exports():
