@@ -280,14 +280,19 @@ def sanitizer_unsupported(sanitize: str) -> str | None:
 
 def build_emulated_sanitized_driver(sanitize: str, replace: tuple[tuple[str, str], ...] = ()) -> Path:
     """tests/cuda_emu/sanitizer_driver.cpp linked with the emulated kernels, built with
-    `-fsanitize=<sanitize>` (e.g. "address,undefined" or "thread"). Raises RuntimeError on failure."""
-    cxx, include = _host_toolchain()
-    src = _emulated_tu(replace, "normexport-sanitize-")
-    driver = src.parent / "sanitizer_driver"
-    _compile([[cxx, "-std=c++20", "-O1", "-g", f"-fsanitize={sanitize}", "-fno-sanitize-recover=all",
-               "-pthread", "-w", f"-I{include}", f"-I{PLUGINS_DIR / 'include'}", f"-I{EMU_DIR}", str(src),
-               str(EMU_DIR / "sanitizer_driver.cpp"), "-o", str(driver)]], f"-fsanitize={sanitize} build")
-    return driver
+    `-fsanitize=<sanitize>` (e.g. "address,undefined" or "thread"), memoised per process (the clean and
+    the planted sanitizer runs share one build: their planted bugs sit behind emu.h's runtime switch).
+    Raises RuntimeError on failure."""
+    key = ("sanitize", sanitize, replace)
+    if key not in _EMU_CACHE:
+        cxx, include = _host_toolchain()
+        src = _emulated_tu(replace, "normexport-sanitize-")
+        driver = src.parent / "sanitizer_driver"
+        _compile([[cxx, "-std=c++20", "-O1", "-g", f"-fsanitize={sanitize}", "-fno-sanitize-recover=all",
+                   "-pthread", "-w", f"-I{include}", f"-I{PLUGINS_DIR / 'include'}", f"-I{EMU_DIR}", str(src),
+                   str(EMU_DIR / "sanitizer_driver.cpp"), "-o", str(driver)]], f"-fsanitize={sanitize} build")
+        _EMU_CACHE[key] = driver
+    return _EMU_CACHE[key]
 
 
 def build_emulated_plugin(tensorrt_include: str) -> tuple[Path, Path]:

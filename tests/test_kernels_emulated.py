@@ -18,6 +18,8 @@ on a GPU.
 
 from __future__ import annotations
 
+import ctypes
+import os
 import subprocess
 
 import ml_dtypes
@@ -525,26 +527,85 @@ def test_emulation_catches_planted_kernel_bugs(planted, hidden, rows):
 
 
 # ---- memory safety and races under the sanitizers ------------------------------------------------
-# tests/cuda_emu/sanitizer_driver.cpp runs all three ops, all dtypes, aligned and misaligned, with
-# every tensor in an allocation of exactly its size. Sizes: every launch path for ASan (group
-# kernels, scalar group kernel, vector and scalar block kernels, looped kernel); for TSan the ones
-# whose reductions go through shared memory (block kernels) plus a shuffle-only group kernel.
-ASAN_HIDDEN = ["1", "37", "256", "1000", "6001", "20000"]
-TSAN_HIDDEN = ["37", "1000"]
+# tests/cuda_emu/sanitizer_driver.cpp runs all three ops, aligned and misaligned, with every tensor in
+# an allocation of exactly its size. Sizes: every launch path for ASan (group kernels, scalar group
+# kernel, vector and scalar block kernels, looped kernel); for TSan the ones whose reductions go
+# through shared memory (block kernels) plus a shuffle-only group kernel. Dtypes per size ("f" fp32,
+# "h" fp16, "b" bf16): fp16 and bf16 take the same launches (2-byte elements, the same dispatcher
+# choice), so each size runs fp32 and one of the two, alternating; the numerics of every dtype at
+# every size are the emulated tests' above. test_sanitized_sizes_take_every_launch checks that this
+# takes every launch (op, element size, alignment, kernel, vector, vectors per thread, lanes) the
+# sizes take in all three dtypes.
+ASAN_HIDDEN = ["1:fh", "37:fb", "256:fh", "1000:fb", "6001:fh", "20000:fb"]
+TSAN_HIDDEN = ["37:fb", "1000:fh"]
+_DTYPE_LETTERS = {"f": DTYPES["fp32"][1], "h": DTYPES["fp16"][1], "b": DTYPES["bf16"][1]}
 
 
-def _sanitized_driver(sanitize: str, replace=()):
+class _LaunchConfig(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_int) for n in ("kernel", "vec", "vectors_per_thread", "lanes", "rows_per_group",
+                                            "threads")]
+
+
+def _launches(lib, sizes: list[str]) -> set[tuple]:
+    """The launches the sanitizer driver makes for `sizes` (HIDDEN:DTYPES), as the dispatcher picks them:
+    (op, element size, aligned, kernel, vec, vectors per thread, lanes) for every op (NORMEXPORT_OP_*)."""
+    fn = lib.normexport_launch_config_for
+    fn.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_int,
+                   ctypes.POINTER(_LaunchConfig)]
+    fn.restype = ctypes.c_int
+    out = set()
+    for size in sizes:
+        hidden, _, letters = size.partition(":")
+        for letter in letters or "fhb":
+            dtype = _DTYPE_LETTERS[letter]
+            for aligned in (1, 0):
+                for op in range(5):
+                    c = _LaunchConfig()
+                    assert fn(op, dtype, 3, int(hidden), aligned, ctypes.byref(c)) == 0
+                    out.add((op, 4 if letter == "f" else 2, aligned, c.kernel, c.vec, c.vectors_per_thread,
+                             c.lanes if c.kernel == 0 else 0))
+    return out
+
+
+def test_sanitized_sizes_take_every_launch(lib):
+    """The sanitizer runs' dtypes per size drop no launch: the same launches as every dtype at every size,
+    and every kernel kind (group, block, looped; vector and scalar) among them."""
+    for sizes in (ASAN_HIDDEN, TSAN_HIDDEN):
+        every_dtype = [s.partition(":")[0] for s in sizes]
+        assert _launches(lib, sizes) == _launches(lib, every_dtype), sizes
+    kinds = {(k[3], k[4] > 1) for k in _launches(lib, ASAN_HIDDEN)}
+    assert kinds == {(0, True), (0, False), (1, True), (1, False), (2, False)}, kinds
+    assert {"f", "h", "b"} <= set("".join(s.partition(":")[2] for s in ASAN_HIDDEN))
+    assert {"f", "h", "b"} <= set("".join(s.partition(":")[2] for s in TSAN_HIDDEN))
+
+
+# The sanitizer tests' planted bugs, compiled into the sanitized driver behind emu.h's runtime switch
+# ($NORMEXPORT_EMU_PLANTED): one build per sanitizer serves the clean run (switch off: the edited lines
+# compute what the source's do) and the planted run (switch on: the source with the bug planted).
+PLANTED_OVERREAD = 1  # a row loop that runs one vector past the row (`< nvec` -> `<= nvec`)
+PLANTED_MISSING_BARRIER = 2  # one shared-memory reduction buffer for every row (`parity ^= 1;` dropped)
+SWITCHED_BUGS = (
+    ("return valid && tid + i * nthr < nvec;", "return valid && tid + i * nthr < nvec + (::emu::gPlanted == 1);"),
+    ("        parity ^= 1;\n", "        parity ^= ::emu::gPlanted != 2;\n"),
+)
+
+
+def _sanitized_driver(sanitize: str):
     why = sanitizer_unsupported(sanitize)
     if why:
         pytest.skip(why)
     try:
-        return build_emulated_sanitized_driver(sanitize, replace)
+        return build_emulated_sanitized_driver(sanitize, SWITCHED_BUGS)
     except RuntimeError as exc:
         pytest.fail(str(exc))
 
 
-def _run_driver(driver, sizes, timeout=900):
-    return subprocess.run([str(driver), *sizes], capture_output=True, text=True, timeout=timeout)
+def _run_driver(driver, sizes, planted: int = 0, timeout=900, env=None):
+    """The driver on `sizes` with planted bug `planted` switched on (0: none)."""
+    env = {**{k: v for k, v in os.environ.items() if k != "NORMEXPORT_EMU_PLANTED"}, **(env or {})}
+    if planted:
+        env["NORMEXPORT_EMU_PLANTED"] = str(planted)
+    return subprocess.run([str(driver), *sizes], capture_output=True, text=True, timeout=timeout, env=env)
 
 
 def test_kernels_memory_safe_under_asan():
@@ -555,9 +616,9 @@ def test_kernels_memory_safe_under_asan():
 
 
 def test_asan_catches_a_planted_overread():
-    """The sanitizer run can fail: a row loop that runs one vector past the row is reported."""
-    planted = ("return valid && tid + i * nthr < nvec;", "return valid && tid + i * nthr <= nvec;")
-    run = _run_driver(_sanitized_driver("address,undefined", (planted,)), ["37"], timeout=600)
+    """The sanitizer run can fail: a row loop that runs one vector past the row is reported (ASan stops
+    at the first error: -fno-sanitize-recover)."""
+    run = _run_driver(_sanitized_driver("address,undefined"), ["37"], PLANTED_OVERREAD, timeout=600)
     assert run.returncode != 0 and "heap-buffer-overflow" in run.stderr, run.stdout + run.stderr[-2000:]
 
 
@@ -573,7 +634,7 @@ def test_tsan_catches_a_planted_missing_barrier():
     """The race check can fail: the row kernels' one barrier per row is enough only because the
     shared-memory buffer of the reduction alternates between rows; with one buffer for every row,
     the next row's writes race with this row's reads (a block of the emulated 2-SM grid takes
-    several rows)."""
-    planted = ("        parity ^= 1;\n", "")
-    run = _run_driver(_sanitized_driver("thread", (planted,)), ["1000"], timeout=600)
+    several rows). The first report is enough: halt_on_error stops the run there."""
+    run = _run_driver(_sanitized_driver("thread"), ["1000"], PLANTED_MISSING_BARRIER, timeout=600,
+                      env={"TSAN_OPTIONS": (os.environ.get("TSAN_OPTIONS", "") + " halt_on_error=1").strip()})
     assert run.returncode != 0 and "data race" in run.stderr and "block_reduce" in run.stderr, run.stderr[-2000:]

@@ -79,6 +79,7 @@ def convert(args, loaded=None) -> Record:
             if _grown_wrong(rec):  # the file grown from a shallow trace is not eager's: exported whole instead
                 rec = exporting.run(_without_depth(rec, before), judge=judge)
                 rec = attention.run(rec)
+            before = None  # (the record as exporting found it: no longer needed; what it holds can be released)
             for stage in (checking.run, quantizing.refuse_unquantizable, writing.run, quantizing.run):
                 rec = stage(rec)
         finally:

@@ -137,6 +137,14 @@ def run(rec):
     from . import verdict, weights
 
     opts, out = rec.quant, rec.out
+    check = not getattr(rec.args, "no_check", False)
+    eager = None
+    if rec.task == llm.WITH_PAST:
+        # eager fp32's side of the verdict first (its tokens and logits, small), then the torch model and
+        # the float file's in-memory copy let go: the quantizer reads the written file, and the model and
+        # the float weights need not be resident beside it (docs/design.md §8: the weights held once)
+        eager = verdict.eager_reference(rec.module) if check else None
+        _release(rec)
     float_ir = ir.load(str(out))  # the float file as written; its external weights read lazily
     exclude = [] if opts["lm_head"] else [n for n in [lm_head(float_ir)] if n]
     t0 = time.perf_counter()
@@ -159,7 +167,7 @@ def run(rec):
             judged["verdict"] = None
             return
         if rec.task == llm.WITH_PAST:
-            v = judge_llm_with_anchor(tmp, rec.module, rec.args.model, opts, anchor=not getattr(rec.args, "no_anchor", False))
+            v = judge_llm_with_anchor(tmp, eager, rec.args.model, opts, anchor=not getattr(rec.args, "no_anchor", False))
         else:
             v = verdict.judge_outputs(tmp, rec.module, rec.inputs, rec.names, kind="int4")
         judged["verdict"] = v
@@ -183,6 +191,18 @@ def run(rec):
     _report(rec)
     print(f"wrote {getattr(rec.args, 'shown_output', None) or out} (int4)")
     return rec
+
+
+def _release(rec) -> None:
+    """A causal LM's record lets go of the torch model and the float file in memory (the last stage:
+    nothing after it reads them)."""
+    import gc
+
+    rec.module = rec.exportable = rec.unswapped = rec.loaded = None
+    rec.model = rec.model_ir = rec.decomposed = None
+    if rec.fused is not None:
+        rec.fused.model = None
+    gc.collect()
 
 
 def judge_llm_with_anchor(path, lm, source, opts, anchor: bool = True):

@@ -187,11 +187,18 @@ def _steps(runner, proto, prompt, tokens: int, empty_past, next_ids) -> list[np.
     return out
 
 
+def eager_reference(lm) -> tuple:
+    """What the verdict needs of eager fp32 (`lm`, a normexport.llm FlatCacheLM): the prompt, eager's
+    greedy path, its per-step logits and the empty cache; the model can be released after this."""
+    prompt, path, eager_logits = eager_path(lm)
+    return prompt, path, eager_logits, [t.float() for t in lm.layout.empty(1, 0, dtype=torch.float32)]
+
+
 def judge_llm(onnx_path, lm, anchor=None, anchor_note: str | None = None, label: str = "normexport int4") -> LLMVerdict:
     """The LLM verdict of the file at `onnx_path` against eager fp32 (`lm`, a normexport.llm
-    FlatCacheLM); `anchor`: the path of the anchor's model file, judged on the same prompt."""
-    prompt, path, eager_logits = eager_path(lm)
-    empty = list(lm.layout.empty(1, 0, dtype=torch.float32))
+    FlatCacheLM, or eager_reference(lm) taken before); `anchor`: the path of the anchor's model
+    file, judged on the same prompt."""
+    prompt, path, eager_logits, empty = lm if isinstance(lm, tuple) else eager_reference(lm)
     v = LLMVerdict(ours=agreement(onnx_path, label, prompt, path, eager_logits, empty), anchor_note=anchor_note)
     if anchor is not None:
         v.anchor = agreement(anchor, "onnxruntime-genai int4", prompt, path, eager_logits, empty, checked=False)

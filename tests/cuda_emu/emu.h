@@ -26,6 +26,7 @@
 #include <cmath>
 #include <condition_variable>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -56,6 +57,15 @@
 
 namespace emu
 {
+
+// Which planted bug a test switched on ($NORMEXPORT_EMU_PLANTED, read once at start; 0: none). The
+// sanitizer tests compile their planted bugs into the kernel source behind this switch, so that the
+// clean run and the planted ones share one build: switched off, the edited lines compute what the
+// source's do.
+inline int const gPlanted = [] {
+    char const* v = std::getenv("NORMEXPORT_EMU_PLANTED");
+    return v ? std::atoi(v) : 0;
+}();
 
 inline cudaError_t gLastError = cudaSuccess;
 inline std::mutex gErrorMutex;

@@ -10,8 +10,9 @@
  * aborts the program. Numerics are checked by the Python tests; this program only checks that
  * every call succeeds without touching memory it does not own.
  *
- * Usage: sanitizer_driver [HIDDEN ...]  (default: every launch path; prints the number of calls;
- *        exit code 0 when every call returned 0)
+ * Usage: sanitizer_driver [HIDDEN[:DTYPES] ...]  (default: every launch path, every dtype; DTYPES:
+ *        letters of f (float32), h (float16), b (bfloat16), default all three; each size runs aligned
+ *        and misaligned; prints the number of calls; exit code 0 when every call returned 0)
  */
 #include "normexport_kernels.h"
 
@@ -21,6 +22,8 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <string>
 #include <vector>
 
 namespace
@@ -146,22 +149,41 @@ void run(int dtype, long hidden, bool mis)
 
 int main(int argc, char** argv)
 {
-    std::vector<long> hidden = {1, 8, 37, 64, 128, 256, 512, 1000, 1032, 4096, 6001, 16384, 20000, 40000};
+    struct Size
+    {
+        long hidden;
+        std::string dtypes; // letters of "fhb"
+    };
+    std::vector<Size> sizes;
+    for (long h : {1L, 8L, 37L, 64L, 128L, 256L, 512L, 1000L, 1032L, 4096L, 6001L, 16384L, 20000L, 40000L})
+    {
+        sizes.push_back({h, "fhb"});
+    }
     if (argc > 1)
     {
-        hidden.clear();
+        sizes.clear();
         for (int i = 1; i < argc; ++i)
         {
-            hidden.push_back(std::atol(argv[i]));
+            char const* colon = std::strchr(argv[i], ':');
+            std::string const dtypes = colon ? std::string(colon + 1) : std::string("fhb");
+            if (dtypes.empty() || dtypes.find_first_not_of("fhb") != std::string::npos)
+            {
+                std::fprintf(stderr, "bad size %s: HIDDEN[:DTYPES], DTYPES letters of fhb\n", argv[i]);
+                return 2;
+            }
+            sizes.push_back({std::atol(argv[i]), dtypes});
         }
     }
-    for (long h : hidden)
+    for (Size const& s : sizes)
     {
         for (bool mis : {false, true})
         {
-            run<float>(NORMEXPORT_FLOAT32, h, mis);
-            run<__half>(NORMEXPORT_FLOAT16, h, mis);
-            run<__nv_bfloat16>(NORMEXPORT_BFLOAT16, h, mis);
+            if (s.dtypes.find('f') != std::string::npos)
+                run<float>(NORMEXPORT_FLOAT32, s.hidden, mis);
+            if (s.dtypes.find('h') != std::string::npos)
+                run<__half>(NORMEXPORT_FLOAT16, s.hidden, mis);
+            if (s.dtypes.find('b') != std::string::npos)
+                run<__nv_bfloat16>(NORMEXPORT_BFLOAT16, s.hidden, mis);
         }
     }
     std::printf("%d calls, %d failed\n", gCalls, gFailures);
