@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import sys
 import shutil
 import tempfile
 from pathlib import Path
@@ -193,11 +194,20 @@ def load_ir(path: str | os.PathLike):
 
 
     path = Path(path)
-    read_checked(path)  # docs/design.md §14: a damaged file is one line here, not an error later
+    fixes = _read_checked(path)[1]  # docs/design.md §14: a damaged file is one line here, not an error later
     try:
-        return ir.load(str(path))
+        model = ir.load(str(path))
     except Exception as e:
         raise UsageError(f"cannot read '{path}' as ONNX ({first_line(e, 160)}): pass a valid .onnx file") from None
+    if fixes:  # declared shapes the graph does not compute (validate.check_file): corrected here too
+        values = {v.name: v for v in model.graph.outputs}
+        for node in model.graph:
+            values.update({v.name: v for v in node.outputs if v.name in fixes and v.name not in values})
+        for name, dims in fixes.items():
+            if name in values:
+                values[name].shape = None if dims is None or name not in {v.name for v in model.graph.outputs} \
+                    else ir.Shape(dims)
+    return model
 
 
 def check_onnx(model: onnx.ModelProto, workdir: str | os.PathLike | None = None) -> None:
@@ -271,6 +281,14 @@ def read_checked(path: str | os.PathLike) -> onnx.ModelProto:
     and complete (check_external_data), and it is not damaged or invalid (normexport.validate).
     Each refusal is a one-line UsageError naming the problem and the fix."""
     path = Path(path)
+    return _read_checked(path)[0]
+
+
+_said: set = set()
+
+
+def _read_checked(path: Path) -> tuple[onnx.ModelProto, dict]:
+    """read_checked's proto and the declared shapes it corrected (validate.check_file), said once."""
     if not path.is_file():
         raise UsageError(f"ONNX file not found: '{path}': check the path")
     try:
@@ -278,16 +296,23 @@ def read_checked(path: str | os.PathLike) -> onnx.ModelProto:
     except Exception as e:  # noqa: BLE001 - protobuf's parse errors: not ONNX, truncated or corrupt
         raise UsageError(f"cannot read '{path}' as ONNX ({first_line(e, 160)}): pass a valid .onnx file") from None
     check_external_data(path, proto)
-    _validate.check_file(path, proto)
-    return proto
+    fixes = _validate.check_file(path, proto)
+    if fixes:
+        key = (str(path.resolve()), path.stat().st_mtime_ns)
+        if key not in _said:
+            _said.add(key)
+            print(_validate.annotation_line(path, proto, fixes), file=sys.stderr)
+    return proto, fixes
 
 
 def load_onnx(path: str | os.PathLike) -> onnx.ModelProto:
     """Load an ONNX file (with its external data) after read_checked's checks."""
     path = Path(path)
-    read_checked(path)
+    fixes = _read_checked(path)[1]
     try:
-        return onnx.load(str(path), load_external_data=True)
+        model = onnx.load(str(path), load_external_data=True)
+        _validate.apply_annotation_fixes(model, fixes)
+        return model
     except Exception as e:
         msg = first_line(e, 160)
         raise UsageError(f"cannot read '{path}' as ONNX ({msg}): pass a valid .onnx file") from None

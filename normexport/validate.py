@@ -207,9 +207,11 @@ def _typed_input(t: onnx.TensorProto) -> onnx.ValueInfoProto:
     return vi
 
 
-def check_file(path: str | os.PathLike, model: onnx.ModelProto) -> None:
+def check_file(path: str | os.PathLike, model: onnx.ModelProto) -> dict[str, list | None]:
     """All of the above, then onnx.checker's full check of `model`: the file's proto without its
-    external data (which stays on disk)."""
+    external data (which stays on disk). A refusal caused only by declared shapes (graph outputs,
+    value_info) the graph does not compute is not damage: those declarations are corrected in
+    `model` and returned ({value name: inferred dims or None}; see annotation_line), else {}."""
     path = Path(path)
     check_text(path, model)
     check_opsets(path, model)
@@ -218,4 +220,101 @@ def check_file(path: str | os.PathLike, model: onnx.ModelProto) -> None:
     try:
         run_checker(_without_external(path, model), model)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
-        raise UsageError(f"'{path}' is damaged: onnx.checker refuses it: {_one_line(str(e))}: {_FIX}") from None
+        fixes = _annotation_fixes(model)
+        if fixes:  # declared shapes the graph does not produce: an annotation, corrected (onnxruntime overrides it)
+            fixed = onnx.ModelProto()
+            fixed.CopyFrom(model)
+            apply_annotation_fixes(fixed, fixes)
+            source = _without_external(path, fixed)
+            try:
+                run_checker(fixed if isinstance(source, str) else source, fixed)
+            except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError):
+                fixes = {}
+        if not fixes:
+            raise UsageError(f"'{path}' is damaged: onnx.checker refuses it: {_one_line(str(e))}: {_FIX}") from None
+        apply_annotation_fixes(model, fixes)
+        return fixes
+    return {}
+
+
+def _shape(t: onnx.TypeProto) -> list | None:
+    """A tensor type's dims (an int, a name or None each), None when it has no shape."""
+    if not t.HasField("tensor_type") or not t.tensor_type.HasField("shape"):
+        return None
+    return [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in t.tensor_type.shape.dim]
+
+
+def _conflict(declared: list | None, inferred: list | None) -> bool:
+    if declared is None or inferred is None:
+        return False
+    if len(declared) != len(inferred):
+        return True
+    return any(isinstance(a, int) and isinstance(b, int) and a >= 0 and b >= 0 and a != b
+               for a, b in zip(declared, inferred))
+
+
+def _annotation_fixes(model: onnx.ModelProto) -> dict[str, list | None]:
+    """The declared shapes (graph outputs, value_info) that contradict what the graph computes:
+    {value name: the inferred dims for a graph output (None: no shape), None for a value_info
+    entry (dropped)}. Inferred on a copy with those declarations removed; only shapes are judged
+    (a declared type, a dangling name, a size of an initializer stay the checker's to refuse)."""
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    del copy.graph.value_info[:]
+    for v in copy.graph.output:
+        if v.type.HasField("tensor_type"):
+            v.type.tensor_type.ClearField("shape")
+    try:
+        inferred = onnx.shape_inference.infer_shapes(copy, strict_mode=False)
+    except Exception:  # noqa: BLE001 - inference itself fails: not an annotation
+        return {}
+    known = {v.name: _shape(v.type) for v in list(inferred.graph.value_info) + list(inferred.graph.output)}
+    known = {k: None if d is None else [None if isinstance(x, str) and x.startswith("unk__") else x for x in d]
+             for k, d in known.items()}  # onnx's invented names for unknown dims: left unnamed
+    fixes: dict[str, list | None] = {}
+    for v in model.graph.value_info:
+        if v.name in known and _conflict(_shape(v.type), known[v.name]):
+            fixes[v.name] = None
+    for v in model.graph.output:
+        if _conflict(_shape(v.type), known.get(v.name)):
+            fixes[v.name] = known[v.name]
+    return fixes
+
+
+def apply_annotation_fixes(model: onnx.ModelProto, fixes: dict[str, list | None]) -> None:
+    """The wrong declarations of `fixes` (from check_file) corrected in `model`: a graph output
+    takes the inferred shape, a value_info entry is dropped."""
+    outputs = {v.name for v in model.graph.output}
+    kept = [v for v in model.graph.value_info if v.name not in fixes or v.name in outputs]
+    del model.graph.value_info[:]
+    model.graph.value_info.extend(kept)
+    for v in model.graph.output:
+        if v.name in fixes and v.type.HasField("tensor_type"):
+            v.type.tensor_type.ClearField("shape")
+            if fixes[v.name] is not None:
+                shape = v.type.tensor_type.shape
+                shape.SetInParent()
+                for d in fixes[v.name]:
+                    dim = shape.dim.add()
+                    if isinstance(d, int):
+                        dim.dim_value = d
+                    elif d:
+                        dim.dim_param = d
+
+
+def annotation_line(path, model: onnx.ModelProto, fixes: dict) -> str:
+    """The terminal line saying what was corrected."""
+    outputs = {v.name for v in model.graph.output}
+    outs = [n for n in fixes if n in outputs]
+    infos = [n for n in fixes if n not in outputs]
+    parts = []
+    if outs:
+        parts.append("graph output(s) " + ", ".join(f"'{n}' now {_dims(fixes[n])}" for n in outs[:3]))
+    if infos:
+        parts.append(f"{len(infos)} value_info entr{'y' if len(infos) == 1 else 'ies'} dropped (first '{infos[0]}')")
+    return (f"normexport: note: '{path}' declares shapes its graph does not compute (an annotation onnxruntime "
+            f"overrides, not damage): {'; '.join(parts)}; corrected in what is written")
+
+
+def _dims(dims: list | None) -> str:
+    return "without a declared shape" if dims is None else "[" + ", ".join("?" if d is None else str(d) for d in dims) + "]"
