@@ -1,15 +1,19 @@
 """Build helper shared by the plugin tests (test_plugins_build, test_kernels_gpu, test_trt).
 
-Configures and builds plugins/ with CMake + nvcc once per test process into a temporary
-folder (memoised here, so several test modules share one build), and finds the CUDA tools
-(nvcc, cuobjdump) the tests need. Not a test module itself.
+Configures and builds plugins/ with CMake + nvcc once per set of inputs into a folder keyed by their
+content (build/test-plugins/<key> of this checkout, or $NORMEXPORT_TEST_BUILD_DIR/<key>), under a file
+lock, so that every test module and both pytest-xdist workers share one build; and finds the CUDA
+tools (nvcc, cuobjdump) the tests need. Not a test module itself.
 """
 
 from __future__ import annotations
 
 import ctypes
 import dataclasses
+import fcntl
 import glob
+import hashlib
+import json
 import os
 import re
 import shutil
@@ -141,7 +145,41 @@ def build_plugins(archs: str | None = None, tensorrt_root: str | None = None,
     cmake = find_cmake()
     if nvcc is None or cmake is None:
         raise RuntimeError(f"cannot build plugins: nvcc={nvcc!r} cmake={cmake!r}")
-    build_dir = Path(tempfile.mkdtemp(prefix="normexport-plugins-"))
+    digest = _inputs_digest(archs, tensorrt_root, trt_headers_only, nvcc, cmake)
+    root = Path(os.environ.get("NORMEXPORT_TEST_BUILD_DIR") or REPO_ROOT / "build" / "test-plugins")
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / f"{digest}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the other xdist worker waits for this build, then reuses it
+        _CACHE[key] = _build_or_reuse(root / digest, archs, tensorrt_root, trt_headers_only, nvcc, cmake)
+    return _CACHE[key]
+
+
+def _inputs_digest(archs: str, tensorrt_root: str | None, trt_headers_only: bool, nvcc: str, cmake: str) -> str:
+    """A hash of everything a build_plugins build depends on: the arguments, the tools (path and version),
+    every file under plugins/ and the TensorRT headers' names, sizes and times."""
+    h = hashlib.sha256(repr((archs, tensorrt_root, trt_headers_only, nvcc, cmake, shutil.which("ninja"))).encode())
+    for tool in (nvcc, cmake):
+        h.update(subprocess.run([tool, "--version"], capture_output=True, text=True).stdout.encode())
+    for path in sorted(p for p in PLUGINS_DIR.rglob("*") if p.is_file()):
+        h.update(str(path.relative_to(PLUGINS_DIR)).encode() + b"\0" + path.read_bytes())
+    include = tensorrt_include(tensorrt_root) if tensorrt_root else None
+    if include:
+        for path in sorted(Path(include).iterdir()):
+            st = path.stat()
+            h.update(f"{path.name} {st.st_size} {st.st_mtime_ns}".encode())
+    return h.hexdigest()[:20]
+
+
+def _build_or_reuse(build_dir: Path, archs: str, tensorrt_root: str | None, trt_headers_only: bool, nvcc: str,
+                    cmake: str) -> PluginBuild:
+    """The build in `build_dir` when an earlier process finished it (build.json written last), else a
+    fresh configure + build there. Call with the folder's lock held."""
+    record = build_dir / "build.json"
+    if record.is_file():
+        done = json.loads(record.read_text())
+        return _plugin_build(build_dir, done["configure_output"], done["build_output"], archs, done["seconds"])
+    shutil.rmtree(build_dir, ignore_errors=True)  # a build that stopped half-way
+    build_dir.mkdir(parents=True)
     configure = [cmake, "-S", str(PLUGINS_DIR), "-B", str(build_dir), f"-DCMAKE_CUDA_COMPILER={nvcc}"]
     if archs != DEFAULT_ARCHS:
         configure.append(f"-DCMAKE_CUDA_ARCHITECTURES={archs}")
@@ -162,10 +200,17 @@ def build_plugins(archs: str | None = None, tensorrt_root: str | None = None,
     if bld.returncode != 0:
         raise RuntimeError(f"cmake build failed:\n{bld_out}")
     seconds = time.monotonic() - t0
+    tmp = record.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"configure_output": cfg_out, "build_output": bld_out, "seconds": seconds}))
+    tmp.replace(record)
+    return _plugin_build(build_dir, cfg_out, bld_out, archs, seconds)
+
+
+def _plugin_build(build_dir: Path, cfg_out: str, bld_out: str, archs: str, seconds: float) -> PluginBuild:
     kernels = build_dir / "libnormexport_kernels.so"
     plugin = build_dir / "libnormexport_plugins.so"
     host_test = build_dir / "normexport_plugin_host_test"
-    result = PluginBuild(
+    return PluginBuild(
         build_dir=build_dir,
         kernels_lib=kernels,
         plugin_lib=plugin if plugin.exists() else None,
@@ -175,8 +220,6 @@ def build_plugins(archs: str | None = None, tensorrt_root: str | None = None,
         archs=archs,
         seconds=seconds,
     )
-    _CACHE[key] = result
-    return result
 
 
 # ------------------------------------------------------------------------------------------

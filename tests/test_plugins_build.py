@@ -88,7 +88,10 @@ def _short_name(mangled: str) -> str:
 @pytest.fixture(scope="module")
 def build():
     try:
-        return build_plugins()
+        # headers alone suffice for the plugin (as tests/test_trt_plugin_host.py and conftest's plugin_lib
+        # build it): one build shared by the plugin tests; the kernels-only configure of a TensorRT_ROOT
+        # without libnvinfer is test_headers_without_libnvinfer_configure_kernels_only's
+        return build_plugins(trt_headers_only=True)
     except RuntimeError as exc:
         pytest.fail(str(exc))
 
@@ -115,6 +118,36 @@ def test_build_reports_what_it_builds(build):
     else:
         # 10.x or 11.x, whichever headers TensorRT_ROOT holds (a real version, never "..")
         assert re.search(r"TensorRT 1[01]\.\d+\.\d+ headers found at .+ \(.+\): building plugin", build.configure_output)
+
+
+def test_headers_without_libnvinfer_configure_kernels_only(tmp_path):
+    """A TensorRT_ROOT with TensorRT's headers but no libnvinfer, without NORMEXPORT_TRT_HEADERS_ONLY: CMake
+    says it is not a TensorRT install and configures the kernels only (configure alone: nothing is built)."""
+    import os
+    import shutil
+    import subprocess
+
+    try:
+        from tests._plugin_build import PLUGINS_DIR, find_tensorrt_root, tensorrt_include
+    except ImportError:
+        from _plugin_build import PLUGINS_DIR, find_tensorrt_root, tensorrt_include
+    root = find_tensorrt_root()
+    if root is None:
+        pytest.skip("no TensorRT headers: test_build_reports_what_it_builds configures the kernels only")
+    headers = tmp_path / "trt"
+    headers.mkdir()
+    (headers / "include").symlink_to(tensorrt_include(root))  # the headers, without lib/libnvinfer.so
+    configure = [find_cmake(), "-S", str(PLUGINS_DIR), "-B", str(tmp_path / "build"),
+                 f"-DCMAKE_CUDA_COMPILER={find_nvcc()}", "-DCMAKE_CUDA_ARCHITECTURES=90", f"-DTensorRT_ROOT={headers}"]
+    if shutil.which("ninja"):
+        configure += ["-G", "Ninja"]
+    run = subprocess.run(configure, capture_output=True, text=True, env={**os.environ, "TensorRT_ROOT": str(headers)})
+    out = run.stdout + run.stderr
+    assert run.returncode == 0, out
+    if re.search(r"headers found at .+ \((?!no libnvinfer).+\): building plugin", out):
+        pytest.skip("this machine has a libnvinfer where CMake looks: the plugin is built with it")
+    assert "but no libnvinfer: not a TensorRT install" in out and "TensorRT not found: building kernels only" in out, out
+    assert "-DTensorRT_ROOT=" in out
 
 
 def test_no_spill_warnings(build):
