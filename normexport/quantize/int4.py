@@ -102,6 +102,23 @@ def transposed_weights(model) -> int:
     return done
 
 
+def _lazy(path: Path):
+    """The file's ModelProto with its external weights left on disk, their locations made absolute:
+    onnxruntime's quantizer reads each weight through onnx-ir (memory-mapped, one at a time) and
+    the float weights it does not replace stay on disk until the int4 file is written (io.save_ir
+    streams them), so the float weights are never all resident (docs/design.md §8)."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    folder = Path(path).resolve().parent
+    for t in model.graph.initializer:
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            for entry in t.external_data:
+                if entry.key == "location" and not Path(entry.value).is_absolute():
+                    entry.value = str(folder / entry.value)
+    return model
+
+
 def quantize(path: Path, opts: dict, exclude: list[str]):
     """onnxruntime's MatMulNBitsQuantizer over the file at `path` (tied weights given their own,
     transposed_weights): the quantized ModelProto."""
@@ -116,7 +133,7 @@ def quantize(path: Path, opts: dict, exclude: list[str]):
     level = logging.getLogger("onnxruntime.quantization").level
     logging.getLogger("onnxruntime.quantization").setLevel(logging.ERROR)  # its per-node info lines
     try:
-        model = onnx.load(str(path))  # the weights read in once; the quantizer works on this proto
+        model = _lazy(path)  # the weights stay in the file, each read when the quantizer takes it
         transposed_weights(model)
         q = mnq.MatMulNBitsQuantizer(model, bits=4, block_size=opts["block_size"], is_symmetric=opts["symmetric"],
                                      accuracy_level=opts["accuracy_level"] or None, nodes_to_exclude=exclude,
