@@ -39,6 +39,10 @@ class Capture:
     def __init__(self, module: torch.nn.Module, path: str | os.PathLike, *, stop: bool = False, quiet: bool = False):
         if not isinstance(module, torch.nn.Module):
             raise TypeError(f"normexport.capture records a torch.nn.Module's call, not a {type(module).__name__}")
+        if isinstance(module, torch.jit.ScriptModule):  # its calls run in C++: no forward hook
+            raise UsageError(f"normexport.capture cannot record a TorchScript module's call ({type(module).__name__} refuses "
+                             "forward hooks): save the call as normexport.capture.save(args, kwargs, PATH), or capture "
+                             "the Python model before torch.jit.script / trace")
         self.module, self.path, self.stop, self.quiet = module, Path(path), stop, quiet
         self.args: tuple | None = None
         self.kwargs: dict | None = None

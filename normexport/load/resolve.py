@@ -85,6 +85,10 @@ def resolve_inputs(loaded: LoadedModel, model: str, input_args: list[str], dynam
         inputs, names = module.example_inputs, module.input_names
         if recorded and not dynamic:  # a recorded call: its batch dynamic, as a folder's derived inputs
             dynamic = _batched(module, loaded)
+    elif recorded and isinstance(unwrap(module), torch.jit.ScriptModule):
+        module = unwrap(module)  # TorchScript: called positionally (no adapter, no hooks: its calls run in C++)
+        inputs, names = _scripted_call(module, recorded, specs)
+        dynamic = dynamic or {n: a for n, a in (loaded.dynamic_axes or {}).items() if n in names}
     elif recorded:
         module = _recorded_call(unwrap(module), recorded, specs)
         inputs, names = module.example_inputs, module.input_names
@@ -141,6 +145,31 @@ def _recorded_call(module: nn.Module, recorded: tuple, specs) -> CallAdapter:
         given.update(zip([s.name for s in specs], make_inputs(specs)))
         args, kwargs = (), given
     return CallAdapter(module, tuple(args), dict(kwargs))
+
+
+def _scripted_call(module, recorded: tuple, specs) -> tuple[tuple, list[str]]:
+    """The --inputs call of a TorchScript model as its positional tensors and their parameter
+    names (from forward's schema), each --input over the parameter it names; a parameter left to
+    its default before a given one, or a value that is not a tensor, is one line."""
+    args, kwargs = recorded
+    params = [a.name for a in module.forward.schema.arguments[1:]]
+    given = dict(zip(params, args))
+    unknown = [k for k in list(kwargs) + [s.name for s in specs] if k not in params]
+    if len(args) > len(params) or unknown:
+        raise UsageError(f"the --inputs call does not fit the TorchScript model's forward({', '.join(params)}): "
+                         f"{'too many positional values' if len(args) > len(params) else repr(unknown[0]) + ' names no parameter'}")
+    given.update(kwargs)
+    given.update(zip([s.name for s in specs], make_inputs(specs)))
+    given = {k: v for k, v in given.items() if v is not None}
+    last = max((params.index(k) for k in given), default=-1)
+    names = params[:last + 1]
+    for n in names:
+        if not isinstance(given.get(n), torch.Tensor):
+            what = "is not given (a TorchScript model takes its inputs in order)" if n not in given else \
+                f"is a {type(given[n]).__name__}, not a tensor"
+            raise UsageError(f"the --inputs call of the TorchScript model: parameter '{n}' {what}: record the call with "
+                             "tensors for every parameter up to the last one given")
+    return tuple(given[n] for n in names), names
 
 
 def _by_keyword(module: nn.Module, specs) -> CallAdapter | None:

@@ -116,6 +116,10 @@ class _Float64Reference:
         except Exception:
             n = 0
         self.streamed = n * 8 > FP64_COPY_LIMIT_BYTES
+        if self.streamed and any(isinstance(m, torch.jit.ScriptModule) for m in reference.modules()):
+            self.reason = ("the model is TorchScript and too large for a float64 copy: its modules refuse the forward "
+                           "hooks that upcast one module at a time")
+            return
         if self.streamed:  # no float64 copy of the model: each module's own weights upcast while it runs
             self.module = reference
             return

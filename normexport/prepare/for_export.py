@@ -19,6 +19,18 @@ def prepare_for_export(module, args: tuple, *, target: str, fold_bn: bool = True
         # its submodules are compiled (no hooks, no swaps, no folding): exported as it is, the
         # ONNX rewriter fuses its norms and folds its BatchNorms
         return module, module
+    scripted = [n for n, m in module.named_modules() if isinstance(m, torch.jit.ScriptModule)] \
+        if isinstance(module, torch.nn.Module) else []
+    if scripted:
+        # a TorchScript model inside the call adapter (--inputs with keywords): the same, and said
+        # (register_forward_pre_hook, module swaps and forward replacement fail on a ScriptModule)
+        name = scripted[0].removeprefix("inner.") or "the model"
+        report.setdefault("prepare", []).append({
+            "name": "", "kind": type(module).__name__, "action": "note", "op": None, "max_rel_err": float("nan"),
+            "reason": f"{name} is TorchScript (scripted or traced): no torch-side preparation (MoE / attention "
+                      "switches, BatchNorm folding, complex lowering, norm swaps); the ONNX rewriter fuses its norms "
+                      "and folds its BatchNorms"})
+        return module, module
     if isinstance(module, torch.nn.Module) and not isinstance(module, torch.fx.GraphModule):
         from .implementations import exportable_implementations  # MoE experts, attention (§9)
 
