@@ -262,3 +262,25 @@ def test_refusals_write_nothing(cli, tmp_path):
                             "--quantize", "int4")
     assert code == 2 and "exports no MatMul with a constant weight" in err, stdout + err
     assert not out.exists() or not any(out.iterdir())
+
+
+def test_a_float_file_with_external_data_gives_a_self_contained_int4_file(float_file, tmp_path):
+    """The quantizer reads a large float file's weights lazily (int4._lazy); what it leaves as it was
+    (the embedding table, norm scales) must travel inside the int4 file, not point into the float
+    file's data, which the int4 file replaces (TinyLlama's first int4 file did, and lost its table)."""
+    import onnxruntime as ort
+    from onnx import numpy_helper
+
+    from normexport.quantize import int4
+
+    path, _ = float_file
+    ext = tmp_path / "model.onnx"
+    onnx.save_model(onnx.load(str(path)), str(ext), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location="model.onnx.data", size_threshold=0)
+    q = int4.quantize(ext, _opts(), [])
+    assert not [t.name for t in q.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
+    (tmp_path / "model.onnx.data").unlink()  # the float data gone, as when the int4 file takes its place
+    want = {t.name: numpy_helper.to_array(t) for t in onnx.load(str(path)).graph.initializer}
+    kept = [t for t in q.graph.initializer if t.name in want]
+    assert kept and all(np.array_equal(numpy_helper.to_array(t), want[t.name]) for t in kept)
+    ort.InferenceSession(q.SerializeToString(), providers=["CPUExecutionProvider"])

@@ -143,7 +143,27 @@ def quantize(path: Path, opts: dict, exclude: list[str]):
     finally:
         logging.getLogger("onnxruntime.quantization").setLevel(level)
     model = q.model.model if hasattr(q.model, "model") else q.model
+    _inline(model)
     return model
+
+
+def _inline(model) -> None:
+    """The weights the quantizer left as they were (the embedding table, norm scales, float MatMuls)
+    read into the proto: their absolute locations point into the float file's data, which the int4
+    file replaces."""
+    from onnx.external_data_helper import load_external_data_for_tensor
+
+    import onnx
+
+    for t in model.graph.initializer:
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            base = ""
+            for entry in t.external_data:
+                if entry.key == "location" and Path(entry.value).is_absolute():
+                    base, entry.value = str(Path(entry.value).parent), Path(entry.value).name
+            load_external_data_for_tensor(t, base)
+            t.data_location = onnx.TensorProto.DEFAULT
+            del t.external_data[:]
 
 
 def run(rec):
