@@ -145,11 +145,12 @@ def run(rec):
             rec.exit_code = 1
             return rec
         seconds = time.perf_counter() - t0
-        unwrap_normexport(proto)
+        moved = unwrap_normexport(proto)
         found = structure(proto)
         print(f"quantize {kind}: {len(found['quantized'])} MatMul/Gemm/Conv with Q/DQ on weights (per channel) and "
               f"activations (per tensor), symmetric, by onnxruntime's quantize_static (QDQ), calibrated on convert's "
-              f"inputs; {len(found['float'])} left in float; {len(found['normexport'])} normexport node(s) unwrapped; "
+              f"inputs; {len(found['float'])} left in float; {len(found['normexport'])} normexport node(s) kept float "
+              f"({moved} input(s) rewired off the quantizer's Q/DQ); "
               f"{seconds:.1f} s")
         judged: dict = {}
         float_copy = Path(work) / "float.onnx"
