@@ -39,12 +39,17 @@ def make_folder(family: str, root: Path, seed: int = 0) -> Path:
     """save_pretrained folder of a tiny `family` model with random weights (norm scales random too:
     a Gemma (1 + w) scale of zeros would hide the fold)."""
     cls, cfg = config(family)
+    return save_random(cls, cfg, root / family, gemma=family == "gemma3", seed=seed)
+
+
+def save_random(cls, cfg, out: Path, gemma: bool = False, seed: int = 0) -> Path:
+    """`cls(cfg)` with random weights, its norm scales random too (around 1, or around 0 for a Gemma
+    (1 + w) scale), saved with save_pretrained at `out`."""
     torch.manual_seed(seed)
     model = cls(cfg).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name:
-                p.copy_(torch.randn_like(p) * 0.3 + (0.0 if family == "gemma3" else 1.0))
-    out = root / family
+                p.copy_(torch.randn_like(p) * 0.3 + (0.0 if gemma else 1.0))
     model.save_pretrained(out)
     return out

@@ -34,15 +34,9 @@ def make_folder(family: str, root: Path) -> Path:
                 "gemma3": (t.Gemma3ForCausalLM, lambda: t.Gemma3TextConfig(
                     **COMMON, head_dim=16, sliding_window=4, tie_word_embeddings=True,
                     layer_types=["sliding_attention", "full_attention"]))}[family]
-    torch.manual_seed(0)
-    model = cls(cfg()).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.copy_(torch.randn_like(p) * 0.3 + (0.0 if family == "gemma3" else 1.0))
-    out = root / family
-    model.save_pretrained(out)
-    return out
+    from _llm_models import save_random
+
+    return save_random(cls, cfg(), root / family, gemma=family == "gemma3")
 
 
 @pytest.fixture(scope="module")

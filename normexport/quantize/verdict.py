@@ -65,6 +65,13 @@ class Agreement:
                 f"{self.greedy_equal:>3}/{self.steps:<3}  {self.greedy_prefix:>6}")
 
 
+def _close(lines: list, rule: str, failures: list, passed: bool) -> str:
+    """A verdict table's last lines: the rule, each failure, the verdict."""
+    lines = [*lines, f"  rule: {rule}", *(f"  FAIL {f}" for f in failures),
+             f"{'PASSED' if passed else 'FAILED'} (quantized verdict, docs/design.md §15)"]
+    return "\n".join(lines)
+
+
 @dataclasses.dataclass
 class LLMVerdict:
     ours: Agreement
@@ -86,11 +93,7 @@ class LLMVerdict:
             lines.append(self.anchor.row())
         if self.anchor_note:
             lines.append(f"  anchor: {self.anchor_note}")
-        lines.append(f"  rule: {self.rule}")
-        for f in self.failures:
-            lines.append(f"  FAIL {f}")
-        lines.append(f"{'PASSED' if self.passed else 'FAILED'} (quantized verdict, docs/design.md §15)")
-        return "\n".join(lines)
+        return _close(lines, self.rule, self.failures, self.passed)
 
     def to_dict(self) -> dict:
         return {"passed": self.passed, "rule": self.rule, "failures": self.failures, "ours": self.ours.to_dict(),
@@ -252,11 +255,7 @@ class OutputVerdict:
         for r in self.rows:
             lines.append(f"{r['output']:<24} {r['cosine']:>9.5f}  {r['psnr']:>8.2f}  {r['max_err']:>9.3g}  "
                          f"{r['float_max_err'] if r['float_max_err'] is not None else '-':>18}")
-        lines.append(f"  rule: {self.rule}")
-        for f in self.failures:
-            lines.append(f"  FAIL {f}")
-        lines.append(f"{'PASSED' if self.passed else 'FAILED'} (quantized verdict, docs/design.md §15)")
-        return "\n".join(lines)
+        return _close(lines, self.rule, self.failures, self.passed)
 
     def to_dict(self) -> dict:
         return {"passed": self.passed, "kind": self.kind, "rule": self.rule, "rows": self.rows, "failures": self.failures}
