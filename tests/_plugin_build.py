@@ -275,13 +275,6 @@ def _host_toolchain() -> tuple[str, str]:
     return cxx, include
 
 
-def _emulated_tu(replace: tuple[tuple[str, str], ...], prefix: str) -> Path:
-    """emulated_source(replace) written to kernels_emu.cpp in a new temporary folder."""
-    src = Path(tempfile.mkdtemp(prefix=prefix)) / "kernels_emu.cpp"
-    src.write_text(emulated_source(replace))
-    return src
-
-
 def _compile(cmds: list[list[str]], what: str) -> None:
     for cmd in cmds:
         run = subprocess.run(cmd, capture_output=True, text=True)
@@ -289,20 +282,48 @@ def _compile(cmds: list[list[str]], what: str) -> None:
             raise RuntimeError(f"{what} failed:\n{' '.join(cmd)}\n{run.stderr[-4000:]}")
 
 
+def _emulated_build(name: str, source: str, cmd: list[str], what: str) -> Path:
+    """`source` written to kernels_emu.cpp and compiled by `cmd` (SRC / OUT stand for the source and
+    the output) into `name`, in a folder keyed by the content of everything the build reads (the
+    source, the command, the compiler's version, tests/cuda_emu/ and plugins/include/):
+    build/test-emu/<key> of this checkout, or $NORMEXPORT_TEST_BUILD_DIR/emu/<key>. Under a file lock,
+    so both pytest-xdist workers (test_kernels_emulated, test_trt_plugin_host) share one compile; the
+    output is renamed into place when complete, so a compile that stopped half-way is redone."""
+    h = hashlib.sha256(repr((name, cmd)).encode() + b"\0" + source.encode())
+    h.update(subprocess.run([cmd[0], "--version"], capture_output=True, text=True).stdout.encode())
+    for folder in (EMU_DIR, PLUGINS_DIR / "include"):
+        for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+            h.update(str(path.relative_to(REPO_ROOT)).encode() + b"\0" + path.read_bytes())
+    digest = h.hexdigest()[:20]
+    base = os.environ.get("NORMEXPORT_TEST_BUILD_DIR")
+    root = Path(base) / "emu" if base else REPO_ROOT / "build" / "test-emu"
+    out_dir = root / digest
+    out_dir.mkdir(parents=True, exist_ok=True)
+    out = out_dir / name
+    with open(root / f"{digest}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the other xdist worker waits for this compile, then reuses it
+        if not out.is_file():
+            src = out_dir / "kernels_emu.cpp"
+            src.write_text(source)
+            tmp = out_dir / f".{name}.tmp"
+            _compile([[str(src) if a == "SRC" else str(tmp) if a == "OUT" else a for a in cmd]], what)
+            tmp.replace(out)
+    return out
+
+
 def build_emulated_kernels(replace: tuple[tuple[str, str], ...] = (), barrier_timeout_ms: int = 20000) -> Path:
     """Compile the kernels for the CPU emulation into a shared library with the C ABI of
-    normexport_kernels.h (memoised per process). A barrier some thread never reaches gives up
-    after `barrier_timeout_ms` and the call returns cudaErrorLaunchTimeout. Raises RuntimeError
-    on failure."""
+    normexport_kernels.h (memoised per process, and on disk per content: _emulated_build). A barrier
+    some thread never reaches gives up after `barrier_timeout_ms` (normexport_emu_plant changes it at
+    run time) and the call returns cudaErrorLaunchTimeout. Raises RuntimeError on failure."""
     key = (replace, barrier_timeout_ms)
     if key not in _EMU_CACHE:
         cxx, include = _host_toolchain()
-        src = _emulated_tu(replace, "normexport-emu-")
-        lib = src.parent / "libnormexport_kernels_emu.so"
-        _compile([[cxx, "-std=c++20", "-O1", "-g0", "-shared", "-fPIC", "-pthread", "-w",
-                   f"-DNORMEXPORT_EMU_TIMEOUT_MS={int(barrier_timeout_ms)}", f"-I{include}",
-                   f"-I{PLUGINS_DIR / 'include'}", f"-I{EMU_DIR}", str(src), "-o", str(lib)]], "emulated kernel build")
-        _EMU_CACHE[key] = lib
+        _EMU_CACHE[key] = _emulated_build(
+            "libnormexport_kernels_emu.so", emulated_source(replace),
+            [cxx, "-std=c++20", "-O1", "-g0", "-shared", "-fPIC", "-pthread", "-w",
+             f"-DNORMEXPORT_EMU_TIMEOUT_MS={int(barrier_timeout_ms)}", f"-I{include}", f"-I{PLUGINS_DIR / 'include'}",
+             f"-I{EMU_DIR}", "SRC", "-o", "OUT"], "emulated kernel build")
     return _EMU_CACHE[key]
 
 
@@ -323,18 +344,17 @@ def sanitizer_unsupported(sanitize: str) -> str | None:
 
 def build_emulated_sanitized_driver(sanitize: str, replace: tuple[tuple[str, str], ...] = ()) -> Path:
     """tests/cuda_emu/sanitizer_driver.cpp linked with the emulated kernels, built with
-    `-fsanitize=<sanitize>` (e.g. "address,undefined" or "thread"), memoised per process (the clean and
+    `-fsanitize=<sanitize>` (e.g. "address,undefined" or "thread"), memoised per process and on disk (the clean and
     the planted sanitizer runs share one build: their planted bugs sit behind emu.h's runtime switch).
     Raises RuntimeError on failure."""
     key = ("sanitize", sanitize, replace)
     if key not in _EMU_CACHE:
         cxx, include = _host_toolchain()
-        src = _emulated_tu(replace, "normexport-sanitize-")
-        driver = src.parent / "sanitizer_driver"
-        _compile([[cxx, "-std=c++20", "-O1", "-g", f"-fsanitize={sanitize}", "-fno-sanitize-recover=all",
-                   "-pthread", "-w", f"-I{include}", f"-I{PLUGINS_DIR / 'include'}", f"-I{EMU_DIR}", str(src),
-                   str(EMU_DIR / "sanitizer_driver.cpp"), "-o", str(driver)]], f"-fsanitize={sanitize} build")
-        _EMU_CACHE[key] = driver
+        _EMU_CACHE[key] = _emulated_build(
+            "sanitizer_driver", emulated_source(replace),
+            [cxx, "-std=c++20", "-O1", "-g", f"-fsanitize={sanitize}", "-fno-sanitize-recover=all", "-pthread", "-w",
+             f"-I{include}", f"-I{PLUGINS_DIR / 'include'}", f"-I{EMU_DIR}", "SRC", str(EMU_DIR / "sanitizer_driver.cpp"),
+             "-o", "OUT"], f"-fsanitize={sanitize} build")
     return _EMU_CACHE[key]
 
 
@@ -344,14 +364,14 @@ def build_emulated_plugin(tensorrt_include: str) -> tuple[Path, Path]:
     (NORMEXPORT_HOST_TEST_EMULATED). Returns (library, test program)."""
     kernels = build_emulated_kernels()
     cxx, include = _host_toolchain()
-    out = kernels.parent
+    out = Path(tempfile.mkdtemp(prefix="normexport-emu-plugin-"))  # kernels.parent is shared: read it only
     lib, test = out / "libnormexport_plugins_emu.so", out / "normexport_plugin_host_test_emu"
     trt = PLUGINS_DIR / "tensorrt"
     incs = [f"-I{include}", f"-I{PLUGINS_DIR / 'include'}", f"-I{trt}", f"-isystem{tensorrt_include}", f"-I{EMU_DIR}"]
     _compile([
         [cxx, "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", "-w", *incs,
          *[str(trt / f) for f in PLUGIN_SOURCES],
-         str(out / "kernels_emu.cpp"), "-o", str(lib), "-Wl,--no-undefined",
+         str(kernels.parent / "kernels_emu.cpp"), "-o", str(lib), "-Wl,--no-undefined",
          f"-Wl,--version-script={trt / 'exports.map'}"],
         [cxx, "-std=c++17", "-O1", "-Wall", "-Wextra", "-DNORMEXPORT_HOST_TEST_EMULATED", f"-isystem{tensorrt_include}",
          f"-I{include}", str(PLUGINS_DIR / "tests" / "pluginHostTest.cpp"), "-o", str(test), "-ldl"],

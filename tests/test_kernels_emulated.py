@@ -18,6 +18,7 @@ on a GPU.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import subprocess
@@ -284,36 +285,112 @@ def test_gated_adaln_zero(lib, hidden, dtype_id, mod_full, affine):
                  f"GatedAdaLNZero {dtype_id} {batch}x{seq}x{hidden} mod_full={mod_full} affine={affine}")
 
 
-# Planted bugs in the fused paths, all in one build (one compile of the emulated kernels: each
-# touches a different path, so each check below fails for its own bug). Seen failing one by one
-# too, with a fourth (statistics of X instead of the sum) that these checks also catch.
-FUSED_PLANTS = (
-    # the gate ignored in the row kernels (Sum = X + update)
-    ("a[k] = get(rr.x[i], k) + g[k] * get(rr.r[i], k);", "a[k] = get(rr.x[i], k) + get(rr.r[i], k);"),
-    # the looped kernel reads the gate of modulation row 0 for every row
-    ("gr = static_cast<T const*>(p.gate) + mrow * p.hidden;", "gr = static_cast<T const*>(p.gate);"),
-    # SkipRMSNorm's bias dropped from the sum
-    ("                        a[k] += c[k];\n", "                        a[k] += 0.f * c[k];\n"),
+# ---- planted bugs: every in-process planted bug in one build ----------------------------------------
+# Each planted bug is compiled into one library behind emu.h's switch (normexport_emu_plant(n, timeout)):
+# switched off, the edited lines compute what the source's do; switched on, bug n is the source with
+# that bug planted (the same edit as a separately planted build, e.g. `off > 0` -> `off > 1`). One
+# compile serves every planted-bug test below (five compiles before). Numbers 11..15: the sanitizer
+# driver's switched bugs (1, 2) live in their own builds.
+PLANTED_HALF_REDUCTION = 11  # a warp reduction that skips its last butterfly step
+PLANTED_PADDING_ROWS = 12  # padding rows of the last group-kernel block treated as real rows
+PLANTED_LANE_SKIPS_BARRIER = 13  # a lane that leaves the block reduction early
+PLANTED_FUSED = 14  # the three fused-path bugs of test_fused_checks_catch_planted_bugs at once
+PLANTED_MOD_AXIS = 15  # the sequence-first modulation row as the default layout's (both kernels)
+_ON = "::emu::gPlanted == "
+IN_PROCESS_PLANTS = (
+    # half-reduction: each row sums half its lanes (`off > 0` -> `off > 1`)
+    ("for (int off = LANES / 2; off > 0; off >>= 1)",
+     f"for (int off = LANES / 2; off > ({_ON}{PLANTED_HALF_REDUCTION} ? 1 : 0); off >>= 1)"),
+    # padding rows: they write past y (`row < rows ? row : 0, row < rows` -> `row, true`)
+    ("p, row < rows ? row : 0, row < rows, fresh(tid), LANES, rr[j], aff, reduce);",
+     f"p, row < rows || {_ON}{PLANTED_PADDING_ROWS} ? row : 0, row < rows || {_ON}{PLANTED_PADDING_ROWS}, fresh(tid), "
+     "LANES, rr[j], aff, reduce);"),
+    # lane 1 leaves block_reduce before its shuffles: the others wait for it at the barriers
+    ("    v = group_reduce<32>(v, equal);\n    if (lane == 0)",
+     f"    if ({_ON}{PLANTED_LANE_SKIPS_BARRIER} && threadIdx.x == 1)\n        return V{{}};\n"
+     "    v = group_reduce<32>(v, equal);\n    if (lane == 0)"),
+    # fused: the gate ignored in the row kernels (Sum = X + update)
+    ("a[k] = get(rr.x[i], k) + g[k] * get(rr.r[i], k);",
+     f"a[k] = get(rr.x[i], k) + ({_ON}{PLANTED_FUSED} ? 1.f : g[k]) * get(rr.r[i], k);"),
+    # fused: the looped kernel reads the gate of modulation row 0 for every row
+    ("gr = static_cast<T const*>(p.gate) + mrow * p.hidden;",
+     f"gr = static_cast<T const*>(p.gate) + ({_ON}{PLANTED_FUSED} ? 0 : mrow * p.hidden);"),
+    # fused: SkipRMSNorm's bias dropped from the sum
+    ("                        a[k] += c[k];\n",
+     f"                        a[k] += {_ON}{PLANTED_FUSED} ? 0.f * c[k] : c[k];\n"),
+    # sequence-first modulation row r / S instead of r % B: row kernels, then the looped kernel
+    ("mrow %= p.mod_rows; // rows < 2^31 here",
+     f"{{ if ({_ON}{PLANTED_MOD_AXIS}) mrow /= static_cast<uint32_t>(p.rows) / p.mod_rows; else mrow %= p.mod_rows; }}"
+     " // rows < 2^31 here"),
+    ("            mrow %= p.mod_rows;\n",
+     f"            {{ if ({_ON}{PLANTED_MOD_AXIS}) mrow /= p.rows / p.mod_rows; else mrow %= p.mod_rows; }}\n"),
 )
 
 
-def test_fused_checks_catch_planted_bugs():
-    """The fused-op checks can fail: gate ignored (row kernel, hidden 256), gate row wrong (looped
-    kernel, hidden 40000), SkipRMSNorm bias dropped (hidden 256) each fail their check."""
-    bad = load_kernels(build_emulated_kernels(FUSED_PLANTS, barrier_timeout_ms=2000))
-    for hidden in (256, 40000):
-        case = _gated_case(hidden, "fp32", 0, True, 11)
+@pytest.fixture(scope="module")
+def planted_lib():
+    """The kernels with every in-process planted bug behind the switch (off until a test turns one on)."""
+    try:
+        bad = load_kernels(build_emulated_kernels(IN_PROCESS_PLANTS))
+    except RuntimeError as exc:
+        pytest.fail(str(exc))
+    bad.normexport_emu_plant.argtypes = [ctypes.c_int, ctypes.c_int]
+    bad.normexport_emu_plant.restype = None
+    return bad
+
+
+@contextlib.contextmanager
+def planted(bad, which: int, barrier_timeout_ms: int):
+    """Planted bug `which` switched on in `bad` (barriers giving up after `barrier_timeout_ms`), off after."""
+    bad.normexport_emu_plant(which, barrier_timeout_ms)
+    try:
+        yield bad
+    finally:
+        bad.normexport_emu_plant(0, 0)
+
+
+def test_planted_switch_off_is_the_source(planted_lib):
+    """Switched off, the planted build computes what the source does: bit for bit the clean build's
+    results on the paths the plants edit (group, block and looped kernels; fused ops; sequence-first)."""
+    lib = load_kernels(build_emulated_kernels())
+    for hidden in (256, 4096, 40000):
+        case = _gated_case(hidden, "fp32", 0, True, 21)
         x, upd, gate, shift, scale, w, b, batch, seq = case
-        rc, y, out_sum = _run_gated(bad, x, upd, gate, shift, scale, w, b, batch, seq, hidden, 0, "fp32")
+        outs = [_run_gated(k, x, upd, gate, shift, scale, w, b, batch, seq, hidden, 0, "fp32")
+                for k in (lib, planted_lib)]
+        assert outs[0][0] == outs[1][0] == 0
+        assert np.array_equal(outs[0][1].full, outs[1][1].full) and np.array_equal(outs[0][2].full, outs[1][2].full)
+        case = _gated_seq_first_case(hidden, "fp32", True, 22)
+        outs = [_run_gated_axis(k, *case[:7], case[7], "fp32") for k in (lib, planted_lib)]
+        assert outs[0][0] == outs[1][0] == 0
+        assert np.array_equal(outs[0][1].full, outs[1][1].full) and np.array_equal(outs[0][2].full, outs[1][2].full)
+    for hidden in (8, 256):
+        rng = np.random.default_rng(23)
+        x, skip = _inputs((19, hidden), np.float32, rng), _inputs((19, hidden), np.float32, rng)
+        bias, w = _inputs((hidden,), np.float32, rng, std=0.5), _inputs((hidden,), np.float32, rng, mean=1.0, std=0.5)
+        outs = [_run_skip_rms(k, x, skip, bias, w, "fp32", 19, hidden) for k in (lib, planted_lib)]
+        assert outs[0][0] == outs[1][0] == 0
+        assert np.array_equal(outs[0][1].full, outs[1][1].full) and np.array_equal(outs[0][2].full, outs[1][2].full)
+
+
+def test_fused_checks_catch_planted_bugs(planted_lib):
+    """The fused-op checks can fail: gate ignored (row kernel, hidden 256), gate row wrong (looped
+    kernel, hidden 40000), SkipRMSNorm bias dropped (hidden 256) each fail their check (all three
+    switched on at once: each touches a different path, so each check fails for its own bug)."""
+    with planted(planted_lib, PLANTED_FUSED, 2000) as bad:
+        for hidden in (256, 40000):
+            case = _gated_case(hidden, "fp32", 0, True, 11)
+            x, upd, gate, shift, scale, w, b, batch, seq = case
+            rc, y, out_sum = _run_gated(bad, x, upd, gate, shift, scale, w, b, batch, seq, hidden, 0, "fp32")
+            with pytest.raises(AssertionError):
+                _check_gated(rc, y, out_sum, case, 0, "fp32", f"planted {hidden}")
+        rng = np.random.default_rng(5)
+        dtype = DTYPES["fp16"][0]
+        x, skip = _inputs((19, 256), dtype, rng), _inputs((19, 256), dtype, rng)
+        bias, w = _inputs((256,), dtype, rng, std=0.5), _inputs((256,), dtype, rng, mean=1.0, std=0.5)
+        rc, y, out_sum = _run_skip_rms(bad, x, skip, bias, w, "fp16", 19, 256)
         with pytest.raises(AssertionError):
-            _check_gated(rc, y, out_sum, case, 0, "fp32", f"planted {hidden}")
-    rng = np.random.default_rng(5)
-    dtype = DTYPES["fp16"][0]
-    x, skip = _inputs((19, 256), dtype, rng), _inputs((19, 256), dtype, rng)
-    bias, w = _inputs((256,), dtype, rng, std=0.5), _inputs((256,), dtype, rng, mean=1.0, std=0.5)
-    rc, y, out_sum = _run_skip_rms(bad, x, skip, bias, w, "fp16", 19, 256)
-    with pytest.raises(AssertionError):
-        _check_skip_rms(rc, y, out_sum, x, skip, bias, w, "fp16", "planted")
+            _check_skip_rms(rc, y, out_sum, x, skip, bias, w, "fp16", "planted")
 
 
 # ---- a [B, H] modulation following another dim of x (the ops' modulation_axis) --------------------
@@ -457,28 +534,20 @@ def test_adaln_axis_bad_sizes(lib):
                                                 0, EPS, None) == inval
 
 
-# The sequence-first modulation row computed as the default layout's (row / S, S = rows / B) instead
-# of row % B: in the row kernels and in the looped kernel (one build).
-MOD_AXIS_PLANTS = (
-    ("mrow %= p.mod_rows; // rows < 2^31 here", "mrow /= static_cast<uint32_t>(p.rows) / p.mod_rows;"),
-    ("            mrow %= p.mod_rows;\n", "            mrow /= p.rows / p.mod_rows;\n"),
-)
-
-
-def test_seq_first_checks_catch_planted_bug():
+def test_seq_first_checks_catch_planted_bug(planted_lib):
     """The sequence-first checks can fail: modulation row r / S instead of r % B (row kernel at
     hidden 256, looped kernel at 40000; AdaLNZero and GatedAdaLNZero) fails each check."""
-    bad = load_kernels(build_emulated_kernels(MOD_AXIS_PLANTS, barrier_timeout_ms=2000))
-    for hidden in (256, 40000):
-        x, shift, scale, w, b, shape, axis = _adaln_axis_case(hidden, "fp32", "seq_first", True, 12)
-        rc, y = _run_adaln_axis(bad, x, shift, scale, w, b, shape, axis, "fp32")
-        with pytest.raises(AssertionError):
-            assert rc == 0
-            _check(y, ref_adaln_axis(_f64(x), _f64(shift), _f64(scale), _f64(w), _f64(b), axis), "fp32", "planted")
-        case = _gated_seq_first_case(hidden, "fp32", True, 13)
-        rc, y, out_sum = _run_gated_axis(bad, *case[:7], case[7], "fp32")
-        with pytest.raises(AssertionError):
-            _check_gated_seq_first(rc, y, out_sum, case, "fp32", f"planted {hidden}")
+    with planted(planted_lib, PLANTED_MOD_AXIS, 2000) as bad:
+        for hidden in (256, 40000):
+            x, shift, scale, w, b, shape, axis = _adaln_axis_case(hidden, "fp32", "seq_first", True, 12)
+            rc, y = _run_adaln_axis(bad, x, shift, scale, w, b, shape, axis, "fp32")
+            with pytest.raises(AssertionError):
+                assert rc == 0
+                _check(y, ref_adaln_axis(_f64(x), _f64(shift), _f64(scale), _f64(w), _f64(b), axis), "fp32", "planted")
+            case = _gated_seq_first_case(hidden, "fp32", True, 13)
+            rc, y, out_sum = _run_gated_axis(bad, *case[:7], case[7], "fp32")
+            with pytest.raises(AssertionError):
+                _check_gated_seq_first(rc, y, out_sum, case, "fp32", f"planted {hidden}")
 
 
 @pytest.mark.parametrize("which", ["shift", "scale", "weight"])
@@ -499,28 +568,22 @@ def test_adaln_zero_misaligned_parameter(lib, which):
     _check(y, ref_adaln(_f64(x), _f64(shift), _f64(scale), _f64(w), _f64(b), 0), "fp16", f"misaligned {which}")
 
 
-@pytest.mark.parametrize("planted, hidden, rows", [
-    # a warp reduction that skips its last butterfly step: each row sums half its lanes
-    (("for (int off = LANES / 2; off > 0; off >>= 1)", "for (int off = LANES / 2; off > 1; off >>= 1)"), 256, 19),
-    # padding rows of the last group-kernel block treated as real rows: they write past y
-    (("p, row < rows ? row : 0, row < rows, fresh(tid), LANES, rr[j], aff, reduce);",
-      "p, row, true, fresh(tid), LANES, rr[j], aff, reduce);"), 8, 19),
-    # a lane that leaves the block reduction early: the others wait for it at the barriers
-    (("    v = group_reduce<32>(v, equal);\n    if (lane == 0)",
-      "    if (threadIdx.x == 1)\n        return V{};\n    v = group_reduce<32>(v, equal);\n    if (lane == 0)"),
-     4096, 1),
+@pytest.mark.parametrize("which, hidden, rows", [
+    (PLANTED_HALF_REDUCTION, 256, 19),  # group kernel, 8 lanes: each row sums half its lanes
+    (PLANTED_PADDING_ROWS, 8, 19),  # the last block's padding rows write past y
+    (PLANTED_LANE_SKIPS_BARRIER, 4096, 1),  # the block kernel's other lanes wait at the barriers
 ], ids=["half-reduction", "padding-rows-write", "lane-skips-barrier"])
-def test_emulation_catches_planted_kernel_bugs(planted, hidden, rows):
+def test_emulation_catches_planted_kernel_bugs(planted_lib, which, hidden, rows):
     """The emulated tests can fail: each planted bug makes the same checks fail (wrong values,
     writes outside y, or a launch reported as failed)."""
-    lib = load_kernels(build_emulated_kernels((planted,), barrier_timeout_ms=300))
     dtype, code = DTYPES["fp32"]
     rng = np.random.default_rng(0)
     room = 64 * hidden  # wide guards: the planted out-of-bounds accesses stay inside our buffers
     x = _inputs((rows, hidden), dtype, rng, mean=0.5, std=2.0, guard=room)
     w = _inputs((hidden,), dtype, rng, mean=1.0, std=0.5, guard=room)
     y = Buf(np.zeros((rows, hidden)), dtype, guard=room)
-    rc = lib.normexport_rms_norm(x.ptr, w.ptr, y.ptr, rows, hidden, code, EPS, None)
+    with planted(planted_lib, which, 300) as bad:
+        rc = bad.normexport_rms_norm(x.ptr, w.ptr, y.ptr, rows, hidden, code, EPS, None)
     with pytest.raises(AssertionError):
         assert rc == 0, f"cudaError {rc}"
         _check(y, ref_rms(_f64(x), _f64(w)), "fp32", "planted")

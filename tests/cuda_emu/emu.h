@@ -58,14 +58,19 @@
 namespace emu
 {
 
-// Which planted bug a test switched on ($NORMEXPORT_EMU_PLANTED, read once at start; 0: none). The
-// sanitizer tests compile their planted bugs into the kernel source behind this switch, so that the
-// clean run and the planted ones share one build: switched off, the edited lines compute what the
-// source's do.
-inline int const gPlanted = [] {
+// Which planted bug a test switched on (0: none): $NORMEXPORT_EMU_PLANTED at start (the sanitizer
+// driver), or normexport_emu_plant() of a loaded library (the in-process planted-bug tests). The tests
+// compile their planted bugs into the kernel source behind this switch, so that several planted bugs
+// share one build: switched off, the edited lines compute what the source's do. Set it only between
+// launches (the launch's thread creation orders the write before the kernels' reads).
+inline int gPlanted = [] {
     char const* v = std::getenv("NORMEXPORT_EMU_PLANTED");
     return v ? std::atoi(v) : 0;
 }();
+
+// How long a barrier waits for the rest of its threads (NORMEXPORT_EMU_TIMEOUT_MS at build time;
+// normexport_emu_plant() changes it: the planted-bug tests wait less for a lane that never comes).
+inline int gTimeoutMs = NORMEXPORT_EMU_TIMEOUT_MS;
 
 inline cudaError_t gLastError = cudaSuccess;
 inline std::mutex gErrorMutex;
@@ -103,7 +108,7 @@ public:
             mCv.notify_all();
             return;
         }
-        if (!mCv.wait_for(lock, std::chrono::milliseconds(NORMEXPORT_EMU_TIMEOUT_MS), [&] { return mGeneration != generation || mBroken; }))
+        if (!mCv.wait_for(lock, std::chrono::milliseconds(gTimeoutMs), [&] { return mGeneration != generation || mBroken; }))
         {
             mBroken = true;
             mCv.notify_all();
@@ -244,6 +249,14 @@ inline T __ldg(T const* p)
 
 #define rsqrtf(x) (1.0f / std::sqrt(static_cast<float>(x)))
 #define __fdividef(a, b) (static_cast<float>(a) / static_cast<float>(b))
+
+// The planted-bug switch of a library built with switched plants (tests/test_kernels_emulated.py):
+// bug `planted` on (0: off) and barriers that give up after `timeout_ms` (<= 0: the build's default).
+extern "C" void normexport_emu_plant(int planted, int timeout_ms)
+{
+    emu::gPlanted = planted;
+    emu::gTimeoutMs = timeout_ms > 0 ? timeout_ms : NORMEXPORT_EMU_TIMEOUT_MS;
+}
 
 // The persistent grid's size: a small GPU (2 SMs, one resident block each), so that the blocks of
 // a launch loop over several rows (the row loops, the alternating reduction buffer and the
