@@ -624,9 +624,10 @@ def test_cli_check_example_inputs_say_so(mlp, capsys):
     assert "  verified at x: 4x16, y: 4x16 (--input)" in capsys.readouterr().out  # x's dims are fixed
 
 
-def test_cli_check_bad_input_is_one_line_exit_2(unet, tmp_path):
-    """Through the entry point: a wrong name, a wrong rank, and sizes neither the model nor the
-    file take are one stderr line, exit 2; no --json file is left."""
+def test_cli_check_bad_input_is_one_line_exit_2(unet, tmp_path, cli):
+    """A wrong name, a wrong rank, and sizes neither the model nor the file take are one stderr
+    line, exit 2; no --json file is left. The first through the entry point (a process), the others
+    by main() in this process (a Python start per case costs seconds of CI, docs/design.md §16)."""
     import os
     import subprocess
     import sys
@@ -643,10 +644,14 @@ def test_cli_check_bad_input_is_one_line_exit_2(unet, tmp_path):
         ("x:1x4x64x64", "--input 'x': axis 1 is fixed to 3 in the model (Nx3xHxW), --input says 4; give 3 there"),
         ("x:1x3x30x30", "the reference model rejected inputs of shape 1x3x30x30"),
     ]
-    for given, needle in cases:
-        r = subprocess.run(cmd + ["check", str(unet), "--reference", "test_check:make_unet", "--input", given,
-                                  "--json", str(out)], capture_output=True, text=True, env=env)
-        assert r.returncode == 2, (given, r.stdout, r.stderr)
-        lines = r.stderr.strip().splitlines()
-        assert len(lines) == 1 and lines[0].startswith("normexport: error: ") and needle in lines[0], r.stderr
+    for i, (given, needle) in enumerate(cases):
+        argv = ["check", str(unet), "--reference", "test_check:make_unet", "--input", given, "--json", str(out)]
+        if i == 0:
+            r = subprocess.run(cmd + argv, capture_output=True, text=True, env=env)
+            code, stdout, stderr = r.returncode, r.stdout, r.stderr
+        else:
+            code, stdout, stderr = cli(*argv)
+        assert code == 2, (given, stdout, stderr)
+        lines = stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("normexport: error: ") and needle in lines[0], stderr
         assert not out.exists()
