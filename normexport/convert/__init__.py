@@ -64,9 +64,25 @@ def run(args) -> int:
 
 def convert(args, loaded=None) -> Record:
     """The stages over one record; `loaded`: a model already in memory (a normexport.load
-    LoadedModel, e.g. one component of a pipeline folder), used in place of loading args.model."""
-    rec = Record(args=args, loaded=loaded)
+    LoadedModel, e.g. one component of a pipeline folder), used in place of loading args.model.
+    A pre-quantized folder (GPTQ / AWQ / compressed-tensors int4, docs/design.md §15) runs on its
+    dequantized float folder, its packed weights kept for the int4 stage."""
+    from ..quantize import prequantized
+
+    source = prequantized.open_source(args) if loaded is None else None  # unsupported: one line, nothing written
+    if source is None:
+        return _convert(args, loaded)
+    with source:  # (its temp float folder removed on leaving)
+        return _convert(source.args, None, source)
+
+
+def _convert(args, loaded=None, source=None) -> Record:
+    from ..quantize import prequantized
+
+    rec = Record(args=args, loaded=loaded, prequantized=source)
     rec.quant = quantizing.refuse_early(args)  # a --quantize the target cannot serve: one line, nothing loaded
+    if source is not None:
+        rec.quant = prequantized.options(source, rec.quant)
     for stage in (loading.run, inputs.run, preparing.run):
         rec = stage(rec)
     # the ladder's judge: each exported file rewritten, then (where convert checks it) its parity

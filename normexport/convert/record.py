@@ -75,6 +75,7 @@ class Record:
     prewrite: Any = None  # its weights written ahead: the run's owner of them (normexport.convert.prewrite.Prewrite)
     quant: dict | None = None  # --quantize's options (normexport.quantize.options), None without it
     quantized: Any = None  # the quantized file's verdict (normexport.quantize), after writing
+    prequantized: Any = None  # a GPTQ / AWQ / compressed-tensors folder's packed weights (normexport.quantize.prequantized)
     exit_code: int = 0
 
     def copy(self) -> "Record":

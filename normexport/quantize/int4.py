@@ -185,12 +185,19 @@ def run(rec):
     float_ir = ir.load(str(out))  # the float file as written; its external weights read lazily
     exclude = [] if opts["lm_head"] else [n for n in [lm_head(float_ir)] if n]
     t0 = time.perf_counter()
-    proto = quantize(out, opts, exclude)
+    if rec.prequantized is not None:  # a GPTQ / AWQ / compressed-tensors folder: its packed weights repacked
+        from . import prequantized
+
+        proto, _ = prequantized.repack(out, rec.prequantized, float_ir, opts)
+        made = f"repacked from the folder's {opts['algorithm']} tensors, no float round trip ("
+    else:
+        proto = quantize(out, opts, exclude)
+        made = f"by onnxruntime's quantizer ({opts['algorithm']}, "
     seconds = time.perf_counter() - t0
     counts = weights.count(proto)
-    print(f"quantize int4: {counts['MatMulNBits']} MatMul weight(s) as MatMulNBits by onnxruntime's quantizer "
-          f"({opts['algorithm']}, block {opts['block_size']}, {'symmetric' if opts['symmetric'] else 'asymmetric'}, "
-          f"accuracy level {opts['accuracy_level']}; LM head {'int4' if opts['lm_head'] else 'float'}), "
+    print(f"quantize int4: {counts['MatMulNBits']} MatMul weight(s) as MatMulNBits {made}block {opts['block_size']}, "
+          f"{'symmetric' if opts['symmetric'] else 'asymmetric'}, accuracy level {opts['accuracy_level']}"
+          f"{'' if rec.prequantized is not None else '; LM head int4' if opts['lm_head'] else '; LM head float'}), "
           f"{counts['MatMul']} MatMul(s) left in float, {counts['normexport']} normexport / "
           f"{counts['norms']} norm node(s) kept; {seconds:.1f} s")
     found = weights.check(proto, float_ir, opts)
@@ -204,7 +211,11 @@ def run(rec):
             judged["verdict"] = None
             return
         if rec.task == llm.WITH_PAST:
-            v = judge_llm_with_anchor(tmp, eager, rec.args.model, opts, anchor=not getattr(rec.args, "no_anchor", False))
+            # a pre-quantized folder's anchor: genai's builder on the folder itself (it repacks the same tensors)
+            source = getattr(rec.args, "prequantized_from", None) or rec.args.model
+            # (the builder reads the folder's packing itself; the LM head a writer left in float stays float in both)
+            anchor_opts = opts if rec.prequantized is None else {**opts, "algorithm": "rtn", "lm_head": False}
+            v = judge_llm_with_anchor(tmp, eager, source, anchor_opts, anchor=not getattr(rec.args, "no_anchor", False))
         else:
             v = verdict.judge_outputs(tmp, rec.module, rec.inputs, rec.names, kind="int4")
         judged["verdict"] = v

@@ -19,7 +19,10 @@ from onnx import numpy_helper
 #: within half a step inside the range, and symmetric int4 (-8..7, the scale set by the block's
 #: largest magnitude as -8) clips the other sign's extreme by up to one step; hqq fits scale and
 #: zero point to the block's total error, single elements may sit further (measured: 0.78)
-STEPS = {"rtn": 1.0, "hqq": 1.5}
+STEPS = {"rtn": 1.0, "hqq": 1.5,
+         # a pre-quantized folder (prequantized.py): the float file holds the packed weights' exact
+         # dequantization and the MatMulNBits are repacked from the same packed tensors: 0 steps
+         "gptq": 0.0, "awq": 0.0, "compressed-tensors": 0.0}
 #: float rounding of the dequantization (relative to the step)
 SLACK = 1e-3
 
