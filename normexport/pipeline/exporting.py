@@ -150,7 +150,9 @@ def _export_slot(args, src: Path, slot: Slot, tmp: Path) -> dict | None:
               "exported static from the one-prompt call; the loaded pipeline refuses a mask of other values")
         save_call(slot, file, single=True)
     loaded = folder_pipeline._component_model(module, file, source, "")
-    batch = {} if by_values else {**(loaded.dynamic_axes or {}), **batched_axes(dict(slot.kwargs))}
+    # the batch by name (latents, text, masks) and by recording: every tensor whose first axis differs between the
+    # two-prompt and the one-prompt run (the VAE's latent_sample), so the fallback rungs below keep at least it
+    batch = {} if by_values else {**(loaded.dynamic_axes or {}), **batched_axes(dict(slot.kwargs)), **slot.batch_axes()}
     loaded.dynamic_axes = None if by_values else {**batch, **slot.dynamic()} or None
     ns = argparse.Namespace(**vars(args))
     ns.model, ns.output, ns.inputs, ns.module = str(src / slot.component), str(folder) + os.sep, str(file), None
@@ -200,6 +202,8 @@ def _export_slot(args, src: Path, slot: Slot, tmp: Path) -> dict | None:
              "constants": {k: repr(v) for k, v in constants.items()},
              "outputs": outputs, "structure": rec.output_structure,
              "renames": {**slot.renames, **spread}, "op_counts": report.get("op_counts", {}),
+             # what follows the batch: load() runs a file that holds another batch in pieces (pipeline/batching.py)
+             **({"batch": slot.batch} if slot.batch and not by_values else {}),
              "parity": _parity_summary(report)}
     del module, loaded, rec
     gc.collect()

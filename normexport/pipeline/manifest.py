@@ -143,6 +143,10 @@ def _problem(folder: Path, manifest: dict) -> str | None:
             table = e.get(key) or {}
             if not isinstance(table, dict) or not all(isinstance(v, str) for v in table.values()):
                 return f"{where} {key} are not a table of text"
+        batch = e.get("batch", {})  # what follows the batch (pipeline/batching.py)
+        if not isinstance(batch, dict) or not all(k in ("inputs", "lists") and isinstance(v, list) and all(
+                isinstance(n, str) for n in v) for k, v in batch.items()):
+            return f"{where} batch is not lists of input names"
         outputs = e.get("outputs")
         if not isinstance(outputs, list) or not all(isinstance(o, str) for o in outputs):
             return f"{where} has no list of output names"

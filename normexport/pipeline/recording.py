@@ -23,6 +23,7 @@ from ..capture import save
 from ..errors import UsageError, first_line
 from ..load import pipeline as folder_pipeline
 from ..load._util import quiet
+from . import batching
 
 #: autoencoder methods the pipeline calls instead of forward: the slot's suffix, and the input names
 #: optimum's ORTDiffusionPipeline feeds (`latent_sample` for the decoder, `sample` for the encoder)
@@ -43,6 +44,19 @@ class Slot:
     renames: dict = dataclasses.field(default_factory=dict)  # method parameter -> file input name
     single: tuple | None = None  # (args, kwargs) of the one-prompt run's call
     at_size: int | None = None  # shapes[:at_size]: the calls at the converted image size (the rest: one size up)
+    batch: dict = dataclasses.field(default_factory=dict)  # what follows the batch (pipeline/batching.recorded)
+
+    def batch_axes(self) -> dict[str, list[int]]:
+        """{input path: [0]} for the recorded tensors whose first axis follows the batch (and is
+        over 1 in the call the file is exported from: a size-1 axis cannot stay dynamic); empty where
+        a list's length follows the batch: the file holds that many list inputs, so the tensors of
+        the same batch are fixed with it (load() serves other batches in pieces, batching.py)."""
+        if self.batch.get("lists"):
+            return {}
+        first = self.shapes[0] if self.shapes else {}
+        return {self.renames.get(p.split(".")[0], p.split(".")[0]) + p[len(p.split(".")[0]):]: [0]
+                for p in self.batch.get("inputs", []) if first.get(p) and first[p][0] > 1}
+
 
     def dynamic(self, at_size: bool = False) -> dict[str, list[int]]:
         """{input path: axes whose size differs between the recorded calls (of one run, as Sana's
@@ -189,11 +203,7 @@ def _leaves(bound: dict):
             yield ".".join(key_text(k) for k in path), leaf
 
 
-def key_text(k) -> str:
-    for attr in ("key", "idx", "name"):
-        if hasattr(k, attr):
-            return str(getattr(k, attr))
-    return str(k)
+key_text = batching.key_text  # the dotted paths of a call's leaves (runtime names its inputs the same way)
 
 
 def _plain(x):
@@ -238,6 +248,7 @@ def record(path: Path, index: dict) -> Recording:
     for name, slot in first.slots.items():
         at_size = call_shapes([r for r, _, _ in runs[:2]], name)
         slot.shapes, slot.at_size = at_size + call_shapes([r for r, _, _ in runs[2:]], name), len(at_size)
+        slot.batch = batching.recorded(runs[0][0].shapes[name], runs[1][0].shapes.get(name))
         single = runs[1][0].slots.get(name)
         if single is not None:  # the one-prompt call: a file that cannot keep even the batch dynamic serves it
             slot.single = (single.args, single.kwargs)

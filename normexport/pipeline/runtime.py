@@ -37,7 +37,7 @@ import torch.utils._pytree as pytree
 from torch import nn
 
 from ..errors import UsageError, first_line
-from . import buffers
+from . import batching, buffers
 from . import manifest as manifest_mod
 from .recording import LATENT_PARAMETERS, bind_call, key_text
 
@@ -283,6 +283,14 @@ class _Session:
         return_dict = bound.pop("return_dict", True)
         bound.pop("generator", None)  # the VAE's decode takes and ignores it
         bound = {self.renames.get(k, k): v for k, v in bound.items()}
+        pieces = batching.split(self.entry, bound, self.renames)
+        if pieces is not None:  # a batch the file does not hold: run in pieces of its batch (pipeline/batching.py)
+            calls, sizes = pieces
+            return batching.merge([self._call_file(component, method, c, return_dict) for c in calls], sizes)
+        return self._call_file(component, method, bound, return_dict)
+
+    def _call_file(self, component: str, method: str, bound: dict, return_dict):
+        """One run of the file on a call of the batch it holds, its outputs as the component gives them."""
         feeds = {}
         for path, leaf in pytree.tree_flatten_with_path(bound)[0]:
             name = ".".join(key_text(k) for k in path)
