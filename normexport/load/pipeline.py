@@ -177,15 +177,15 @@ def record(path: Path, index: dict, component: str | None, file: Path) -> Compon
     cls_name = index["_class_name"]
     start = time.perf_counter()
     pipe = build(path, index, component)
-    modules = {n: c for n, c in pipe.components.items() if isinstance(c, nn.Module)}
+    parts = registered(pipe)
+    modules = {n: c for n, c in parts.items() if isinstance(c, nn.Module)}
     if component is not None and component not in modules:
         raise UsageError(f"--module {component}: that component of {cls_name} is a "
-                         f"{type(pipe.components.get(component)).__name__}, not a torch module: name one of "
+                         f"{type(parts.get(component)).__name__}, not a torch module: name one of "
                          f"{', '.join(modules)}")
     kwargs, size = call_arguments(pipe, modules, path, component)
     hatch = _escape(path, component or _likely_denoiser(index))
-    schedulers = [c for c in pipe.components.values() if callable(getattr(c, "step", None))
-                  and not isinstance(c, nn.Module)]
+    schedulers = [c for c in parts.values() if callable(getattr(c, "step", None)) and not isinstance(c, nn.Module)]
     if component is None and not schedulers:
         raise UsageError(f"{cls_name} has no scheduler whose step would tell its denoiser: name the component "
                          f"with --module (one of {', '.join(modules)}), or {hatch}")
@@ -230,7 +230,7 @@ def record(path: Path, index: dict, component: str | None, file: Path) -> Compon
     kwargs_seen = {k: v for k, v in cap.kwargs.items() if not (k == "return_dict" and v is False)}
     save(cap.args, kwargs_seen, file)
     target = modules[component]
-    del pipe, modules, caps, cap, kwargs_seen, schedulers  # the text encoders (and all but the component) are released
+    del pipe, parts, modules, caps, cap, kwargs_seen, schedulers  # the text encoders (and all but the component) are released
     gc.collect()
     seconds = time.perf_counter() - start
     steps = kwargs.get("num_inference_steps", "default")
@@ -328,6 +328,15 @@ def build(path: Path, index: dict, component: str | None = None):
     if hasattr(pipe, "set_progress_bar_config"):
         pipe.set_progress_bar_config(disable=True)
     return pipe
+
+
+def registered(pipe) -> dict:
+    """{name: object} of every component the pipeline registered (its config's names), those of
+    `__init__` parameters with a default included: `pipe.components` leaves those out, so a
+    scheduler the class makes itself when none is passed (LongCatAudioDiTPipeline's: model_index.json
+    names it, save_pretrained writes no folder for it) or an optional module would be missed."""
+    names = [k for k in getattr(pipe, "config", {}) if not k.startswith("_")]
+    return {k: v for k in names if (v := getattr(pipe, k, None)) is not None}
 
 
 def _optional(pipeline_cls, name: str) -> bool:

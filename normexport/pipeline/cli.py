@@ -5,9 +5,10 @@ single-model command as before."""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from ..errors import UsageError
-from .manifest import is_exported_pipeline
+from .manifest import NAME, is_exported_pipeline
 
 
 #: check --steps when not given
@@ -33,6 +34,13 @@ def check(args, single) -> int:
         from . import compare
 
         return compare.run(args)
+    reference = getattr(args, "reference", None)
+    as_pipeline = getattr(args, "steps", STEPS) != STEPS or (reference and (Path(reference) / "model_index.json").is_file())
+    if as_pipeline and not Path(args.onnx_model).is_file():  # what it is, never "a single file" when it is none
+        what = "does not exist" if not Path(args.onnx_model).exists() else \
+            f"is a folder without {NAME}, not an exported pipeline folder"
+        raise UsageError(f"'{args.onnx_model}' {what}: `normexport convert PIPELINE_DIR -o {args.onnx_model}/` writes "
+                         "it, only when every component passed (see that command's output)")
     if getattr(args, "steps", STEPS) != STEPS:
         raise UsageError(f"--steps {args.steps}: denoising steps are an exported pipeline folder's check; "
                          f"'{args.onnx_model}' is a single file: leave --steps out")

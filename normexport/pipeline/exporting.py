@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from .. import convert as convert_stages
+from .. import llm
 from ..errors import ExportError, UsageError, first_line
 from ..load import pipeline as folder_pipeline
 from ..load.call import CallAdapter
@@ -156,7 +157,10 @@ def _export_slot(args, src: Path, slot: Slot, tmp: Path) -> dict | None:
     loaded.dynamic_axes = None if by_values else {**batch, **slot.dynamic()} or None
     ns = argparse.Namespace(**vars(args))
     ns.model, ns.output, ns.inputs, ns.module = str(src / slot.component), str(folder) + os.sep, str(file), None
-    ns.input, ns.dynamic, ns.task = [], [], None
+    # a component is exported for the call its pipeline makes (docs/design.md §9), not for its class's default task:
+    # a causal LM read for its hidden states (HiDream's LlamaForCausalLM text encoder) is the recorded call, not
+    # the KV-cache graph (§10) that takes no attention_mask / output_hidden_states
+    ns.input, ns.dynamic, ns.task = [], [], llm.PLAIN if llm.causal_lm(loaded) is not None else None
     ns.report = str(folder / "normexport_report.json")
     ns.shown_output = str(Path(args.output.rstrip("/" + os.sep)) / slot.name / "model.onnx")  # not the temp folder
     try:

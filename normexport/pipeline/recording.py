@@ -149,11 +149,14 @@ class _Run:
 
 
 def _is_autoencoder(m: nn.Module) -> bool:
-    """A diffusers autoencoder (its decode / encode are what pipelines call)."""
+    """A diffusers model whose class has `decode` / `encode` (what pipelines call instead of its
+    forward: AutoencoderKL, VQModel, LongCatAudioDiTVae...), by what it has, not by its class name;
+    a method the pipeline never calls records nothing."""
     import sys
 
     diffusers = sys.modules.get("diffusers")
-    return diffusers is not None and isinstance(m, diffusers.ModelMixin) and "Autoencoder" in type(m).__name__
+    return diffusers is not None and isinstance(m, diffusers.ModelMixin) and \
+        any(callable(getattr(type(m), method, None)) for method in METHODS)
 
 
 def _wrap(stack: contextlib.ExitStack, obj, attr: str, before) -> None:
@@ -227,7 +230,7 @@ def record(path: Path, index: dict) -> Recording:
 
     start = time.perf_counter()
     pipe = folder_pipeline.build(path, index)
-    modules = {n: c for n, c in pipe.components.items() if isinstance(c, nn.Module)}
+    modules = {n: c for n, c in folder_pipeline.registered(pipe).items() if isinstance(c, nn.Module)}
     kwargs, size = folder_pipeline.call_arguments(pipe, modules, path, None)
     side = kwargs.get("height", folder_pipeline.image_side(pipe, modules))
     # three runs: the files are exported from the batch-2 run at the small size (a size-1 dim cannot

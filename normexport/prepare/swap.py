@@ -108,6 +108,9 @@ def structure_copy(module: nn.Module) -> nn.Module:
     """A deep copy of `module`'s module tree that shares its parameters and buffers (docs/design.md §8:
     the weights are held once; swaps replace modules in the copy, they never write into tensors)."""
     memo = {id(t): t for t in list(module.parameters()) + list(module.buffers())}
+    # a tensor held as a plain attribute is shared too: torch.nn.utils.weight_norm's `weight`, which its
+    # pre-forward hook recomputes from weight_g / weight_v (not a leaf: deepcopy refuses it)
+    memo.update({id(t): t for m in module.modules() for t in vars(m).values() if isinstance(t, torch.Tensor)})
     return copy.deepcopy(module, memo)
 
 
