@@ -207,6 +207,14 @@ class Source:
         return t.float().numpy() if t.is_floating_point() else t.numpy()
 
     def unpack(self, prefix: str) -> Packed:
+        p = self._unpack(prefix)
+        blocks = (p.k + p.group - 1) // p.group
+        if p.scale.shape != (p.n, blocks) or p.zero.shape != (p.n, blocks):
+            raise ValueError(f"weight [{p.n}, {p.k}] with scales {list(p.scale.shape)} and zero points "
+                             f"{list(p.zero.shape)}, not [{p.n}, {blocks}] for group {p.group}")
+        return p
+
+    def _unpack(self, prefix: str) -> Packed:
         g, p = self.group, prefix + "."
         if self.method == "gptq":
             return unpack_gptq(self._get(p + "qweight"), self._get(p + "qzeros"), self._get(p + "scales"),
