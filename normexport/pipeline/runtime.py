@@ -85,6 +85,8 @@ def load(folder, providers: list[str] | None = None, backend: str | None = None,
                 cls = _library_class(value[0], value[1], folder / "model_index.json")
                 with _quiet():
                     parts[name] = cls.from_pretrained(str(folder / name))
+            elif _has_default(pipeline_cls, name):  # no folder (LongCat's scheduler, made by its __init__): the
+                continue  # class's own default, as diffusers' from_pretrained leaves such a parameter out
             else:
                 parts[name] = None  # a module the pipeline never called (safety checker): not exported
         elif isinstance(value, list) and len(value) == 2 and all(v is None for v in value):
@@ -104,6 +106,17 @@ def load(folder, providers: list[str] | None = None, backend: str | None = None,
     if hasattr(pipe, "set_progress_bar_config"):
         pipe.set_progress_bar_config(disable=True)
     return pipe
+
+
+def _has_default(pipeline_cls, name: str) -> bool:
+    """`name` is an `__init__` parameter with a default that the class does not list as optional:
+    diffusers' from_pretrained passes such a component only when it loads one."""
+    try:
+        param = inspect.signature(pipeline_cls.__init__).parameters.get(name)
+    except (TypeError, ValueError):
+        return False
+    return param is not None and param.default is not param.empty and \
+        name not in (getattr(pipeline_cls, "_optional_components", None) or [])
 
 
 def _backend(folder: Path, manifest: dict, backend: str | None) -> str:
