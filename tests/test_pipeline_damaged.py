@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from _pipelines import build
+import _shared_export as shared_export
 
 diffusers = pytest.importorskip("diffusers")
 
@@ -32,12 +32,9 @@ WRONG_VALUES = [None, 1, -3, 1.5, True, "x", "", [], {}, [1, "a"], {"tensor": 99
 
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory):
-    from normexport.cli import main
-
-    d = tmp_path_factory.mktemp("dit")
-    folder = build("dit", d)
-    out = d / "out"
-    assert main(["convert", str(folder), "-o", f"{out}/"]) == 0
+    """The DiT pipeline converted once per run, shared with tests/test_pipeline_out.py
+    (tests/_shared_export.py): damaged only in copies."""
+    folder, out, _ = shared_export.converted("dit", tmp_path_factory)
     return folder, out
 
 

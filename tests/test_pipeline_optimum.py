@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from _pipelines import build
+from _shared_export import converted
 
 pytest.importorskip("diffusers")
 
@@ -50,12 +50,8 @@ def optimum_python() -> Path:
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
-    from normexport.cli import main
-
-    d = tmp_path_factory.mktemp("optimum_sd")
-    folder = build("sd", d)
-    out = d / "out"
-    assert main(["convert", str(folder), "-o", f"{out}/"]) == 0
+    """The SD pipeline converted once per run, shared with tests/test_pipeline_out.py (tests/_shared_export.py)."""
+    folder, out, _ = converted("sd", tmp_path_factory)
     return folder, out
 
 

@@ -18,6 +18,7 @@ import torch
 
 from _norm_counts import norm_ops
 from _pipelines import build
+from _shared_export import converted
 
 diffusers = pytest.importorskip("diffusers")
 
@@ -49,14 +50,11 @@ def _call(kind: str) -> dict:
 
 @pytest.fixture(scope="module", params=list(CASES))
 def exported(request, tmp_path_factory):
-    from normexport.cli import main
-
+    """Converted once per run and shared with the other files that need the same pipeline
+    (tests/_shared_export.py): never changed here (copied first where a test damages or builds)."""
     kind = request.param
-    d = tmp_path_factory.mktemp(kind)
-    folder = build(kind, d)
-    out = d / "out"
-    code = main(["convert", str(folder), "-o", f"{out}/", "--report", str(d / "report.json")])
-    assert code == 0
+    folder, out, report = converted(kind, tmp_path_factory)
+    assert json.loads(report.read_text()), report
     return kind, folder, out
 
 
@@ -196,12 +194,14 @@ def test_build_folder_makes_an_engine_per_component(exported, tmp_path):
     from normexport import trt
     from normexport.cli import main
 
-    kind, folder, out = exported
+    kind, folder, shared = exported
     if kind != "dit":
         pytest.skip("one pipeline is enough for the engine build (minutes each on 2 cores)")
     ok, why = trt.can_build()
     if not ok:
         pytest.skip(f"no TensorRT: {why}")
+    out = tmp_path / "out"  # the engines are written into the folder: a copy of the shared one
+    shutil.copytree(shared, out)
     import normexport.pipeline
     from normexport.errors import UsageError
 
