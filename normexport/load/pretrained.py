@@ -98,7 +98,14 @@ def library_model(module, library: str, kind: str, probe_generating: bool = True
         args = entries.plain(_in_stored_dtype(module, args))
         probe = lambda: library_model(module, library, kind)  # noqa: E731
     else:
-        args = checked(module, library, _in_stored_dtype(module, args), free=getattr(args, "free", None))
+        try:
+            args = checked(module, library, _in_stored_dtype(module, args), free=getattr(args, "free", None))
+        except UsageError as e:
+            if library != "diffusers" or kind != "pretrained":
+                raise
+            # a denoiser folder alone: its call is then recorded from a pipeline class that takes it
+            # (resolve.call_for, standin.driven); this refusal stands when none does
+            return LoadedModel(_Pending(module, refusal=str(e)), kind, None, None, None, missing={})
     adapter = CallAdapter(module, (), args)
     dynamic = {**documented_batch(module, args), **batched_axes(args)}
     notes = []
@@ -128,9 +135,10 @@ def checked(module, library: str, args: dict, given=(), free=None) -> dict:
 class _Pending(CallAdapter):
     """A folder's model whose example inputs the user must give: the call is made by with_inputs."""
 
-    def __init__(self, inner):
+    def __init__(self, inner, refusal: str | None = None):
         torch.nn.Module.__init__(self)
         self.inner = inner
+        self.refusal = refusal  # the eager forward refused the derived inputs (standin.driven tries a pipeline)
 
     def forward(self, *tensors):
         raise RuntimeError("the inputs of this model are not known yet")

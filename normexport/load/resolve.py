@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from ..errors import UsageError
-from . import pipeline, pretrained, submodule
+from . import pipeline, pretrained, standin, submodule
 from .call import CallAdapter, forward_parameter_names, input_names, unwrap
 from .examples import BATCH_LOOP, MASK_READ_AS_VALUES, missing_message
 from .inputs import DTYPES, make_inputs, parse_dynamic, parse_input
@@ -37,6 +37,11 @@ def call_for(loaded: LoadedModel, model: str, input_args=(), dynamic_args=(), dt
     if loaded.kind == pipeline.KIND:  # a diffusers pipeline folder: its component, called as the pipeline calls it
         with pipeline.component_call(loaded, module_name, inputs_file) as (component, rest, recorded):
             return call_for(component, model, input_args, dynamic_args, dtype, rest, recorded)
+    if not input_args and not inputs_file and (refusal := _derived_refused(loaded)) is not None:
+        # a diffusers denoiser folder alone whose derived inputs failed: a pipeline class that takes
+        # it records its call (standin, issue 46 item 7); else this refusal, naming that pipeline
+        with standin.driven(loaded, refusal) as (component, recorded):
+            return call_for(component, model, (), dynamic_args, dtype, module_name, recorded)
     if dtype and loaded.kind == "exported-program":
         _check_pt2_dtype(loaded, model, dtype)
     inputs, names, dynamic, module = resolve_inputs(loaded, model, list(input_args), list(dynamic_args), dtype,
@@ -47,6 +52,18 @@ def call_for(loaded: LoadedModel, model: str, input_args=(), dynamic_args=(), dt
         module, inputs, names, dynamic = submodule.capture(module, module_name, inputs, dynamic, names,
                                                            loaded=loaded)
     return Call(module, tuple(inputs), list(names), dict(dynamic or {}), loaded)
+
+
+def _derived_refused(loaded: LoadedModel) -> str | None:
+    """The refusal of a diffusers folder's derived inputs (forward refused them, or some could not be
+    made), None for every other model."""
+    module = loaded.module
+    if loaded.kind != "pretrained" or not isinstance(module, pretrained._Pending) \
+            or getattr(module.inner, "_normexport_library", None) != "diffusers":
+        return None
+    if module.refusal:
+        return module.refusal
+    return missing_message(type(module.inner).__name__, loaded.missing) if loaded.missing else None
 
 
 def keep_fp32(module: nn.Module) -> list[str]:
