@@ -8,16 +8,16 @@ follow the batch — the tensors whose first axis, and the list parameters whose
 between the two-prompt run and the one-prompt run (`recorded`) — and writes them in the slot's
 manifest entry as `"batch": {"inputs": [paths], "lists": [parameters]}`. Where the file keeps
 that batch static (a list's length always is; an exporter fallback to static shapes makes a
-tensor's so), `split` cuts the pipeline's call into pieces of the file's batch — the last piece
-padded by repeating its last sample, every sample being computed independently of the others —
-and `merge` puts the pieces' outputs back together: an output tensor whose first axis, or an
-output list whose length, is a batch the file holds is concatenated and cut back to the call's;
-anything else is taken from the first piece.
+tensor's so), `split` cuts the pipeline's call into pieces of the file's batch: each sample goes
+to the first free position whose list-element shapes it fits (a denoiser's per-sample text
+lengths are fixed per position: guidance puts the prompts first and the negative prompts after),
+and a free position is padded with a sample that fits there, every sample being computed
+independently of the others. `merge` puts the pieces' outputs back together: an output tensor
+whose first axis, or an output list whose length, is the file's batch is gathered back per
+sample, in the call's order; anything else is taken from the first piece.
 """
 
 from __future__ import annotations
-
-import math
 
 import torch
 import torch.utils._pytree as pytree
@@ -45,10 +45,11 @@ def recorded(batched: dict, single: dict | None) -> dict:
     return {k: v for k, v in (("inputs", inputs), ("lists", lists)) if v}
 
 
-def split(entry: dict, bound: dict, renames: dict) -> tuple[list[dict], dict[int, int]] | None:
-    """The call `bound` (by the recorded names) cut into pieces the slot's file takes, and {the
-    file's batch: the call's} for merge; None where the call's batch is the file's (or the file
-    keeps it dynamic). A RuntimeError where the call's batched inputs do not follow one batch."""
+def split(entry: dict, bound: dict, renames: dict) -> tuple[list[dict], list] | None:
+    """The call `bound` (by the recorded names) cut into pieces the slot's file takes, and where
+    each of the call's samples went ((piece, position) per sample, for merge); None where the call's
+    batch is the file's (or the file keeps it dynamic). A RuntimeError where the call's batched
+    inputs do not follow one batch."""
     spec = entry.get("batch") or {}
     files = entry["inputs"]
     items = []  # (kind, path, call's size, file's size or None where the file keeps it dynamic)
@@ -66,55 +67,62 @@ def split(entry: dict, bound: dict, renames: dict) -> tuple[list[dict], dict[int
     fixed = [it for it in items if it[3] is not None]
     if not fixed or all(c == f for _, _, c, f in fixed):
         return None
-    _, p0, c0, f0 = fixed[0]
-    if f0 == 0 or any(c * f0 != c0 * f for _, _, c, f in fixed):
-        shown = ", ".join(f"{p} {c} (the file takes {f})" for _, p, c, f in fixed)
+    _, _, calls, size = fixed[0]
+    if size == 0 or any(c != calls or (f is not None and f != size) for _, _, c, f in items):
+        shown = ", ".join(f"{p} {c} (the file takes {f if f is not None else 'any'})" for _, p, c, f in items)
         raise RuntimeError(f"called with batched inputs that do not follow one batch: {shown}: call it with one "
                            "batch for all of them, or convert the pipeline with this call")
-    count = math.ceil(c0 / f0)
-    sizes: dict[int, int] = {}
-    plan = []
-    for kind, p, c, f in items:
-        if f is None:  # the file keeps it dynamic: its share of each piece
-            f = c * f0 // c0 if (c * f0) % c0 == 0 else None
-            if f is None:
-                raise RuntimeError(f"called with {p} of batch {c}, which is not a multiple of {p0}'s {c0} / {f0}: "
-                                   "convert the pipeline with this call")
-        sizes[f] = c
-        plan.append((kind, p, c, f))
-    pieces = []
-    for k in range(count):
-        piece = dict(bound)
-        cut = {}
-        for kind, p, c, f in plan:
-            index = [min(k * f + j, c - 1) for j in range(f)]  # the last piece padded with its last sample
-            if kind == "list":
-                piece[p] = [bound[p][i] for i in index]
-            else:
-                cut[p] = torch.tensor(index)
-        if cut:
-            piece = _index(piece, cut)
-        pieces.append(piece)
-    return pieces, sizes
+    lists = [p for kind, p, _, _ in items if kind == "list"]
+
+    def fits(sample: int, position: int) -> bool:  # a list element's shapes are the file's at that position
+        return all(list(t.shape) == files[renames.get(n, n)]["shape"]
+                   for p in lists for n, t in _leaves({f"{p}.{position}": bound[p][sample]})
+                   if renames.get(n, n) in files)
+
+    pieces: list[list] = []  # per piece, the call's sample at each position (None: free)
+    placed = []  # per sample: (piece, position)
+    for sample in range(calls):  # each sample at the first free position it fits, in the first piece that has one
+        spot = next(((k, j) for k, piece in enumerate(pieces) for j, v in enumerate(piece)
+                     if v is None and fits(sample, j)), None)
+        if spot is None:
+            pieces.append([None] * size)
+            spot = next(((len(pieces) - 1, j) for j in range(size) if fits(sample, j)), (len(pieces) - 1, 0))
+            if pieces[spot[0]][spot[1]] is not None:  # fits nowhere: the size check names the shapes
+                spot = (spot[0], pieces[spot[0]].index(None))
+        pieces[spot[0]][spot[1]] = sample
+        placed.append(spot)
+    calls_out = []
+    for piece in pieces:  # free positions padded with a sample that fits there (every sample is computed alone)
+        index = [v if v is not None else next((i for i in range(calls) if fits(i, j)), calls - 1)
+                 for j, v in enumerate(piece)]
+        call = dict(bound)
+        for p in lists:
+            call[p] = [bound[p][i] for i in index]
+        cut = {p: torch.tensor(index) for kind, p, _, _ in items if kind == "tensor"}
+        calls_out.append(_index(call, cut) if cut else call)
+    return calls_out, (size, placed)
 
 
-def merge(outputs: list, sizes: dict[int, int]):
-    """The pieces' outputs as one (module doc)."""
+def merge(outputs: list, where):
+    """The pieces' outputs as one (module doc): `where` = (the file's batch, (piece, position) per
+    sample of the call)."""
+    size, placed = where
     first = outputs[0]
     if isinstance(first, torch.Tensor):
-        n = int(first.shape[0]) if first.dim() >= 1 else None
-        return torch.cat(outputs)[:sizes[n]] if n in sizes else first
-    if isinstance(first, list) and len(first) in sizes:
-        return [v for o in outputs for v in o][:sizes[len(first)]]
+        if first.dim() >= 1 and int(first.shape[0]) == size:
+            return torch.stack([outputs[k][j] for k, j in placed])
+        return first
+    if isinstance(first, list) and len(first) == size:
+        return [outputs[k][j] for k, j in placed]
     if isinstance(first, (list, tuple)):
-        items = [merge([o[i] for o in outputs], sizes) for i in range(len(first))]
+        items = [merge([o[i] for o in outputs], where) for i in range(len(first))]
         return type(first)(items) if not hasattr(first, "_fields") else type(first)(*items)
     if isinstance(first, dict):  # a dict, or a library output class (a ModelOutput is an ordered dict)
-        values = {k: merge([o[k] for o in outputs], sizes) for k in first}
+        values = {k: merge([o[k] for o in outputs], where) for k in first}
         return values if type(first) is dict else type(first)(**values)
     parameters = getattr(first, "parameters", None)
     if isinstance(parameters, torch.Tensor):  # encode's DiagonalGaussianDistribution: rebuilt from its parameters
-        return type(first)(merge([o.parameters for o in outputs], sizes))
+        return type(first)(merge([o.parameters for o in outputs], where))
     return first
 
 
