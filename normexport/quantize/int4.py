@@ -188,7 +188,8 @@ def run(rec):
     if rec.prequantized is not None:  # a GPTQ / AWQ / compressed-tensors folder: its packed weights repacked
         from . import prequantized
 
-        proto, _ = prequantized.repack(out, rec.prequantized, float_ir, opts)
+        proto, _ = prequantized.repack(_lazy(out), rec.prequantized, float_ir, opts)
+        _inline(proto)  # (what stays as it was: read into the file, as quantize() does)
         made = f"repacked from the folder's {opts['algorithm']} tensors, no float round trip ("
     else:
         proto = quantize(out, opts, exclude)

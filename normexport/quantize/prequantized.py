@@ -202,8 +202,6 @@ class Source:
 
         with safe_open(str(self._files[name]), framework="pt") as f:
             t = f.get_tensor(name)
-        import torch
-
         return t.float().numpy() if t.is_floating_point() else t.numpy()
 
     def unpack(self, prefix: str) -> Packed:
@@ -376,21 +374,18 @@ def matmulnbits_tensors(parts: list) -> tuple[np.ndarray, np.ndarray, np.ndarray
     return b, scale[:, :blocks].astype(np.float32).reshape(-1), zp, k, n, block
 
 
-def repack(path: Path, source: Source, float_ir, opts: dict):
-    """The float file at `path` (float_ir: the same, loaded lazily) with each MatMul whose constant
+def repack(model, source: Source, float_ir, opts: dict):
+    """The float file's ModelProto `model` (int4._lazy: its weights left on disk; float_ir: the same
+    file in onnx-ir, read lazily), edited in place: each MatMul whose constant
     weight is one or more of the folder's packed Linears (side by side: normexport.llm.packing
     concatenates q / k / v and gate / up) replaced by a MatMulNBits built from their packed tensors;
     a MatMul whose weight is no packed Linear's dequantization (the LM head a writer left in float)
     stays as it is. Returns (the ModelProto, how many MatMuls became MatMulNBits)."""
-    import onnx
     from onnx import helper, numpy_helper
-
-    from .int4 import _inline, _lazy
 
     index: dict = {}  # the bytes of a Linear's dequantized row 0 (its weight's column 0 in the file) -> the Linear
     for lin in source.linears:
         index.setdefault(source.unpack(lin).dequantized()[0].tobytes(), lin)
-    model = _lazy(path)
     inits = {t.name: t for t in model.graph.initializer}
     floats = float_ir.graph.initializers
     uses: dict = {}
@@ -443,5 +438,4 @@ def repack(path: Path, source: Source, float_ir, opts: dict):
     model.graph.initializer.extend(keep)
     if done and not any(o.domain == "com.microsoft" for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
-    _inline(model)
     return model, done
