@@ -1,5 +1,5 @@
-"""A component file called at another batch than the one it holds (docs/convert.md, "A pipeline
-folder out"; issue 46 items 1 and 2).
+"""A component file called at another batch than the one it holds (docs/design.md §12;
+docs/convert.md, "A pipeline folder out"; issue 46 items 1 and 2).
 
 Classifier-free guidance doubles the denoiser's batch but not the VAE's, a prompt list changes
 both, and a denoiser taking one tensor per sample (diffusers' Z-Image: `x` and `cap_feats` are
@@ -143,6 +143,8 @@ def _index(bound: dict, cut: dict[str, torch.Tensor]) -> dict:
     """`bound` with the tensors at the paths in `cut` indexed along their first axis."""
     def pick(path, leaf):
         name = ".".join(key_text(k) for k in path)
-        return leaf.index_select(0, cut[name].to(leaf.device)) if name in cut and isinstance(leaf, torch.Tensor) else leaf
+        if name in cut and isinstance(leaf, torch.Tensor):
+            return leaf.index_select(0, cut[name].to(leaf.device))
+        return leaf
 
     return pytree.tree_map_with_path(pick, bound)
