@@ -201,6 +201,18 @@ def test_genai_generates_from_the_folder(converted):
     assert got == [int(np.argmax(l[0])) for l in own]
 
 
+def test_check_takes_the_prequantized_folder_as_reference(converted, cli, tmp_path):
+    """`check OUT/model.onnx --reference QUANT_DIR`: eager on the folder's dequantized weights, the
+    same verdict as convert's."""
+    _, _, report, out = converted
+    code, stdout, err = cli("check", out / "model.onnx", "--reference", FIXTURES / "gptq_asym", "--no-anchor",
+                            "--json", tmp_path / "c.json")
+    assert code == 0, stdout + err
+    q = json.loads((tmp_path / "c.json").read_text())["quantized"]
+    assert q["verdict"]["passed"] and q["options"]["block_size"] == 32 and not q["options"]["symmetric"]
+    assert q["verdict"]["ours"] == report["quantized"]["verdict"]["ours"]  # the same prompt, model and file
+
+
 def _edited(tmp_path, kind: str, edit) -> Path:
     """A copy of a fixture folder (its files linked) whose config.json's quantization_config is edited."""
     folder = tmp_path / f"{kind}_edited"

@@ -56,9 +56,18 @@ def run(args, single) -> int:
     finally:
         source.close()
     from ..llm.checking import reference_lm
+    from . import prequantized, verdict
     from .int4 import judge_llm_with_anchor
 
-    lm = reference_lm(args)
+    if prequantized.quantization_config(args.reference) is not None:
+        # a pre-quantized --reference (GPTQ / AWQ / compressed-tensors): eager on its exact dequantization
+        import argparse
+
+        with prequantized.dequantized(args.reference) as source:
+            lm = reference_lm(argparse.Namespace(**{**vars(args), "reference": str(source.tmp / "float")}))
+            lm = verdict.eager_reference(lm)
+    else:
+        lm = reference_lm(args)
     v = judge_llm_with_anchor(args.onnx_model, lm, args.reference, opts, anchor=not getattr(args, "no_anchor", False))
     print(v.table())
     if args.json:

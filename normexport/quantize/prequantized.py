@@ -324,13 +324,7 @@ def open_source(args) -> Source | None:
                          "activations here; leave --dtype out")
     if getattr(args, "module", None):
         raise UsageError(f"--module: '{folder}' is pre-quantized: it converts as a whole; leave --module out")
-    source = Source(folder, info)
-    source.tmp = Path(tempfile.mkdtemp(prefix="normexport-prequantized-"))
-    try:
-        source.write_float(source.tmp / "float")
-    except BaseException:
-        source.__exit__()
-        raise
+    source = dequantized(folder, info)
     new = argparse.Namespace(**vars(args))
     new.model, new.quantize, new.block_size = str(source.tmp / "float"), "int4", info["group"]
     new.asymmetric, new.quant_algo = not info["symmetric"], None
@@ -339,6 +333,20 @@ def open_source(args) -> Source | None:
     print(f"pre-quantized: '{folder}' is {info['method']} int4 (group {info['group']}, "
           f"{'symmetric' if info['symmetric'] else 'asymmetric'}): {len(source.linears)} packed Linear(s) go to "
           "MatMulNBits as they are; eager (export and verdict) runs on their dequantized weights")
+    return source
+
+
+def dequantized(folder: Path, info: dict | None = None) -> Source:
+    """The Source of a pre-quantized folder with its float folder written (source.tmp / "float"; removed
+    when the Source is left); unsupported: one line (UsageError)."""
+    info = info or describe(quantization_config(folder))
+    source = Source(Path(folder), info)
+    source.tmp = Path(tempfile.mkdtemp(prefix="normexport-prequantized-"))
+    try:
+        source.write_float(source.tmp / "float")
+    except BaseException:
+        source.__exit__()
+        raise
     return source
 
 
