@@ -16,7 +16,8 @@ the pipeline makes, whatever its scheduler or the component's class.
 Planted (each seen failing once, then removed): `registered` replaced by `pipe.components`
 (the single-file path refuses: "has no scheduler whose step would tell its denoiser"); the class-name
 test of `_is_autoencoder` restored (no vae_decoder slot); `ns.task = None` in _export_slot (the
-Llama slot fails: "unexpected keyword argument 'attention_mask'"); the old check message.
+Llama slot fails: the KV-cache graph "got an unexpected keyword argument 'input_ids'"); the old check
+message; the MoE's dense form switched off.
 """
 
 from __future__ import annotations
@@ -168,3 +169,46 @@ def test_check_on_a_folder_convert_did_not_write(longcat, tmp_path, capsys):
     assert main(["check", str(tmp_path / "empty"), "--reference", str(longcat)]) == 2
     err = capsys.readouterr().err.strip()
     assert "normexport_pipeline.json" in err and "single file" not in err, err
+
+
+def test_data_dependent_moe_runs_densely_for_export(tmp_path):
+    """HiDream's MoE feed-forward (diffusers' MOEFeedForwardSwiGLU: tokens sorted per expert, counts read
+    with .cpu().numpy()) exported through prepare's dense form; the file's output against numpy float64
+    from the formulas (softmax gate, top-2 weights, SwiGLU experts, shared experts). Planted: the dense
+    form switched off, the dynamo export fails (".numpy() is not supported for tensor subclasses")."""
+    import onnxruntime as ort
+
+    from diffusers.models.transformers.transformer_hidream_image import MOEFeedForwardSwiGLU
+
+    from normexport.prepare.for_export import prepare_for_export
+
+    torch.manual_seed(0)
+    moe = MOEFeedForwardSwiGLU(dim=16, hidden_dim=24, num_routed_experts=4, num_activated_experts=2).eval()
+    x = torch.randn(2, 12, 16, generator=torch.Generator().manual_seed(5))
+    report: dict = {}
+    module, _ = prepare_for_export(moe, (x,), target="ort", report=report)
+    assert [r["action"] for r in report["implementations"] if r["to"] == "dense"] == ["switched"], report
+    onnx_file = tmp_path / "moe.onnx"
+    torch.onnx.export(module, (x,), str(onnx_file), dynamo=True, input_names=["x"])
+    got = ort.InferenceSession(str(onnx_file), providers=["CPUExecutionProvider"]).run(None, {"x": x.numpy()})[0]
+
+    def w(lin):
+        return lin.weight.detach().double().numpy()
+
+    def swiglu(e, h):
+        a = h @ w(e.w1).T
+        return ((a / (1 + np.exp(-a))) * (h @ w(e.w3).T)) @ w(e.w2).T
+
+    h = x.double().numpy().reshape(-1, 16)
+    logits = h @ moe.gate.weight.detach().double().numpy().T
+    scores = np.exp(logits - logits.max(-1, keepdims=True))
+    scores /= scores.sum(-1, keepdims=True)
+    top = np.argsort(-scores, axis=-1)[:, :2]
+    want = swiglu(moe.shared_experts, h)
+    for k in range(2):
+        for i, e in enumerate(moe.experts):
+            chosen = (top[:, k] == i)[:, None]
+            want = want + np.where(chosen, scores[np.arange(len(h)), top[:, k]][:, None] * swiglu(e, h), 0.0)
+    want = want.reshape(2, 12, 16)
+    assert np.abs(want).max() > 0.05
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)

@@ -35,6 +35,9 @@ def prepare_for_export(module, args: tuple, *, target: str, fold_bn: bool = True
         from .implementations import exportable_implementations  # MoE experts, attention (§9)
 
         module = exportable_implementations(module, args, report.setdefault("implementations", []), inplace=False)
+        from .dense_experts import dense_experts  # a MoE whose dispatch reads counts on the host (HiDream's)
+
+        module = dense_experts(module, args, report["implementations"])
         if fold_bn:
             from .fold_bn import fold_batchnorm
 
