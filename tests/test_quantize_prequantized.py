@@ -149,6 +149,8 @@ def test_gptq_folder_converts_to_repacked_matmulnbits(converted):
     assert code == 0, stdout
     q = report["quantized"]
     assert q["passed"] and q["options"]["algorithm"] == "gptq" and q["options"]["block_size"] == 32, q
+    assert q["prequantized"] == {"folder": str(FIXTURES / "gptq_asym"), "method": "gptq", "group_size": 32,
+                                 "symmetric": False, "linears": 14} and report["model"] == str(FIXTURES / "gptq_asym")
     # the weight check: every MatMulNBits block against the float file's (the dequantized) weights: 0 steps
     assert q["weights"]["passed"] and q["weights"]["worst_steps"] == 0.0 and q["weights"]["limit_steps"] == 0.0
     model = onnx.load(str(out / "model.onnx"))

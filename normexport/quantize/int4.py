@@ -292,4 +292,10 @@ def _report(rec) -> None:
     except (OSError, ValueError):
         report = {}
     report["quantized"] = rec.quantized
+    source = getattr(rec, "prequantized", None)
+    if source is not None:  # the model is the pre-quantized folder; eager ran on its temp float folder
+        report["model"] = str(source.folder)
+        report["quantized"]["prequantized"] = {"folder": str(source.folder), "method": source.method,
+                                               "group_size": source.group, "symmetric": source.info["symmetric"],
+                                               "linears": len(source.linears)}
     io.write_json(report, path, "--report")
