@@ -195,6 +195,40 @@ def build(kind: str, d: Path) -> Path:
         pipe = diffusers.LTXPipeline(scheduler=diffusers.FlowMatchEulerDiscreteScheduler(), vae=vae,
                                      text_encoder=P.t5(16), tokenizer=P.word_tokenizer(),
                                      transformer=P._perturb(transformer))
+    elif kind == "longcat_audio":  # issue 46 item 3: its __init__ makes its own scheduler (no folder saved), an audio
+        # VAE (LongCatAudioDiTVae, weight-normed convolutions) called through decode
+        tr = diffusers.LongCatAudioDiTTransformer(dit_dim=16, dit_depth=2, dit_heads=2, dit_text_dim=32, latent_dim=4,
+                                                  ff_mult=2.0)
+        vae = diffusers.LongCatAudioDiTVae(in_channels=1, channels=4, c_mults=[1, 2], strides=[2, 2], latent_dim=4,
+                                           encoder_latent_dim=8, downsampling_ratio=4, sample_rate=64)
+        umt5 = transformers.UMT5EncoderModel(transformers.UMT5Config(
+            vocab_size=16, d_model=32, d_kv=8, d_ff=32, num_layers=1, num_heads=2)).eval()
+        pipe = diffusers.LongCatAudioDiTPipeline(vae=vae.eval(), text_encoder=umt5, tokenizer=P.word_tokenizer(),
+                                                 transformer=P._perturb(tr).eval())
+    elif kind == "hidream":  # issue 46 item 6: four text encoders, one a LlamaForCausalLM read for its hidden states;
+        # a MoE transformer (the pipeline rescales every image to 1024x1024: slow on a CPU)
+        def clip():  # the pipeline pads CLIP prompts to min(max_sequence_length, 218) = 128 tokens
+            return transformers.CLIPTextModelWithProjection(transformers.CLIPTextConfig(
+                vocab_size=80, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                max_position_embeddings=128, projection_dim=16)).eval()
+
+        def tok():
+            t = P.word_tokenizer()
+            t.model_max_length = 16
+            return t
+
+        tr = diffusers.HiDreamImageTransformer2DModel(
+            patch_size=2, in_channels=4, out_channels=4, num_layers=1, num_single_layers=1, attention_head_dim=8,
+            num_attention_heads=2, caption_channels=[16, 16], text_emb_dim=32, num_routed_experts=2,
+            num_activated_experts=1, axes_dims_rope=(4, 2, 2), max_resolution=(16, 16), llama_layers=[0, 1])
+        llama = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+            vocab_size=16, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+            num_key_value_heads=2, head_dim=8, max_position_embeddings=128, pad_token_id=1, eos_token_id=1)).eval()
+        pipe = diffusers.HiDreamImagePipeline(
+            scheduler=diffusers.FlowMatchEulerDiscreteScheduler(), vae=P.vae(shift_factor=0.1, scaling_factor=0.5),
+            text_encoder=clip(), tokenizer=P.clip_tokenizer(d / "htok1", 128), text_encoder_2=clip(),
+            tokenizer_2=P.clip_tokenizer(d / "htok2", 128), text_encoder_3=P.t5(16), tokenizer_3=tok(),
+            text_encoder_4=P._perturb(llama), tokenizer_4=tok(), transformer=P._perturb(tr).eval())
     else:
         raise KeyError(kind)
     pipe.save_pretrained(d / kind)
@@ -229,7 +263,8 @@ def prefixed_tokenizer():
 
 
 #: the order the brief asks for
-KINDS = ["sdxl", "pixart_sigma", "sana", "auraflow", "lumina2", "hunyuandit", "cogview4", "latte", "inpaint", "ltx"]
+KINDS = ["sdxl", "pixart_sigma", "sana", "auraflow", "lumina2", "hunyuandit", "cogview4", "latte", "inpaint", "ltx",
+         "longcat_audio", "hidream"]
 
 
 def _num(x, spec: str = ".3g") -> str:
