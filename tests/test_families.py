@@ -163,6 +163,7 @@ def test_missing_inputs_error_lists_every_required_input(cli, tmp_path, monkeypa
 
     monkeypatch.setattr(examples, "_from_docs", lambda *a, **k: None)
     monkeypatch.setattr(examples, "_role", lambda documented: None)
+    _standin_off(monkeypatch)  # the derived inputs' refusal alone, not a pipeline run (tests/test_denoiser_alone.py)
     real_make = examples._Sizes.make  # `sample` is made like the latents since issue 28: made unmakeable here
     monkeypatch.setattr(examples._Sizes, "make", lambda self, p, *a, **k: None if p == "sample" else real_make(self, p, *a, **k))
     torch.manual_seed(0)
@@ -253,3 +254,13 @@ def test_mochi_folder_static_batch_with_note(cli, tmp_path):
     assert max(errs) < 1e-5
     skipped = [e for e in rep["prepare"] if "size 0" in e["reason"]]
     assert skipped and all(e["action"] == "skipped" for e in skipped)
+
+
+def _standin_off(monkeypatch):
+    """No pipeline class drives the folder (normexport/load/standin.py): its refusal stands."""
+    from normexport.load import standin
+
+    def record(*a, **k):
+        raise standin.StandInError("switched off")
+
+    monkeypatch.setattr(standin, "record", record)

@@ -45,12 +45,17 @@ def hunyuan_call(m, batch=2):
                 image_rotary_emb=get_2d_rotary_pos_embed(8, ((0, 0), (4, 4)), (4, 4), use_real=True), return_dict=False)
 
 
-def test_inputs_file_wins_over_invented_inputs(cli, tmp_path):
-    """Bare, the folder is refused (the made-up call fails in its forward); with --inputs holding the
-    real call it converts and passes parity. Before the fix, the made-up call was probed at load
-    time and the --inputs run was refused with the same message."""
+def test_inputs_file_wins_over_invented_inputs(cli, tmp_path, monkeypatch):
+    """Bare, the folder is refused (the made-up call fails in its forward; no pipeline class drives
+    it here: normexport/load/standin.py switched off); with --inputs holding the real call it
+    converts and passes parity. Before the fix, the made-up call was probed at load time and the
+    --inputs run was refused with the same message."""
+    from normexport.load import standin
+
     m, folder = hunyuan_folder(tmp_path)
-    code, _, err = cli("convert", folder, "-o", tmp_path / "bare.onnx")
+    with monkeypatch.context() as off:
+        off.setattr(standin, "record", lambda *a, **k: (_ for _ in ()).throw(standin.StandInError("off")))
+        code, _, err = cli("convert", folder, "-o", tmp_path / "bare.onnx")
     assert code == 2 and "forward refused the example inputs normexport made" in err, err
     with normexport.capture(m, tmp_path / "inputs.pt", quiet=True):
         m(**hunyuan_call(m))

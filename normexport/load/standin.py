@@ -185,8 +185,16 @@ def text_encoder(cls: type, width: int):
 def _uninitialised(cls: type):
     """A diffusers model of its default config, memory taken but not initialised (read for its
     config and buffers' shapes only: the run stops at the denoiser's first call)."""
+    kwargs = {}
+    blocks = inspect.signature(cls.__init__).parameters.get("block_out_channels")
+    if blocks is not None and isinstance(blocks.default, (tuple, list)) and 0 < len(blocks.default) < 4:
+        # AutoencoderKL's default is one block (scale factor 1): four, the 8x of the VAEs diffusers ships
+        kwargs["block_out_channels"] = (blocks.default[0],) * 4
     with torch.device("meta"):
-        m = cls()
+        try:
+            m = cls(**kwargs)
+        except Exception:  # noqa: BLE001 - a class whose other defaults want its own block count
+            m = cls()
     return m.to_empty(device="cpu").eval()
 
 
@@ -201,8 +209,8 @@ def components(pipeline_cls: type, slot: str, denoiser: nn.Module, width: int) -
     for name, p in params.items():
         if name in ("self", slot) or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
             continue
-        if p.default is not p.empty and (p.default is None or name in optional or not _classes(p.annotation)):
-            if p.default is None or name in optional:
+        if p.default is not p.empty:  # an optional component None, a flag at its default
+            if p.default is None:
                 out[name] = None
             continue
         classes = _classes(p.annotation)
@@ -210,15 +218,18 @@ def components(pipeline_cls: type, slot: str, denoiser: nn.Module, width: int) -
         for c in classes:
             try:
                 made = _one(name, c, width, diffusers, transformers)
-            except StandInError:
-                raise
+            except StandInError as e:
+                made = e
+                if name not in optional:
+                    raise
+                continue
             except Exception as e:  # noqa: BLE001 - the next class of the Union
                 made = StandInError(f"{name} ({c.__name__}): {first_line(e, 120)}")
                 continue
             break
         if made is None and "scheduler" in name:  # annotated with an enum of scheduler names (UNet pipelines)
             made = diffusers.DDIMScheduler()
-        if made is None and name in optional:
+        if (made is None or isinstance(made, StandInError)) and name in optional:
             out[name] = None
             continue
         if made is None or isinstance(made, StandInError):
