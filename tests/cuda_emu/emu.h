@@ -22,6 +22,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -32,6 +33,12 @@
 #include <mutex>
 #include <thread>
 #include <vector>
+
+#include <climits>
+#include <ctime>
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 // CUDA's qualifiers become plain C++.
 #undef __global__
@@ -84,45 +91,69 @@ inline void setError(cudaError_t e)
     }
 }
 
-//! A reusable barrier for `n` threads that breaks (and stays broken) when a wait times out.
+//! A reusable barrier for `n` threads that breaks (and stays broken) when a wait times out. The
+//! waiters sleep on the generation counter with a futex and the last thread to arrive wakes them all:
+//! each waiter wakes once and goes on (a mutex + condition variable makes every woken thread queue
+//! again for the mutex, about twice the context switches, the emulation's main cost). The atomics'
+//! acquire / release order what each thread wrote before the barrier before what the others read
+//! after it (ThreadSanitizer sees that synchronisation, and nothing more).
 class Barrier
 {
 public:
     explicit Barrier(unsigned n)
         : mCount(n)
-        , mWaiting(0)
     {
     }
     void arrive_and_wait()
     {
-        std::unique_lock<std::mutex> lock(mMutex);
-        if (mBroken)
+        if (mBroken.load(std::memory_order_acquire))
         {
             return;
         }
-        unsigned const generation = mGeneration;
-        if (++mWaiting == mCount)
+        uint32_t const generation = mGeneration.load(std::memory_order_acquire);
+        if (mWaiting.fetch_add(1, std::memory_order_acq_rel) + 1 == mCount)
         {
-            mWaiting = 0;
-            ++mGeneration;
-            mCv.notify_all();
+            // no thread arrives for the next generation before this one ends: the count restarts here
+            mWaiting.store(0, std::memory_order_relaxed);
+            mGeneration.fetch_add(1, std::memory_order_acq_rel);
+            wakeAll();
             return;
         }
-        if (!mCv.wait_for(lock, std::chrono::milliseconds(gTimeoutMs), [&] { return mGeneration != generation || mBroken; }))
+        auto const deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(gTimeoutMs);
+        while (mGeneration.load(std::memory_order_acquire) == generation)
         {
-            mBroken = true;
-            mCv.notify_all();
-            setError(cudaErrorLaunchTimeout);
+            if (mBroken.load(std::memory_order_acquire))
+            {
+                return;
+            }
+            auto const left = deadline - std::chrono::steady_clock::now();
+            if (left <= std::chrono::nanoseconds::zero())
+            {
+                mBroken.store(true, std::memory_order_release);
+                wakeAll();
+                setError(cudaErrorLaunchTimeout);
+                return;
+            }
+            auto const ns = std::chrono::duration_cast<std::chrono::nanoseconds>(left).count();
+            timespec const ts{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
+            // sleeps only while the generation is still `generation` (else returns at once), up to `ts`
+            syscall(SYS_futex, reinterpret_cast<uint32_t*>(&mGeneration), FUTEX_WAIT_PRIVATE, generation, &ts,
+                nullptr, 0);
         }
     }
 
 private:
-    std::mutex mMutex;
-    std::condition_variable mCv;
+    void wakeAll()
+    {
+        syscall(SYS_futex, reinterpret_cast<uint32_t*>(&mGeneration), FUTEX_WAKE_PRIVATE, INT32_MAX, nullptr,
+            nullptr, 0);
+    }
+
     unsigned const mCount;
-    unsigned mWaiting;
-    unsigned mGeneration{0};
-    bool mBroken{false};
+    std::atomic<unsigned> mWaiting{0};
+    std::atomic<uint32_t> mGeneration{0};
+    std::atomic<bool> mBroken{false};
+    static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t), "the futex word is the atomic itself");
 };
 
 struct Block
@@ -130,11 +161,13 @@ struct Block
     Barrier block;      // __syncthreads
     Barrier blockDone;  // end of one block, before the same threads start the next one
     std::vector<std::unique_ptr<Barrier>> warps;
-    std::vector<float> lanes;
+    std::vector<float> lanes[2];          // the shuffles' values, two buffers used in turn
+    std::vector<unsigned char> shuffles;  // per thread: which buffer its next shuffle uses
     explicit Block(unsigned n)
         : block(n)
         , blockDone(n)
-        , lanes(n)
+        , lanes{std::vector<float>(n), std::vector<float>(n)}
+        , shuffles(n)
     {
         for (unsigned w = 0; w < (n + 31) / 32; ++w)
         {
@@ -197,23 +230,26 @@ Launch<Kernel> launch(Kernel kernel, unsigned grid, unsigned block, size_t /*shm
     return Launch<Kernel>{kernel, grid, block};
 }
 
+// Each lane publishes its value in one of two buffers (alternating per shuffle), the warp meets at
+// one barrier, and each lane reads its partner's. One barrier is enough: a lane can write the same
+// buffer again only two shuffles later, after the next shuffle's barrier, which every lane reaches
+// only after reading this one's value.
 inline float shfl_xor(float v, int laneMask)
 {
     Block& b = *tBlock;
     unsigned const t = tIdx.x;
     auto& warp = *b.warps[t / 32];
-    b.lanes[t] = v;
+    std::vector<float>& lanes = b.lanes[b.shuffles[t]];
+    b.shuffles[t] ^= 1;
+    lanes[t] = v;
     warp.arrive_and_wait();
     unsigned const partner = (t & ~31u) | ((t & 31u) ^ static_cast<unsigned>(laneMask));
-    if (partner >= b.lanes.size()) // a lane that does not exist: undefined on a GPU
+    if (partner >= lanes.size()) // a lane that does not exist: undefined on a GPU
     {
         setError(cudaErrorIllegalInstruction);
-        warp.arrive_and_wait();
         return v;
     }
-    float const other = b.lanes[partner];
-    warp.arrive_and_wait();
-    return other;
+    return lanes[partner];
 }
 
 } // namespace emu
