@@ -59,10 +59,20 @@ def _external_bytes(path) -> int:
                if t.data_location == onnx.TensorProto.EXTERNAL)
 
 
-def test_weights_written_ahead_once(tmp_path, by_path):
+def test_weights_written_ahead_once_and_checked_by_generation(tmp_path, by_path):
+    """One convert with its generation check (docs/design.md §16: one convert for what were two tests, the
+    weights written ahead once and the generation check on the prewritten files)."""
+    import contextlib
+    import io
+
+    from normexport.cli import main
+
     folder = _folder(tmp_path)
     out = tmp_path / "out"
-    code, text = _convert(folder, out)
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        code = main(["convert", str(folder), "-o", f"{out}/", "--target", "ort"])
+    text = buf.getvalue()
     assert code == 0, text
     assert len(by_path["ahead"]) == 1 and by_path["workdirs"] == by_path["ahead"], by_path
     wd = by_path["ahead"][0]
@@ -71,6 +81,7 @@ def test_weights_written_ahead_once(tmp_path, by_path):
     assert wd.appended <= 2  # the rotary's cos / sin caches the fusion made (inline before), no weight
     assert "projections: 16 group(s) of MatMuls" in text and "8 com.microsoft.GroupQueryAttention" in text, text
     assert "local check PASSED (the fused file in onnxruntime against eager" in text, text
+    assert "generation check PASSED on the fused file" in text and "PASSED: 16/16 steps" in text, text
     assert _file_vs_eager(folder, out / "model.onnx") < 1e-4
     # every weight once: the data file holds the weights (tied embedding: once) and what the fusion made
     # (the rotary caches, appended), no second copy of a weight
@@ -78,21 +89,6 @@ def test_weights_written_ahead_once(tmp_path, by_path):
     data = (out / "model.onnx.data").stat().st_size
     assert _external_bytes(out / "model.onnx") <= data < 1.2 * weights, (data, weights)
     assert not list(out.glob(".normexport-*")) and not list(tmp_path.glob("**/.weights.onnx"))
-
-
-def test_generation_check_on_the_prewritten_files(tmp_path, by_path):
-    folder = _folder(tmp_path)
-    from normexport.cli import main
-    import contextlib
-    import io
-
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
-        code = main(["convert", str(folder), "-o", f"{tmp_path / 'out'}/", "--target", "ort"])
-    text = buf.getvalue()
-    assert code == 0, text
-    assert len(by_path["ahead"]) == 1, by_path
-    assert "generation check PASSED on the fused file" in text and "PASSED: 16/16 steps" in text, text
 
 
 def test_refused_grown_file_closes_its_prewrite(tmp_path, monkeypatch, by_path):
