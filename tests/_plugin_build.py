@@ -287,8 +287,9 @@ def _emulated_build(name: str, source: str, cmd: list[str], what: str) -> Path:
     the output) into `name`, in a folder keyed by the content of everything the build reads (the
     source, the command, the compiler's version, tests/cuda_emu/ and plugins/include/):
     build/test-emu/<key> of this checkout, or $NORMEXPORT_TEST_BUILD_DIR/emu/<key>. Under a file lock,
-    so both pytest-xdist workers (test_kernels_emulated, test_trt_plugin_host) share one compile; the
-    output is renamed into place when complete, so a compile that stopped half-way is redone."""
+    so both pytest-xdist workers (test_kernels_emulated, test_trt_plugin_host) share one compile
+    (docs/design.md §16); the output is renamed into place when complete, so a compile that stopped
+    half-way is redone."""
     h = hashlib.sha256(repr((name, cmd)).encode() + b"\0" + source.encode())
     h.update(subprocess.run([cmd[0], "--version"], capture_output=True, text=True).stdout.encode())
     for folder in (EMU_DIR, PLUGINS_DIR / "include"):
@@ -335,7 +336,8 @@ def build_emulated_kernels(replace: tuple[tuple[str, str], ...] = (), barrier_ti
             fcntl.flock(lock, fcntl.LOCK_EX)
             if not lib.is_file():
                 tmp = obj.parent / ".libnormexport_kernels_emu.so.tmp"
-                _compile([[_host_toolchain()[0], "-shared", "-pthread", str(obj), "-o", str(tmp)]], "emulated kernel link")
+                _compile([[_host_toolchain()[0], "-shared", "-pthread", str(obj), "-o", str(tmp)]],
+                         "emulated kernel link")
                 tmp.replace(lib)
         _EMU_CACHE[key] = lib
     return _EMU_CACHE[key]
@@ -369,8 +371,8 @@ def build_emulated_sanitized_driver(sanitize: str, replace: tuple[tuple[str, str
             # -O0: a quarter of -O1's compile time (27 s of CPU against 100 s for ASan), for a run that
             # the emulation's barriers dominate either way; -g: the reports name the kernels' functions
             [cxx, "-std=c++20", "-O0", "-g", f"-fsanitize={sanitize}", "-fno-sanitize-recover=all", "-pthread", "-w",
-             f"-I{include}", f"-I{PLUGINS_DIR / 'include'}", f"-I{EMU_DIR}", "SRC", str(EMU_DIR / "sanitizer_driver.cpp"),
-             "-o", "OUT"], f"-fsanitize={sanitize} build")
+             f"-I{include}", f"-I{PLUGINS_DIR / 'include'}", f"-I{EMU_DIR}", "SRC",
+             str(EMU_DIR / "sanitizer_driver.cpp"), "-o", "OUT"], f"-fsanitize={sanitize} build")
     return _EMU_CACHE[key]
 
 

@@ -9,9 +9,9 @@
  *   std::thread each (reused for the next block), so `__shared__` (static storage here) holds
  *   one block's data at a time.
  * - __syncthreads(): a barrier of the block's threads. __shfl_xor_sync(): each lane publishes its
- *   value, the warp waits at a barrier, reads its partner's, and waits again. A lane that misses
- *   a shuffle or a barrier the others reach would hang a GPU; here the barrier gives up after
- *   a timeout and the launch reports cudaErrorLaunchTimeout.
+ *   value (in one of two buffers, used in turn), the warp waits at a barrier, and each lane reads its
+ *   partner's. A lane that misses a shuffle or a barrier the others reach would hang a GPU; here
+ *   the barrier gives up after a timeout and the launch reports cudaErrorLaunchTimeout.
  * - Kernel launches `k<<<grid, block, shmem, stream>>>(args)` are rewritten by the test into
  *   `::emu::launch(k, grid, block, shmem, stream)(args)`.
  */
