@@ -17,7 +17,7 @@ Planted (each seen failing once, then removed): `registered` replaced by `pipe.c
 (the single-file path refuses: "has no scheduler whose step would tell its denoiser"); the class-name
 test of `_is_autoencoder` restored (no vae_decoder slot); `ns.task = None` in _export_slot (the
 Llama slot fails: the KV-cache graph "got an unexpected keyword argument 'input_ids'"); the old check
-message; the MoE's dense form switched off.
+message; the MoE's dense form switched off; the einsum promotion switched off.
 """
 
 from __future__ import annotations
@@ -212,3 +212,35 @@ def test_data_dependent_moe_runs_densely_for_export(tmp_path):
     want = want.reshape(2, 12, 16)
     assert np.abs(want).max() > 0.05
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+
+
+def test_mixed_dtype_einsum_exports(tmp_path):
+    """HiDream's RoPE table (diffusers' HiDreamImageEmbedND: float32 positions x a float64 frequency
+    table through torch.einsum, which eager promotes) exported by normexport's dynamo rung; the file
+    against numpy float64 from the formula. Planted: promoted_einsum a no-op: torch's translation
+    writes an Einsum of mixed types, which onnxruntime refuses to load (in normexport's full path the
+    export stops at shape inference: "Einsum ... Inputs has inconsistent type tensor(double)")."""
+    import onnx
+    import onnxruntime as ort
+
+    from diffusers.models.transformers.transformer_hidream_image import HiDreamImageEmbedND
+
+    from normexport.exporter import rungs
+
+    embed = HiDreamImageEmbedND(theta=10000, axes_dim=[4, 2, 2]).eval()
+    ids = torch.rand(2, 6, 3, generator=torch.Generator().manual_seed(4)) * 8  # float32 (row, column) ids
+    model = rungs._torch_onnx_export(embed, (ids,), ["ids"], None, None, 18)
+    import onnx_ir as ir
+
+    path = tmp_path / "rope.onnx"
+    onnx.save(ir.serde.serialize_model(model), str(path))
+    got = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"ids": ids.numpy()})[0]
+    parts = []
+    for i, dim in enumerate([4, 2, 2]):
+        omega = 1.0 / 10000.0 ** (np.arange(0, dim, 2, dtype=np.float64) / dim)
+        out = ids[..., i].double().numpy()[..., None] * omega  # (B, S, dim/2)
+        stacked = np.stack([np.cos(out), -np.sin(out), np.sin(out), np.cos(out)], axis=-1)
+        parts.append(stacked.reshape(2, 6, dim // 2, 2, 2))
+    want = np.concatenate(parts, axis=-3)[:, :, None]
+    assert got.shape == want.shape, (got.shape, want.shape)
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)

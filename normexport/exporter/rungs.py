@@ -20,6 +20,7 @@ from .. import export_fixes, ops
 from ..load.call import CallAdapter
 from ..errors import UsageError
 from .optimizer_rules import exact_no_op_rules
+from .promotion import promoted_einsum
 
 
 def dynamic_shapes_for(args: tuple, names: list[str], dynamic_axes: dict[str, list[int]] | None, auto: bool = False):
@@ -140,7 +141,7 @@ def _torch_onnx_export(module, args, names, output_names, dynamic_axes, opset, a
     shapes = dynamic_shapes_for(args, names, dynamic_axes, auto)
     if shapes is not None and isinstance(module, CallAdapter):
         shapes = (shapes,)  # forward(*tensors): one entry, the tuple of the tensors' shapes
-    with warnings.catch_warnings(), gc_paused(), math_attention(), exact_no_op_rules():
+    with warnings.catch_warnings(), gc_paused(), math_attention(), exact_no_op_rules(), promoted_einsum():
         warnings.simplefilter("ignore")
         logging.getLogger("torch.onnx").setLevel(logging.ERROR)
         program = torch.onnx.export(
@@ -174,7 +175,7 @@ def _torchscript_export(module, args, names, output_names, dynamic_axes, opset) 
     axes = {n: {a: f"{n}_dim{a}" for a in dynamic_axes[n]} for n in names if dynamic_axes and n in dynamic_axes}
     _register_rms_norm_symbolic(opset)
     buf = _io.BytesIO()
-    with warnings.catch_warnings(), _silenced_output():
+    with warnings.catch_warnings(), _silenced_output(), promoted_einsum():
         warnings.simplefilter("ignore")
         logging.getLogger("torch.onnx").setLevel(logging.ERROR)
         torch.onnx.export(module, args, buf, dynamo=False, opset_version=opset, input_names=names,
