@@ -53,3 +53,32 @@ def save_random(cls, cfg, out: Path, gemma: bool = False, seed: int = 0) -> Path
                 p.copy_(torch.randn_like(p) * 0.3 + (0.0 if gemma else 1.0))
     model.save_pretrained(out)
     return out
+
+
+def shared_dir(tmp_path_factory, key: str, build) -> Path:
+    """A folder made once per test run by `build(folder)` and shared by every test module and both
+    pytest-xdist workers (docs/design.md §16: an export several files need is made once per run):
+    under the run's common temp folder (the workers' basetemp parent; basetemp itself without
+    xdist, so that no run sees another run's folder), under a file lock; a folder left half made
+    by a failed build is made again. `build` must write only inside the folder it is given."""
+    import fcntl
+    import os
+    import shutil
+
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent
+    root = base / "shared"
+    root.mkdir(parents=True, exist_ok=True)
+    folder, done = root / key, root / f"{key}.done"
+    with open(root / f"{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            if not done.exists():
+                shutil.rmtree(folder, ignore_errors=True)
+                folder.mkdir()
+                build(folder)
+                done.write_text("")
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    return folder

@@ -206,13 +206,33 @@ def test_failed_generation_keeps_decomposed_file(converted, tmp_path, monkeypatc
     assert genai["search"]["past_present_share_buffer"] is False
 
 
-def test_no_fuse_attention_keeps_it_decomposed(converted, tmp_path):
+def decomposed_by_convert(tmp_path_factory):
+    """(folder, output dir, exit code, stdout) of `convert LLAMA -o DIR/ --target ort --report
+    DIR/report.json --no-fuse attention --no-check`: one conversion per run, shared with
+    test_llm_bypath (_llm_models.shared_dir; nothing may write into it)."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from _llm_models import shared_dir
+
+    def build(root: Path) -> None:
+        folder = _folder("llama", root)
+        (root / "out").mkdir()
+        code, stdout = _convert(folder, root / "out", "--no-fuse", "attention", "--no-check")
+        (root / "stdout.txt").write_text(stdout)
+        (root / "code.txt").write_text(str(code))
+
+    root = shared_dir(tmp_path_factory, "gqa-llama-no-fuse", build)
+    return (root / "llama", root / "out", int((root / "code.txt").read_text()),
+            (root / "stdout.txt").read_text())
+
+
+def test_no_fuse_attention_keeps_it_decomposed(tmp_path_factory):
     """--no-fuse attention (for left-padded batches, which GroupQueryAttention's seqlens_k cannot
     express): the decomposed attention, said on the attention line and recorded in the report."""
-    folder = converted["llama"][0]
-    code, stdout = _convert(folder, tmp_path / "out", "--no-fuse", "attention", "--no-check")
+    _, out, code, stdout = decomposed_by_convert(tmp_path_factory)
     assert code == 0, stdout
     assert "  attention: decomposed (--no-fuse attention)" in stdout.splitlines(), stdout
-    ops = _ops(tmp_path / "out" / "model.onnx")
+    ops = _ops(out / "model.onnx")
     assert "com.microsoft::GroupQueryAttention" not in ops and ops.get("Softmax") == 2, ops
-    assert json.loads((tmp_path / "out" / "report.json").read_text())["fusion_off"] == {"attention": "--no-fuse attention"}
+    assert json.loads((out / "report.json").read_text())["fusion_off"] == {"attention": "--no-fuse attention"}

@@ -12,8 +12,6 @@ bugs (GroupQueryAttention's scale off by 10 %; a shared weight read from the wro
 
 from __future__ import annotations
 
-import contextlib
-import io
 from pathlib import Path
 
 import numpy as np
@@ -21,21 +19,17 @@ import onnx
 import onnx_ir as ir
 import pytest
 
-from test_llm_attention import COMMON, _folder, _lm
+from test_llm_attention import COMMON, _lm
 
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
-    """(folder, the decomposed file as convert writes it: --no-fuse attention)"""
-    from normexport.cli import main
+    """(folder, the decomposed file as convert writes it: --no-fuse attention; the conversion
+    test_llm_attention's --no-fuse test reads too, made once per run)"""
+    from test_llm_attention import decomposed_by_convert
 
-    root = tmp_path_factory.mktemp("bypath")
-    folder = _folder("llama", root)
-    out = root / "decomposed"
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
-        code = main(["convert", str(folder), "-o", f"{out}/", "--target", "ort", "--no-fuse", "attention", "--no-check"])
-    assert code == 0, buf.getvalue()
+    folder, out, code, stdout = decomposed_by_convert(tmp_path_factory)
+    assert code == 0, stdout
     return folder, out / "model.onnx"
 
 
