@@ -208,11 +208,15 @@ def test_factory_folder_without_tokenizer(tmp_path, cli):
 
 def test_another_models_files_are_not_overwritten(deployed, tmp_path, cli):
     """Two LLMs converted into one folder: the second writes its ONNX file, but not a genai_config /
-    config.json over the first model's (a folder of two models loads neither right); it says so."""
-    folder, _, _ = deployed
+    config.json over the first model's (a folder of two models loads neither right); it says so.
+    The first model's folder: a copy of the module fixture's (the same `convert FOLDER -o DIR/
+    --target ort --no-check`, one conversion fewer, docs/design.md §16)."""
+    import shutil
+
+    _, first, _ = deployed
     out = tmp_path / "both"
-    code, stdout, err = cli("convert", folder, "-o", f"{out}/", "--target", "ort", "--no-check")
-    assert code == 0, stdout + err
+    shutil.copytree(first, out)
+    assert {"genai_config.json", "config.json", "model.onnx"} <= {p.name for p in out.iterdir()}
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     code, stdout, err = cli("convert", "tests.test_llm_deploy:tiny_llama", "-o", out / "other.onnx", "--target", "ort",
                             "--no-check")
