@@ -132,9 +132,12 @@ def test_trusted_pickle_loads(cli, tmp_path, block):
     assert (tmp_path / "m.onnx").exists()
 
 
-# ---- bad input: the real console script in a subprocess ---------------------------------------
-# exit 2, exactly one non-empty line on stderr, no traceback, no output file left.
-def run_cli(*argv, cwd=None):
+# ---- bad input: exit 2, exactly one non-empty line on stderr, no traceback, no output file left ------
+# In-process (main() as the console script calls it, stdout / stderr captured) for each bad input; the real
+# console script in a subprocess only where the process is what is tested (run_process: argparse's usage
+# errors, a missing / corrupt file, a success with nothing on stderr): a Python start costs seconds of CI
+# (docs/design.md §16).
+def run_process(*argv, cwd=None):
     """Run the installed `normexport` console script; returns (exit code, stdout, stderr)."""
     exe = Path(sys.executable).with_name("normexport")
     cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "normexport"]
@@ -142,6 +145,29 @@ def run_cli(*argv, cwd=None):
     env.pop("NORMEXPORT_DEBUG", None)
     r = subprocess.run(cmd + [str(a) for a in argv], capture_output=True, text=True, cwd=cwd, env=env, timeout=300)
     return r.returncode, r.stdout, r.stderr
+
+
+def run_cli(*argv, cwd=None):
+    """`normexport ARGV` in this process (normexport.cli.main, NORMEXPORT_DEBUG unset, in `cwd` when
+    given); returns (exit code, stdout, stderr)."""
+    import contextlib
+    import io
+
+    from normexport.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    here = os.getcwd()
+    debug = os.environ.pop("NORMEXPORT_DEBUG", None)
+    try:
+        if cwd is not None:
+            os.chdir(cwd)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main([str(a) for a in argv])
+    finally:
+        os.chdir(here)
+        if debug is not None:
+            os.environ["NORMEXPORT_DEBUG"] = debug
+    return code, out.getvalue(), err.getvalue()
 
 
 def _assert_usage_error(result, *words, out_dir=None):
@@ -160,14 +186,14 @@ def _assert_usage_error(result, *words, out_dir=None):
 
 
 def test_missing_file(tmp_path):
-    _assert_usage_error(run_cli("convert", tmp_path / "nope.pt2"), "not found", out_dir=tmp_path)
+    _assert_usage_error(run_process("convert", tmp_path / "nope.pt2"), "not found", out_dir=tmp_path)
 
 
 def test_corrupt_file(tmp_path):
     (tmp_path / "m.pt").write_bytes(b"\x00garbage" * 100)
-    _assert_usage_error(run_cli("convert", tmp_path / "m.pt", "--input", "x:2x3"), "cannot read", out_dir=tmp_path)
+    _assert_usage_error(run_process("convert", tmp_path / "m.pt", "--input", "x:2x3"), "cannot read", out_dir=tmp_path)
     (tmp_path / "m.pt2").write_bytes(b"PK\x03\x04 broken zip")
-    _assert_usage_error(run_cli("convert", tmp_path / "m.pt2"), ".pt2", out_dir=tmp_path)
+    _assert_usage_error(run_process("convert", tmp_path / "m.pt2"), ".pt2", out_dir=tmp_path)
 
 
 def _rewrite_zip(src, dst, replace=None, add=None):
@@ -405,13 +431,13 @@ def test_example_inputs_that_are_not_tensors(tmp_path):
 
 
 def test_bad_usage_is_one_line():
-    _assert_usage_error(run_cli("convert"), "--help")
-    _assert_usage_error(run_cli("frobnicate"), "--help")
+    _assert_usage_error(run_process("convert"), "--help")
+    _assert_usage_error(run_process("frobnicate"), "--help")
 
 
 # ---- success is quiet on stderr; internal errors stay distinguishable ----------------------------
 def test_pt2_success_has_clean_stderr(tmp_path, pt2):
-    code, out, err = run_cli("convert", pt2, "-o", tmp_path / "m.onnx")
+    code, out, err = run_process("convert", pt2, "-o", tmp_path / "m.onnx")
     assert code == 0, err
     assert err == "", err  # no copyreg FutureWarning, no torch logging
     assert (tmp_path / "m.onnx").exists()
