@@ -181,7 +181,7 @@ def _export_slot(args, src: Path, slot: Slot, tmp: Path) -> dict | None:
         if rec.exit_code == 0 and batch and not rec.kept and slot.single is not None and not by_values:
             # not even the batch: a static file of the one-prompt call (what a pipeline call of one prompt makes)
             print(f"  {slot.name}: no exporter kept the batch dynamic either: exported again, static, from the "
-                  "one-prompt call (the file serves one prompt at the recorded size)")
+                  "one-prompt call (it serves the recorded size; load() runs other batches in pieces)")
             save_call(slot, file, single=True)
             loaded = folder_pipeline._component_model(module, file, source, "")
             loaded.dynamic_axes = None
