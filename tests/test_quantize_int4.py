@@ -41,37 +41,56 @@ def make_folder(family: str, root: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory):
-    """family -> (source folder, output folder, exit code, stdout, the report)."""
+    """family -> (source folder, output folder, exit code, stdout, the report); the float file convert
+    wrote and quantized for the LLaMA folder kept as float/llama/model.onnx (the planted weight cases:
+    one conversion fewer than a second `convert --no-check`, docs/design.md §16)."""
+    import contextlib
+    import io
+    import shutil
+
     from normexport.cli import main
+    from normexport.quantize import int4
 
     root = tmp_path_factory.mktemp("int4")
     done = {}
-    for family in ("llama", "qwen3", "gemma3"):
-        src = make_folder(family, root)
-        out = root / f"{family}_int4"
-        report = root / f"{family}.json"
-        anchor = [] if family == "llama" else ["--no-anchor"]
-        import contextlib
-        import io
+    real = int4.quantize
+    keep = root / "float" / "llama"
 
-        buf = io.StringIO()
-        with contextlib.redirect_stdout(buf):
-            code = main(["convert", str(src), "-o", f"{out}/", "--target", "ort", "--quantize", "int4",
-                         "--report", str(report), *anchor])
-        done[family] = (src, out, code, buf.getvalue(), json.loads(report.read_text()) if report.exists() else None)
+    def keeping(path, *a, **kw):  # the float file as convert wrote it, before the int4 file replaces it
+        if family == "llama":
+            keep.mkdir(parents=True, exist_ok=True)
+            for f in Path(path).parent.glob(Path(path).name + "*"):
+                shutil.copy(f, keep / f.name)
+        return real(path, *a, **kw)
+
+    int4.quantize = keeping
+    try:
+        for family in ("llama", "qwen3", "gemma3"):
+            src = make_folder(family, root)
+            out = root / f"{family}_int4"
+            report = root / f"{family}.json"
+            anchor = [] if family == "llama" else ["--no-anchor"]
+            buf = io.StringIO()
+            with contextlib.redirect_stdout(buf):
+                code = main(["convert", str(src), "-o", f"{out}/", "--target", "ort", "--quantize", "int4",
+                             "--report", str(report), *anchor])
+            done[family] = (src, out, code, buf.getvalue(),
+                            json.loads(report.read_text()) if report.exists() else None)
+    finally:
+        int4.quantize = real
+    done["float"] = keep / "model.onnx"
     return done
 
 
 @pytest.fixture(scope="module")
-def float_file(tmp_path_factory, converted):
-    """The float file of the LLaMA folder (--no-check) and its onnx_ir model: the planted weight cases."""
+def float_file(converted):
+    """The float file of the LLaMA folder (convert's, before its int4 step) and its onnx_ir model: the
+    planted weight cases."""
     import onnx_ir as ir
 
-    from normexport.cli import main
-
-    out = tmp_path_factory.mktemp("float") / "llama"
-    assert main(["convert", str(converted["llama"][0]), "-o", f"{out}/", "--target", "ort", "--no-check"]) == 0
-    return out / "model.onnx", ir.load(str(out / "model.onnx"))
+    path = converted["float"]
+    assert path.exists() and not any(n.op_type == "MatMulNBits" for n in onnx.load(str(path)).graph.node)
+    return path, ir.load(str(path))
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen3", "gemma3"])
