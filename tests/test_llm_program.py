@@ -89,10 +89,25 @@ def _one_line(err: str) -> str:
     return lines[0]
 
 
-def test_pt2_with_a_cache_converts_and_generates(lm, cli, tmp_path):
+@pytest.fixture(scope="module")
+def converted(lm):
+    """`convert lm_cache.pt2 -o p.onnx --target trt`: (exit code, stdout, stderr, the file), one
+    conversion for the tests below (docs/design.md §16)."""
+    import contextlib
+    import io
+
+    from normexport.cli import main
+
+    root, _, pt2 = lm
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(["convert", str(pt2), "-o", str(root / "p.onnx"), "--target", "trt"])
+    return code, out.getvalue(), err.getvalue(), root / "p.onnx"
+
+
+def test_pt2_with_a_cache_converts_and_generates(lm, converted, cli):
     root, model, pt2 = lm
-    out = tmp_path / "p.onnx"
-    code, stdout, err = cli("convert", pt2, "-o", out, "--target", "trt")
+    code, stdout, err, out = converted
     assert code == 0, stdout + err
     lines = stdout.splitlines()
     assert lines[0] == ("task text-generation-with-past (default here: the program takes a KV cache and returns it "
@@ -135,20 +150,17 @@ def test_pt2_with_a_cache_converts_and_generates(lm, cli, tmp_path):
     assert "PASSED: 6/6 steps" in stdout, stdout
 
 
-def test_swapped_cache_feedback_fails_the_check(lm, tmp_path, monkeypatch):
-    """Planted: the reference feeds layer 0's value back as its key (and the key as its value)."""
+def test_swapped_cache_feedback_fails_the_check(lm, converted):
+    """Planted: the reference feeds layer 0's value back as its key (and the key as its value); the
+    file is convert's of the program (the module fixture's)."""
     from normexport.llm import ProgramLM
     from normexport.load import load
     from normexport.parity.generate import check_generation
 
     root, model, pt2 = lm
+    code, stdout, err, out = converted
+    assert code == 0, stdout + err
     good = ProgramLM(load(str(pt2)))
-    out = tmp_path / "g.onnx"
-    from normexport.export import convert_module
-
-    proto = convert_module(good, good.example_inputs(), target="onnx", input_names=good.input_names,
-                           output_names=good.output_names, dynamic_axes=good.dynamic_axes())
-    onnx.save(proto, out)
     assert check_generation(str(out), good, tokens=4).passed
     bad = ProgramLM(load(str(pt2)))
     bad.present_slots[0], bad.present_slots[1] = bad.present_slots[1], bad.present_slots[0]
