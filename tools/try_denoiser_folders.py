@@ -89,6 +89,9 @@ def tiny_config(cls) -> dict:
     while head_dim % 2 == 0 and head_dim // 2 >= 8:  # halved: what the head is split into (RoPE axes) still divides
         head_dim //= 2
     heads = defaults.get("num_attention_heads")
+    rope_head = head_dim
+    if not isinstance(old_head, int) and isinstance(defaults.get("hidden_size"), int) and isinstance(heads, int):
+        old_head = defaults["hidden_size"] // heads  # no head-dim parameter: the hidden size's share
     old_inner = old_head * heads if isinstance(old_head, int) and isinstance(heads, int) else None
     cfg = {}
     for n, v in defaults.items():
@@ -101,8 +104,8 @@ def tiny_config(cls) -> dict:
         elif isinstance(v, (tuple, list)) and v and all(isinstance(x, int) and not isinstance(x, bool) for x in v):
             if "rope" in n.lower() or "axes_dim" in n.lower():
                 if isinstance(old_head, int) and sum(v) == old_head:  # axes dims summing to the head dim
-                    scaled = [max(2, 2 * round(x * head_dim / old_head / 2)) for x in v]
-                    scaled[-1] = head_dim - sum(scaled[:-1])
+                    scaled = [max(2, 2 * round(x * rope_head / old_head / 2)) for x in v]
+                    scaled[-1] = rope_head - sum(scaled[:-1])
                     if scaled[-1] > 0:
                         cfg[n] = type(v)(scaled)
                 continue
@@ -236,7 +239,7 @@ def main(argv=None) -> int:
             counts[f"{mode}: {kind}"] = counts.get(f"{mode}: {kind}", 0) + 1
             row.append(f"{mode + ' ' if args.compare else ''}{kind}, exit {rc}, {time.monotonic() - t0:.0f} s | "
                        f"{_tail(text)}")
-            if args.compare and kind == "PASS":  # the stand-ins are only tried where the derived inputs fail
+            if args.compare and mode == "off" and kind == "PASS":  # the stand-ins are only tried where the derived inputs fail
                 counts["on: PASS"] = counts.get("on: PASS", 0) + 1
                 row.append("on: the same (derived inputs accepted)")
                 break

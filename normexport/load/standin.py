@@ -133,8 +133,16 @@ def tokenizer():
     vocab.update({w: 4 + i for i, w in enumerate(WORDS.split())})
     tok = tokenizers.Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="</s>",
-                                                unk_token="<unk>", bos_token="<s>", model_max_length=77)
+    out = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="</s>",
+                                               unk_token="<unk>", bos_token="<s>", model_max_length=77)
+    out.chat_template = CHAT  # pipelines that wrap the prompt in their text encoder's chat template
+    return out
+
+
+#: the stand-in tokenizer's chat template: each message's text (a string, or the text parts of a list)
+CHAT = ("{% for m in messages %}{% if m['content'] is string %}{{ m['content'] }}{% else %}"
+        "{% for part in m['content'] %}{% if part['type'] == 'text' %}{{ part['text'] }}{% endif %}{% endfor %}"
+        "{% endif %} {% endfor %}")
 
 
 def _shrink_config(config, width: int):
@@ -212,6 +220,8 @@ def components(pipeline_cls: type, slot: str, denoiser: nn.Module, width: int) -
         if p.default is not p.empty:  # an optional component None, a flag at its default
             if p.default is None:
                 out[name] = None
+            elif p.default is True and any(k in name for k in ("safety", "watermark")):
+                out[name] = False  # a safety checker / watermarker is no part of the denoiser's call
             continue
         classes = _classes(p.annotation)
         made = None
