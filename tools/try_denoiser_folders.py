@@ -10,6 +10,10 @@ refusal (or PASS / the verdict line).
 
     python tools/try_denoiser_folders.py --work /tmp/dn [--timeout 180] [CLASS ...]
     python tools/try_denoiser_folders.py --list      # the classes and the pipelines that take them
+    python tools/try_denoiser_folders.py --work /tmp/dn --inputs-only --compare --slot transformer --limit 16
+
+First run (diffusers 0.42.1, the 2-vCPU VM; benchmarks/results/denoiser_folders_2026-11-28_vm.txt): of the first 16
+never-named transformer classes, 6 resolve their inputs with the stand-ins off, 11 with them on (load/standin.py).
 """
 
 from __future__ import annotations
