@@ -57,7 +57,6 @@ class Slot:
         return {self.renames.get(p.split(".")[0], p.split(".")[0]) + p[len(p.split(".")[0]):]: [0]
                 for p in self.batch.get("inputs", []) if first.get(p) and first[p][0] > 1}
 
-
     def dynamic(self, at_size: bool = False) -> dict[str, list[int]]:
         """{input path: axes whose size differs between the recorded calls (of one run, as Sana's
         text encoder for the prompt with its instruction and for the negative prompt, or of two)};
