@@ -82,3 +82,37 @@ def shared_dir(tmp_path_factory, key: str, build) -> Path:
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
     return folder
+
+
+def genai_generate(folder: Path, ids: list[int], tokens: int) -> list[int]:
+    """onnxruntime-genai's greedy generator on the folder as it is (only the length asked for)."""
+    import numpy as np
+    import onnxruntime_genai as og
+
+    model = og.Model(str(folder))
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=len(ids) + tokens)
+    gen = og.Generator(model, params)
+    gen.append_tokens(np.array([ids], dtype=np.int32))
+    out = []
+    while not gen.is_done():
+        gen.generate_next_token()
+        out.append(int(gen.get_next_tokens()[0]))
+    return out
+
+
+def own_greedy(model_file: Path, ids: list[int], tokens: int, past: list[torch.Tensor]) -> list[int]:
+    """The file's own greedy tokens in onnxruntime, by the quantized verdict's loop (empty caches `past`)."""
+    import numpy as np
+
+    from normexport.parity import runners
+    from normexport.quantize import verdict
+
+    source = runners._ModelSource(str(model_file))
+    runner = runners.runner_for("ort", source)
+    try:
+        steps = verdict._steps(runner, source.proto, torch.tensor([ids]), tokens, past,
+                               lambda k, logits: torch.tensor([[int(np.argmax(logits[0]))]]))
+    finally:
+        runner.deactivate()
+    return [int(np.argmax(l[0])) for l in steps]

@@ -151,9 +151,14 @@ def test_refusal_names_the_parameter_and_both_ways(zimage, monkeypatch):
     """List parameters whose documentation says nothing normexport knows (Z-Image's, its roles
     hidden): one line naming them, --inputs and normexport.capture, and no --input suggestion for
     a list."""
-    from normexport.load import examples
+    from normexport.load import examples, standin
 
     monkeypatch.setattr(examples, "_role", lambda documented: None)
+
+    def record(*args, **kwargs):  # the refusal alone: no pipeline class drives the folder (tests/test_denoiser_alone.py)
+        raise standin.StandInError("switched off")
+
+    monkeypatch.setattr(standin, "record", record)
     loaded = normexport.load(str(zimage))
     with pytest.raises(UsageError) as e:
         normexport.load.call_for(loaded, str(zimage))

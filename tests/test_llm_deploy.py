@@ -26,6 +26,8 @@ sys.path.insert(0, str(HERE))
 
 og = pytest.importorskip("onnxruntime_genai")
 
+import _llm_models  # noqa: E402
+
 TOKENS = 16
 PROMPT = "the quick brown fox jumps over"
 CORPUS = ["the quick brown fox jumps over the lazy dog", "a tiny model writes tiny words",
@@ -95,18 +97,7 @@ def hf_generate(folder: Path, ids: list[int], tokens: int = TOKENS) -> list[int]
 
 def genai_generate(folder: Path, ids: list[int], tokens: int = TOKENS) -> list[int]:
     """onnxruntime-genai's greedy generator on the folder as it is (only the length asked for)."""
-    import numpy as np
-
-    model = og.Model(str(folder))
-    params = og.GeneratorParams(model)
-    params.set_search_options(max_length=len(ids) + tokens)
-    gen = og.Generator(model, params)
-    gen.append_tokens(np.array([ids], dtype=np.int32))
-    out = []
-    while not gen.is_done():
-        gen.generate_next_token()
-        out.append(int(gen.get_next_tokens()[0]))
-    return out
+    return _llm_models.genai_generate(folder, ids, tokens)
 
 
 def prompt_ids(folder: Path) -> list[int]:

@@ -177,30 +177,14 @@ def test_gptq_folder_generates_as_eager_on_its_dequantized_weights(converted):
 
 def test_genai_generates_from_the_folder(converted):
     """onnxruntime-genai's generator on the folder as it is gives the file's own greedy tokens."""
-    og = pytest.importorskip("onnxruntime_genai")
+    pytest.importorskip("onnxruntime_genai")
     import torch
-
-    from normexport.parity import runners
-    from normexport.quantize import verdict
+    from _llm_models import genai_generate, own_greedy
 
     _, _, _, out = converted
     ids = [5, 17, 42, 9, 100, 7]
-    model = og.Model(str(out))
-    params = og.GeneratorParams(model)
-    params.set_search_options(max_length=len(ids) + 12)
-    gen = og.Generator(model, params)
-    gen.append_tokens(np.array([ids], dtype=np.int32))
-    got = []
-    while not gen.is_done():
-        gen.generate_next_token()
-        got.append(int(gen.get_next_tokens()[0]))
-    source = runners._ModelSource(str(out / "model.onnx"))
-    runner = runners.runner_for("ort", source)
-    empty = [torch.zeros(1, 2, 0, 16) for _ in range(4)]
-    own = verdict._steps(runner, source.proto, torch.tensor([ids]), 12, empty,
-                         lambda k, logits: torch.tensor([[int(np.argmax(logits[0]))]]))
-    runner.deactivate()
-    assert got == [int(np.argmax(l[0])) for l in own]
+    got = genai_generate(out, ids, 12)
+    assert got == own_greedy(out / "model.onnx", ids, 12, [torch.zeros(1, 2, 0, 16) for _ in range(4)])
 
 
 def test_check_takes_the_prequantized_folder_as_reference(converted, cli, tmp_path):
