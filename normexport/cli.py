@@ -74,6 +74,10 @@ def _version() -> str:
     return __version__
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the process is (run() installs the handler): the same unwinding as Ctrl-C."""
+
+
 def run() -> None:
     """The command's entry point (`normexport`, `python -m normexport`): main(), then the exit
     handlers (atexit, weakref finalizers) and one collection (generators' and temp folders'
@@ -81,7 +85,12 @@ def run() -> None:
     that teardown took 1.9 s after a 1.1B-parameter convert (this takes 0.6 s, 2-vCPU VM)."""
     import atexit
     import gc
+    import signal
 
+    def terminated(signum, frame):  # SIGTERM (a scheduler's kill, `timeout`): unwind like Ctrl-C, so the
+        raise Terminated()  # temp folders and half-written files are removed by their finally blocks
+
+    signal.signal(signal.SIGTERM, terminated)
     code = main()
     try:
         atexit._run_exitfuncs()
@@ -116,6 +125,9 @@ def main(argv: list[str] | None = None) -> int:
     except ExportError as e:
         print(f"normexport: export failed: {e}", file=sys.stderr)
         return 1
+    except Terminated:
+        print("normexport: terminated (SIGTERM)", file=sys.stderr)
+        return 143
     except KeyboardInterrupt:
         print("normexport: interrupted", file=sys.stderr)
         return 130

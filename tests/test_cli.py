@@ -562,3 +562,33 @@ def test_bfloat16_conv_model_exports_at_opset_22(tmp_path):
     out.unlink()
     _assert_usage_error(run_cli("convert", "normexport.models.conv_bn:tiny", "--dtype", "bfloat16", "--no-check", "--opset", "20",
                                 "-o", out), "--opset 22", out_dir=tmp_path)
+
+
+def test_sigterm_removes_the_temp_folder(tmp_path):
+    """A convert stopped by SIGTERM (a scheduler's kill, `timeout`) unwinds as Ctrl-C does: exit 143,
+    one line, no traceback, the temp folder the output is written in (GiBs at real sizes) removed, no
+    output. The signal is sent while the file is being written (onnx_ir.save wrapped to send it to the
+    process first), the moment a temp folder exists beside the output."""
+    out = tmp_path / "out" / "model.onnx"
+    out.parent.mkdir()
+    script = (
+        "import os, signal, sys\n"
+        "import onnx_ir\n"
+        "real = onnx_ir.save\n"
+        "def save(*a, **k):\n"
+        "    assert any(p.name.startswith('.normexport-') for p in a[1].parent.parent.iterdir())\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    return real(*a, **k)\n"
+        "onnx_ir.save = save\n"
+        "from normexport.cli import run\n"
+        "sys.argv = ['normexport'] + sys.argv[1:]\n"
+        "run()\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))}
+    env.pop("NORMEXPORT_DEBUG", None)
+    r = subprocess.run([sys.executable, "-c", script, "convert", "_cli_models:rms_block", "--input", "x:2x5x24",
+                        "--input", "y:2x5x24", "-o", str(out)], capture_output=True, text=True, env=env,
+                       cwd=tmp_path, timeout=300)
+    assert r.returncode == 143, r.stderr
+    assert r.stderr.strip().splitlines()[-1] == "normexport: terminated (SIGTERM)", r.stderr
+    assert "Traceback" not in r.stderr
+    assert list(out.parent.iterdir()) == [], list(out.parent.iterdir())
