@@ -323,7 +323,7 @@ def build(path: Path, index: dict, component: str | None = None):
             os.environ.pop("HF_HUB_OFFLINE", None)
         else:
             os.environ["HF_HUB_OFFLINE"] = saved
-    refuse_meta_tensors(pipe.components, f"cannot build {cls_name} from '{path}'",
+    refuse_meta_tensors(registered(pipe), f"cannot build {cls_name} from '{path}'",
                         f"the folder's weights lack them; save the pipeline again with save_pretrained, or {hatch}")
     if hasattr(pipe, "set_progress_bar_config"):
         pipe.set_progress_bar_config(disable=True)

@@ -271,9 +271,9 @@ def _one(name: str, c: type, width: int, diffusers, transformers):
 def _record_one(pipe, slot: str, denoiser: nn.Module, file: Path) -> tuple[tuple, dict, str]:
     """The denoiser's first call in a one-step run of `pipe` (pipeline.call_arguments), then its
     eager forward on that call; (args, kwargs, size)."""
-    from .pipeline import call_arguments
+    from .pipeline import call_arguments, registered
 
-    modules = {n: c for n, c in pipe.components.items() if isinstance(c, nn.Module)}
+    modules = {n: c for n, c in registered(pipe).items() if isinstance(c, nn.Module)}
     kwargs, size = call_arguments(pipe, modules, file.parent, slot)
     with quiet():
         with Capture(denoiser, file, stop=True, quiet=True) as cap:

@@ -179,7 +179,7 @@ def _float32_noise():
 def _run(pipe, ref: Path, side: int, steps: int, calls: dict | None = None) -> dict:
     """The generic call, N steps, output_type np: the image and what the VAE decoded; `calls`
     collects each exported component's first call (args, kwargs, output)."""
-    modules = {n: c for n, c in pipe.components.items() if isinstance(c, torch.nn.Module)}
+    modules = {n: c for n, c in folder_pipeline.registered(pipe).items() if isinstance(c, torch.nn.Module)}
     kwargs, _ = folder_pipeline.call_arguments(pipe, modules, ref, None)
     kwargs.update(num_inference_steps=steps, output_type="np", generator=torch.Generator().manual_seed(0))
     if "height" in kwargs:
@@ -338,7 +338,7 @@ def _plain_rule(out: Path, ref: Path, index: dict, manifest: dict, side: int, st
                 continue
             args, kwargs, _ = calls[(entry["component"], entry["method"])]
             with torch.no_grad():
-                got = _tensors(getattr(plain_pipe.components[entry["component"]], entry["method"])(*args, **kwargs))
+                got = _tensors(getattr(folder_pipeline.registered(plain_pipe)[entry["component"]], entry["method"])(*args, **kwargs))
             _plain_judge(c, max(_finite_err(g.double().numpy(), r) for g, r in zip(got, c["_ref"])),
                          max(_max_ref(r) for r in c["_ref"]))
         with _float32_noise():
