@@ -236,16 +236,14 @@ def record(path: Path, index: dict) -> Recording:
     # stay dynamic; a file whose sizes cannot stay dynamic serves the size the pipeline is run at);
     # the batch-1 run and the one-unit-larger run tell which dims vary
     cls = index["_class_name"]
-    runs = [(_Run(modules), _batched(pipe, kwargs, modules), True), (_Run(modules), _call(kwargs, output_type="np"), True),
-            (_Run(modules), _larger(pipe, kwargs, modules), False)]
-    for run, call, saved in runs:
-        try:
-            with run.hooks(pipe, first=saved), torch.no_grad(), quiet():
-                pipe(**call)
-        except Exception as e:  # noqa: BLE001 - the pipeline's own error
-            raise UsageError(f"{cls} from '{path}' failed in its one-step run with {_show(call)} "
-                             f"({type(e).__name__}: {first_line(e, 160)}): convert one component with "
-                             f"--module NAME, or record its call with normexport.capture") from None
+    try:
+        runs = _runs(pipe, kwargs, modules, cls, path)
+    except UsageError:
+        if kwargs.get("num_inference_steps") != 1:
+            raise
+        # a schedule that cannot be one step long (Mochi's linear-quadratic sigmas divide by steps // 2):
+        # the same runs two steps long (every call of a slot is recorded, the first one exported)
+        runs = _runs(pipe, {**kwargs, "num_inference_steps": 2}, modules, cls, path)
     first = runs[0][0]
     for name, slot in first.slots.items():
         at_size = call_shapes([r for r, _, _ in runs[:2]], name)
@@ -260,6 +258,22 @@ def record(path: Path, index: dict) -> Recording:
     del pipe, modules, first, runs
     gc.collect()
     return Recording(cls, slots, side, skipped, time.perf_counter() - start)
+
+
+def _runs(pipe, kwargs: dict, modules: dict, cls: str, path: Path) -> list:
+    """The three recording runs of record(): (run, call, saved) each."""
+    runs = [(_Run(modules), _batched(pipe, kwargs, modules), True), (_Run(modules), _call(kwargs, output_type="np"), True),
+            (_Run(modules), _larger(pipe, kwargs, modules), False)]
+    for run, call, saved in runs:
+        try:
+            with run.hooks(pipe, first=saved), torch.no_grad(), quiet():
+                pipe(**call)
+        except Exception as e:  # noqa: BLE001 - the pipeline's own error
+            steps = call.get("num_inference_steps")
+            raise UsageError(f"{cls} from '{path}' failed in its {'one' if steps == 1 else steps}-step run with "
+                             f"{_show(call)} ({type(e).__name__}: {first_line(e, 160)}): convert one component with "
+                             f"--module NAME, or record its call with normexport.capture") from None
+    return runs
 
 
 def call_shapes(runs: list[_Run], name: str) -> list[dict]:
