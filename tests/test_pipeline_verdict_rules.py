@@ -196,3 +196,31 @@ def test_non_finite_plain_export_excuses_nothing():
     assert row["passed"] is False
     _plain_judge(row, math.inf, 1.0)
     assert row["passed"] is False and row["rule"] == "2x eager" and "excuses nothing" in row["plain_note"]
+
+
+# ---- rule 2's plain-export pipeline: the plain files' own fixed sizes ----------------------------
+def test_plain_export_files_are_called_at_the_batch_they_fix(tmp_path):
+    """The plain export of a component is made from the check run's call; ChromaPipeline calls its
+    transformer once per guidance branch (batch 1) while OUT's file holds the convert's batch 2. The
+    plain folder's manifest takes the plain file's fixed sizes, so the runtime calls it at batch 1 rather
+    than padding the call to OUT's batch 2 (which ORT refused: 'Got invalid dimensions for input:
+    hidden_states'; swept ChromaPipeline, tools/try_pipeline_families.py, then passed by rule 2).
+    Planted: _fixed_sizes a no-op -> the call is padded to 2."""
+    import onnx
+    import torch
+    from onnx import TensorProto, helper
+
+    from normexport.pipeline import batching
+    from normexport.pipeline.compare import _fixed_sizes
+
+    x = helper.make_tensor_value_info("hidden_states", TensorProto.FLOAT, [1, "seq", 16])
+    y = helper.make_tensor_value_info("sample", TensorProto.FLOAT, [1, "seq", 16])
+    onnx.save(helper.make_model(helper.make_graph([helper.make_node("Identity", ["hidden_states"], ["sample"])],
+                                                  "g", [x], [y])), tmp_path / "model.onnx")
+    entry = {"inputs": {"hidden_states": {"shape": [2, 16, 16], "dtype": "float32", "dynamic": [1]}},
+             "batch": {"inputs": ["hidden_states"]}}
+    call = {"hidden_states": torch.zeros(1, 16, 16)}
+    assert batching.split(entry, call, {}) is not None  # OUT's entry: the call is padded to the file's batch 2
+    _fixed_sizes(entry, tmp_path / "model.onnx")
+    assert entry["inputs"]["hidden_states"]["shape"] == [1, 16, 16]  # the fixed batch; the dynamic axis kept
+    assert batching.split(entry, call, {}) is None  # called as it is

@@ -23,6 +23,7 @@ built only when rule 1 fails.
 from __future__ import annotations
 
 import contextlib
+import copy
 import math
 import sys
 from pathlib import Path
@@ -305,8 +306,8 @@ def _plain_rule(out: Path, ref: Path, index: dict, manifest: dict, side: int, st
         # plain export: nothing of OUT's but the call descriptions in its manifest
         (tmp / "out").mkdir()
         _copy_rest(ref, index, tmp / "out", {e["component"] for e in manifest["slots"].values()})
-        manifest_mod.write(tmp / "out", manifest)
-        for slot, entry in manifest["slots"].items():
+        plain_manifest = copy.deepcopy(manifest)  # the plain files' own fixed sizes (below)
+        for slot, entry in plain_manifest["slots"].items():
             (tmp / "out" / slot).mkdir(exist_ok=True)
             shutil.copy2(ref / entry["component"] / "config.json", tmp / "out" / slot / "config.json")
             buffers.write(eager.components[entry["component"]], tmp / "out" / slot)
@@ -330,6 +331,8 @@ def _plain_rule(out: Path, ref: Path, index: dict, manifest: dict, side: int, st
                                        swap_norms=False, rewrite=False)
             save_onnx(model, tmp / "out" / entry["file"])
             optimum_names.rename_file(tmp / "out" / entry["file"], slot)
+            _fixed_sizes(entry, tmp / "out" / entry["file"])
+        manifest_mod.write(tmp / "out", plain_manifest)
         del eager
         plain_pipe = load(tmp / "out", backend="ort")
         for slot, c in components.items():  # each component: the plain file on the same call
@@ -354,6 +357,20 @@ def _plain_rule(out: Path, ref: Path, index: dict, manifest: dict, side: int, st
         if row.get("passed") or plain[what] is None or "max_abs_err" not in row:
             continue
         _plain_judge(row, _finite_err(plain[what], runs["float64"][what]), _max_ref(runs["float64"][what]))
+
+
+def _fixed_sizes(entry: dict, file: Path) -> None:
+    """The manifest entry's input shapes where the plain file fixes a size (it is exported from the
+    check run's call, whose batch may not be the batch OUT's file was exported at: a one-prompt call
+    without batched guidance gives batch 1, where OUT's file holds 2), so that the runtime calls it in
+    pieces of the batch it takes (pipeline/batching.split) and never pads to a batch it refuses."""
+    import onnx
+
+    for v in onnx.load(str(file), load_external_data=False).graph.input:
+        i = entry["inputs"].get(v.name)
+        dims = v.type.tensor_type.shape.dim
+        if i is not None and len(dims) == len(i.get("shape") or ()):
+            i["shape"] = [d.dim_value if d.HasField("dim_value") else s for d, s in zip(dims, i["shape"])]
 
 
 def _bound(fn, args, kwargs) -> dict:
