@@ -85,3 +85,36 @@ def test_parity_refusal_moves_down_the_ladder():
     assert seen == [{"x": [0]}, {}], seen
     assert report["exporter"]["rung"] == "static" and report["exporter"]["name"] == "dynamo"
     assert report["exporter"]["attempts"][0] == {"rung": "dynamic", "parity": "failed", "kept": {"x": [0]}}
+
+
+def test_pixart_batch_kept_where_torch_onnx_capture_finds_its_guards_inconsistent():
+    """torch.onnx captures with backed_size_oblivious=True, under which torch's shape solver refuses the
+    guards of PixArt's attention-mask view ('Eq((s26//s42), 16) is inconsistent!'): every axis of the real
+    PixArtTransformer2DModel fell to static shapes (three whole exports per pipeline convert, a file that
+    serves one batch). The capture is retried as torch.export does it by default (rungs._torch_onnx_export):
+    the batch stays dynamic and parity holds at batches 2, 3, 4 against float64. Planted: the retry off ->
+    rung 'static', this test fails."""
+    from _pipelines import _perturb
+
+    from normexport.load.call import CallAdapter
+
+    torch.manual_seed(0)
+    t = _perturb(diffusers.PixArtTransformer2DModel(
+        num_attention_heads=2, attention_head_dim=8, in_channels=4, out_channels=8, num_layers=1, sample_size=8,
+        patch_size=2, cross_attention_dim=16, caption_channels=16)).eval()
+    kw = dict(hidden_states=torch.randn(2, 4, 8, 8), encoder_hidden_states=torch.randn(2, 12, 16),
+              encoder_attention_mask=torch.ones(2, 12), timestep=torch.tensor([999, 999]),
+              added_cond_kwargs={"resolution": None, "aspect_ratio": None}, return_dict=False)
+    call = CallAdapter(t, (), kw)
+    axes = {n: [0] for n in call.input_names}
+    report = {}
+    model = normexport.convert_module(call, call.example_inputs, target="trt", input_names=call.input_names,
+                                      dynamic_axes=axes, report=report)
+    assert report["exporter"]["rung"] == "dynamic" and not report["exporter"].get("static_axes"), report["exporter"]
+    assert ops(model).get("AdaLNZero", 0) >= 1, ops(model)
+    for i in model.graph.input:
+        assert not i.type.tensor_type.shape.dim[0].HasField("dim_value"), i  # the batch symbolic in the file
+    from normexport.testing import assert_parity
+
+    checked = assert_parity(call, model, call.example_inputs, dynamic_axes=axes, extra_shapes=2, plain_export=None)
+    assert sorted(s["inputs"]["hidden_states"][0] for s in checked.shapes if not s.get("skipped")) == [2, 3, 4]

@@ -7,6 +7,7 @@ torch.export (the axes it keeps, the file's symbolic dims)."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import re
@@ -144,12 +145,31 @@ def _torch_onnx_export(module, args, names, output_names, dynamic_axes, opset, a
     with warnings.catch_warnings(), gc_paused(), math_attention(), exact_no_op_rules(), promoted_einsum():
         warnings.simplefilter("ignore")
         logging.getLogger("torch.onnx").setLevel(logging.ERROR)
-        program = torch.onnx.export(
-            module, args, dynamo=True, opset_version=opset, input_names=names, output_names=output_names,
-            dynamic_shapes=shapes,
-            custom_translation_table=ops.TRANSLATION_TABLE, optimize=optimize, verbose=False,
-        )
+        export = functools.partial(torch.onnx.export, dynamo=True, opset_version=opset, input_names=names,
+                                   output_names=output_names, custom_translation_table=ops.TRANSLATION_TABLE,
+                                   optimize=optimize, verbose=False)
+        try:
+            program = export(module, args, dynamic_shapes=shapes)
+        except Exception as e:  # noqa: BLE001 - only the one capture failure below is retried
+            if shapes is None or not _oblivious_inconsistency(e):
+                raise
+            # torch.onnx captures with backed_size_oblivious=True (sizes 0 / 1 kept symbolic), under which
+            # torch's shape solver cannot express some guards a model's own arithmetic makes (PixArt's
+            # attention mask view: 'Eq((s26//s42), 16) is inconsistent!', every batch axis refused); the
+            # same program captured by torch.export as it is by default keeps the axes (sizes 0 / 1 of the
+            # example then specialise, which the parity check's other shapes would show)
+            program = export(torch.export.export(module, args, dynamic_shapes=shapes, strict=False))
     return program.model
+
+
+def _oblivious_inconsistency(e: BaseException) -> bool:
+    """torch's dim-constraint solver refused the guards as inconsistent (symbolic_shapes.DimConstraints)."""
+    seen = 0
+    while e is not None and seen < 8:
+        if "inconsistencies were found" in str(e):
+            return True
+        e, seen = e.__cause__ or e.__context__, seen + 1
+    return False
 
 
 def _traceable(module):
