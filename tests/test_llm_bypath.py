@@ -98,6 +98,43 @@ def test_fuse_by_path_matches_in_memory(exported, tmp_path, no_weight_protobuf):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.onnx", "model.onnx.data"]
 
 
+def test_fused_file_written_once_and_flag_only_where_verified(exported, tmp_path, monkeypatch):
+    """The fused file is written once, with the share-buffer flag (issue 47 item 2: no second write of it
+    after the share-buffer check); where that check fails the file is written again without the flag;
+    the local check's eager steps made ahead (while the weights are written) are the ones it compares
+    with: the same numbers as without the workdir."""
+    from normexport.llm import attention, files, verify
+    from normexport.llm.share_buffer import SHARE_BUFFER_KEY
+
+    folder, path = exported
+    model_ir = ir.load(str(path))
+    lm = _lm(folder)
+    writes = []
+    real_write = files.Workdir.write
+    monkeypatch.setattr(files.Workdir, "write", lambda self, m, name: writes.append(name) or real_write(self, m, name))
+    ahead = []
+    real_ahead = verify.eager_ahead
+    monkeypatch.setattr(attention, "eager_ahead", lambda *a, **k: ahead.append(1) or real_ahead(*a, **k))
+
+    def flag(p):
+        return {e.key: e.value for e in onnx.load(str(p), load_external_data=False).metadata_props}.get(SHARE_BUFFER_KEY)
+
+    with files.Workdir(tmp_path / "model.onnx") as wd:
+        f = attention.fuse(model_ir, max_positions=COMMON["max_position_embeddings"], workdir=wd, reference=lm)
+        assert f.model is not None and f.share_buffer and f.local["against"] == "eager", (f.reason, f.local)
+        assert writes.count("model.onnx") == 1 and ahead == [1] and flag(f.path) == "true", writes  # (the
+        # decomposed file: by a forked writer, not Workdir.write)
+    mem = attention.fuse(model_ir, max_positions=COMMON["max_position_embeddings"], reference=lm)
+    assert mem.local["max_abs_err"] == f.local["max_abs_err"]
+    writes.clear()
+    monkeypatch.setattr(attention, "share_buffer_check", lambda *a, **k: (False, "planted"))
+    with files.Workdir(tmp_path / "model.onnx") as wd:
+        f = attention.fuse(model_ir, max_positions=COMMON["max_position_embeddings"], workdir=wd, reference=lm)
+        assert f.model is not None and not f.share_buffer and f.share_buffer_reason == "planted"
+        assert writes.count("model.onnx") == 2 and flag(f.path) is None, writes
+        assert SHARE_BUFFER_KEY not in f.model.metadata_props
+
+
 def real_bytes(model: ir.Model) -> bytes:
     return ir.to_proto(model).SerializeToString()
 

@@ -48,6 +48,9 @@ PRESETS = {
                  num_key_value_heads=2, max_position_embeddings=256),
 }
 EXPORTERS = ("normexport", "normexport-decomposed", "optimum", "genai")
+#: --before DIR: a folder holding another revision's `normexport` package (e.g. `git archive REV normexport | tar -x
+#: -C DIR`), exported as "normexport-before" with the same command (before / after a change, in one run)
+BEFORE: list = []
 
 def make_folder(preset: str, out: Path) -> Path:
     if (out / "config.json").exists():
@@ -116,17 +119,98 @@ def decode_bytes(folder: Path) -> int:
     return total if tied else total - embed
 
 
-def timed(cmd: list[str], env: dict | None = None, log: Path | None = None) -> dict:
-    """Run `cmd` under /usr/bin/time -v: wall seconds, peak RSS GiB, exit code, last error line."""
+def _memory_cgroup(limit_gib: float | None) -> Path | None:
+    """A new cgroup-v1 memory group below this process's own (root only), its limit `limit_gib`
+    (memory.limit_in_bytes: page cache is reclaimed under it, anonymous memory is not: no swap);
+    None where cgroups cannot be made here."""
+    try:
+        rel = next(ln.split(":", 2)[2] for ln in Path("/proc/self/cgroup").read_text().splitlines()
+                   if ln.split(":", 2)[1] == "memory")
+        cg = Path("/sys/fs/cgroup/memory") / rel.lstrip("/") / f"bench_llm_{os.getpid()}_{time.monotonic_ns()}"
+        cg.mkdir()
+    except (OSError, StopIteration, IndexError):
+        return None
+    if limit_gib:
+        (cg / "memory.limit_in_bytes").write_text(str(int(limit_gib * 2**30)))
+    return cg
+
+
+def _anon_bytes(cg: Path | None, pid: int) -> int:
+    """Anonymous memory now: the cgroup's total_rss (pages charged once, a forked writer's shared pages
+    not counted twice), else the RssAnon of `pid` and its children."""
+    if cg is not None:
+        for ln in (cg / "memory.stat").read_text().splitlines():
+            if ln.startswith("total_rss "):
+                return int(ln.split()[1])
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            status = Path(f"/proc/{p}/status").read_text()
+            total += int(re.search(r"RssAnon:\s+(\d+) kB", status).group(1)) * 1024
+            for t in Path(f"/proc/{p}/task").iterdir():
+                todo += [int(c) for c in (t / "children").read_text().split()]
+        except (OSError, AttributeError):
+            pass
+    return total
+
+
+def timed(cmd: list[str], env: dict | None = None, log: Path | None = None, memory_limit_gib: float | None = None,
+          cwd: Path | None = None) -> dict:
+    """Run `cmd` under /usr/bin/time -v in a memory cgroup of its own where one can be made: wall
+    seconds, peak RSS GiB (time -v: the largest process, page cache of mapped files included),
+    peak anonymous GiB (sampled every 50 ms: the cgroup's total_rss, else RssAnon over the process
+    tree), the cgroup's peak usage (page cache included), exit code, last error line.
+    `memory_limit_gib`: the cgroup's limit (does the command complete inside it?)."""
+    cg = _memory_cgroup(memory_limit_gib)
+    if memory_limit_gib and cg is None:
+        raise SystemExit("--memory-limit needs a cgroup-v1 memory hierarchy writable here (root)")
+    pre = ["sh", "-c", f'echo $$ > {cg / "cgroup.procs"} && exec "$@"', "sh"] if cg is not None else []
     t = time.monotonic()
-    p = subprocess.run(["/usr/bin/time", "-v", *cmd], capture_output=True, text=True, env=env)
+    proc = subprocess.Popen([*pre, "/usr/bin/time", "-v", *cmd], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env, cwd=cwd)
+    import threading
+
+    anon = [0]
+    stop = threading.Event()
+
+    def sample():
+        while not stop.wait(0.05):
+            anon[0] = max(anon[0], _anon_bytes(cg, proc.pid))
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    out, err = proc.communicate()
     wall = time.monotonic() - t
+    stop.set()
+    sampler.join()
+    cg_peak = oom = None
+    if cg is not None:
+        cg_peak = int((cg / "memory.max_usage_in_bytes").read_text())
+        oom = int((cg / "memory.failcnt").read_text())
+        for _ in range(50):
+            try:
+                cg.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
+    p = subprocess.CompletedProcess(cmd, proc.returncode, out, err)
     rss = re.search(r"Maximum resident set size \(kbytes\): (\d+)", p.stderr)
+    status = re.search(r"Exit status: (\d+)", p.stderr)
+    rc = int(status.group(1)) if status else p.returncode
+    killed = re.search(r"Command terminated by signal (\d+)", p.stderr)
     if log:
         log.write_text(p.stdout + "\n----\n" + p.stderr)
     err = [ln for ln in (p.stdout + p.stderr).splitlines() if ln.strip() and "\t" not in ln and "Command" not in ln]
-    return {"seconds": round(wall, 1), "peak_rss_gib": round(int(rss.group(1)) / 2**20, 2) if rss else None,
-            "rc": p.returncode, "error": None if p.returncode == 0 else (err[-1][:300] if err else "?")}
+    cpu = [float(m) for m in re.findall(r"(?:User|System) time \(seconds\): ([\d.]+)", p.stderr)]
+    return {"seconds": round(wall, 1), "cpu_s": round(sum(cpu), 1) if cpu else None, "peak_rss_gib": round(int(rss.group(1)) / 2**20, 2) if rss else None,
+            "peak_anon_gib": round(anon[0] / 2**30, 2),
+            "anon_measured_by": "cgroup-v1 memory.stat total_rss" if cg is not None else "RssAnon over the tree",
+            "cgroup_peak_gib": round(cg_peak / 2**30, 2) if cg_peak is not None else None,
+            "memory_limit_gib": memory_limit_gib, "cgroup_failcnt": oom,
+            "rc": (128 + int(killed.group(1))) if killed else rc,
+            "error": None if (rc == 0 and not killed) else
+            (f"killed by signal {killed.group(1)}" if killed else (err[-1][:300] if err else "?"))}
 
 
 def pip_target(package: str, target: Path) -> Path:
@@ -150,11 +234,14 @@ def warm_cache(folder: Path) -> None:
 INT4 = {"block_size": 32, "symmetric": True, "accuracy_level": 4}
 
 
-def export(name: str, folder: Path, work: Path, quantize: str | None = None) -> tuple[dict, Path | None]:
+def export(name: str, folder: Path, work: Path, quantize: str | None = None,
+           memory_limit_gib: float | None = None) -> tuple[dict, Path | None]:
     out = work / name
     out.mkdir(exist_ok=True)
     env = dict(os.environ)
-    if name in ("normexport", "normexport-decomposed"):
+    if name == "normexport-before":  # the package of another revision (--before DIR), the same command
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(BEFORE[0]), env.get("PYTHONPATH")) if p)
+    if name in ("normexport", "normexport-decomposed", "normexport-before"):
         onnx_path = out / "model.onnx"
         cmd = [sys.executable, "-m", "normexport", "convert", str(folder), "-o", str(onnx_path), "--target", "ort",
                "--no-check", *(["--no-fuse", "attention"] if name == "normexport-decomposed" else []),
@@ -182,7 +269,8 @@ def export(name: str, folder: Path, work: Path, quantize: str | None = None) -> 
         if quantize:
             cmd += ["--extra_options", f"block_size={INT4['block_size']}", f"is_symmetric={str(INT4['symmetric']).lower()}",
                     f"accuracy_level={INT4['accuracy_level']}"]
-    row = timed(cmd, env, log=work / f"{name}.export.log")
+    row = timed(cmd, env, log=work / f"{name}.export.log", memory_limit_gib=memory_limit_gib,
+                cwd=BEFORE[0] if name == "normexport-before" else None)  # (python -m puts the cwd's package first)
     if row["rc"] == 0 and onnx_path.exists():
         import onnx
 
@@ -299,9 +387,17 @@ def main(argv=None) -> int:
     ap.add_argument("--quantize", choices=("int4",), default=None,
                     help="int4: normexport convert --quantize int4 beside genai's builder -p int4, same block size, "
                          "symmetry and accuracy level; their agreement with eager fp32 beside each other")
+    ap.add_argument("--memory-limit", type=float, default=None, metavar="GIB",
+                    help="each export in a cgroup of this limit (does it complete inside it?); root, cgroup v1")
+    ap.add_argument("--before", type=Path, default=None, metavar="DIR",
+                    help="a folder with another revision's normexport package: exporter 'normexport-before'")
+    ap.add_argument("--no-speed", action="store_true", help="exports only (no decode speed rounds)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
+    args.work = args.work.resolve()
     args.work.mkdir(parents=True, exist_ok=True)
+    if args.before is not None:
+        BEFORE[:] = [args.before.resolve()]
     load = load_before = os.getloadavg()
     print(f"machine: {cpu_model()}, {os.cpu_count()} CPUs, load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} (shared: noisy)")
     folder = make_folder(args.preset, args.work / f"{args.preset}_fp32")
@@ -313,7 +409,7 @@ def main(argv=None) -> int:
         for i, name in _abba(list(enumerate(names)), k):
             shutil.rmtree(args.work / name, ignore_errors=True)  # each export writes a new folder
             warm_cache(folder)  # every exporter starts with the folder in the page cache (the first one paid the disk read)
-            row, path = export(name, folder, args.work, args.quantize)
+            row, path = export(name, folder, args.work, args.quantize, args.memory_limit)
             row["exporter"] = name
             print(f"export round {k + 1}: {json.dumps(row)}", flush=True)
             if k == 0:
@@ -321,11 +417,16 @@ def main(argv=None) -> int:
             runs = rows[i].setdefault("export_runs", [])
             runs.append(row["seconds"])
             rows[i]["seconds"] = sorted(runs)[len(runs) // 2]
+            rows[i].setdefault("export_runs_memory", []).append(
+                {k: row[k] for k in ("seconds", "cpu_s", "peak_rss_gib", "peak_anon_gib", "cgroup_peak_gib", "rc")})
+            for key in ("peak_rss_gib", "peak_anon_gib", "cgroup_peak_gib"):  # the largest over the rounds
+                vals = [m[key] for m in rows[i]["export_runs_memory"] if m[key] is not None]
+                rows[i][key] = max(vals) if vals else None
             if row["rc"] != 0:
                 rows[i].update(rc=row["rc"], error=row["error"])
             if path is not None and rows[i]["rc"] == 0:
                 paths[name] = path
-    for k in range(max(1, args.repeat)):  # speed rounds after every export, files alternating
+    for k in range(0 if args.no_speed else max(1, args.repeat)):  # speed rounds after every export, files alternating
         for row in _abba(rows, k):
             if row["exporter"] in paths:
                 got = speed(paths[row["exporter"]], args.prefill, args.decode, args.work, args.preset)
@@ -342,18 +443,18 @@ def main(argv=None) -> int:
     for row in rows:
         if row["exporter"] in agreed:
             row["agreement"] = agreed[row["exporter"]]
-    bw, per_token = read_bandwidth(), decode_bytes(folder)
+    bw, per_token = (1.0 if args.no_speed else read_bandwidth()), decode_bytes(folder)
     limit = bw * 1e9 / per_token
     print(f"read bandwidth {bw:.1f} GB/s (every core); a decode step reads {per_token / 1e9:.2f} GB of weights: "
           f"at most {limit:.2f} tokens/s")
     load = os.getloadavg()
-    print(f"\n{'exporter':<22} {'nodes':>6} {'GQA':>4} {'export s':>9} {'peak RSS GiB':>13} {'x weights':>9} {'prefill ms':>11} "
+    print(f"\n{'exporter':<22} {'nodes':>6} {'GQA':>4} {'export s':>9} {'peak RSS GiB':>13} {'x weights':>9} {'anon GiB':>9} {'cgroup GiB':>10} {'prefill ms':>11} "
           f"{'decode tok/s':>13} {'x limit':>8}  (prefill {args.prefill} tokens, batch 1; decode {args.decode} steps; "
           f"median of {max(1, args.repeat)} round(s))")
     for r in rows:
         x = f"{r['peak_rss_gib'] * 2**30 / weights:.2f}" if r.get("peak_rss_gib") else "-"
         print(f"{r['exporter']:<22} {r.get('nodes', '-'):>6} {r.get('group_query_attention', '-'):>4} {r['seconds']:>9} {r.get('peak_rss_gib') or '-':>13} {x:>9} "
-              f"{r.get('prefill_ms', '-'):>11} {r.get('decode_tokens_per_s', '-'):>13} "
+              f"{r.get('peak_anon_gib') or '-':>9} {r.get('cgroup_peak_gib') or '-':>10} {r.get('prefill_ms', '-'):>11} {r.get('decode_tokens_per_s', '-'):>13} "
               f"{(format(r['decode_tokens_per_s'] / limit, '.2f') if r.get('decode_tokens_per_s') else '-'):>8}"
               + (f"  FAILED: {r['error']}" if r.get("error") else "")
               + (f"  SPEED FAILED: {r['speed_error']}" if r.get("speed_error") else ""))

@@ -49,7 +49,7 @@ import onnx_ir as ir
 from .gqa_rule import FUSION_DOMAIN as _FUSION
 from .gqa_rule import MS, packed_qkv, rule_class
 from .share_buffer import SHARE_BUFFER_KEY, share_buffer_check
-from .verify import compare, why as _why
+from .verify import compare, eager_ahead, why as _why
 
 #: onnxscript optimize's iterations before the fusions (it stops early at a fixed point: one more than its
 #: default, so that the shape rules finding nothing leave a fixed point, not an iteration cap)
@@ -157,8 +157,11 @@ def fuse(model_ir: ir.Model, *, max_positions: int, local_check: bool = True, wo
     behind = None  # the decomposed file written while the passes run
     if workdir is not None and local_check and workdir.decomposed not in workdir.files:
         behind = workdir.write_behind(model_ir, workdir.decomposed)
-    try:  # (eager's steps are not run here too: on 2 cores they and the write each slowed the other, ~no gain)
-        result = _fused_copy(model_ir, copy, max_positions)
+    eager = None  # the local check's eager outputs, made while the decomposed file is still being written
+    try:  # (eager's steps are not run beside the passes: on 2 cores they and the write each slowed the other,
+        result = _fused_copy(model_ir, copy, max_positions)  # ~no gain; after them the process only waits)
+        if result.model is not None and local_check and _float32(reference) is not None:
+            eager = eager_ahead(model_ir, reference)  # (the same feeds as compare's: its defaults)
     finally:
         write_error = behind.exception() if behind is not None else None  # waits for the write
     model = result.model
@@ -166,18 +169,25 @@ def fuse(model_ir: ir.Model, *, max_positions: int, local_check: bool = True, wo
         return result
     files = None
     if workdir is not None:
+        # the fused file is written once, with the share-buffer flag: the checks' sessions ignore metadata, and
+        # where the share-buffer check below fails it is written again without it (the file kept says only
+        # what was verified; docs/design.md §10)
+        model.metadata_props[SHARE_BUFFER_KEY] = "true"
         try:
             if write_error is not None:
                 raise write_error
             files = (workdir.files.get(workdir.decomposed) or workdir.write(model_ir, workdir.decomposed),
                      workdir.write(model, workdir.out.name))
         except OSError as e:
+            model.metadata_props.pop(SHARE_BUFFER_KEY, None)
             result.model, result.reason = None, f"cannot write the files to check ({e.strerror or e})"
             return result
         result.decomposed_path, result.path = files
     shared: dict = {}  # the fused file's session and run, reused by the share-buffer check
-    result.local = compare(model_ir, model, files=files, keep=shared, reference=_float32(reference))
+    result.local = compare(model_ir, model, files=files, keep=shared, reference=_float32(reference), eager=eager)
+    del eager
     if not result.local.get("passed"):
+        model.metadata_props.pop(SHARE_BUFFER_KEY, None)
         result.reason = f"local check failed: {result.local.get('reason')}"
         result.model = None
         return result
@@ -188,8 +198,8 @@ def fuse(model_ir: ir.Model, *, max_positions: int, local_check: bool = True, wo
     result.share_buffer, result.share_buffer_reason = ok, why
     if ok:
         model.metadata_props[SHARE_BUFFER_KEY] = "true"
-        if workdir is not None:  # the flag is in the file too (deploy reads the model's metadata)
-            result.path = workdir.write(model, workdir.out.name)
+    elif model.metadata_props.pop(SHARE_BUFFER_KEY, None) is not None and workdir is not None:
+        result.path = workdir.write(model, workdir.out.name)  # the flag the file was written with, taken out
     return result
 
 

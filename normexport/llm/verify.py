@@ -72,8 +72,21 @@ def local_feeds(model: ir.Model, batch: int = LOCAL_BATCH, prompt: int = 5, deco
     return steps + [rng.integers(0, vocab, (batch, 1)).astype(np.int64) for _ in range(decode)]
 
 
+def eager_ahead(unfused: ir.Model, reference, *, batch: int = LOCAL_BATCH, prompt: int = 5, decode: int = 3,
+                seed: int = 0) -> list | None:
+    """`compare`'s eager outputs on the same feeds (`local_feeds` of `unfused`, same arguments),
+    computed before its call (normexport.llm.attention: while the files it runs are still being
+    written, when the process would only wait); None where they raise (compare then runs them
+    again and reports why)."""
+    try:
+        return _eager_steps(reference, cache_dims(unfused), local_feeds(unfused, batch, prompt, decode, seed), batch)
+    except Exception:  # noqa: BLE001  (compare's own run says why)
+        return None
+
+
 def compare(unfused: ir.Model, fused: ir.Model, *, batch: int = LOCAL_BATCH, prompt: int = 5, decode: int = 3,
-            seed: int = 0, files: tuple[Path, Path] | None = None, keep: dict | None = None, reference=None) -> dict:
+            seed: int = 0, files: tuple[Path, Path] | None = None, keep: dict | None = None, reference=None,
+            eager: list | None = None) -> dict:
     """The local check, on random prefill + decode feeds (`local_feeds`; each run's own cache fed
     back), every logits and present.* within docs/design.md §7's tolerance of the reference's:
 
@@ -84,7 +97,8 @@ def compare(unfused: ir.Model, fused: ir.Model, *, batch: int = LOCAL_BATCH, pro
 
     `files`: the two as written (unfused, fused), the sessions made from them (one at a time);
     `keep`: receives the fused file's session as "fused" and its run as "run" (feeds, outputs per
-    step), for share_buffer_check."""
+    step), for share_buffer_check. `eager`: `eager_ahead`'s outputs for `reference` on these feeds
+    (the same arguments), made earlier; else they are computed here."""
     import torch
 
     try:
@@ -109,7 +123,7 @@ def compare(unfused: ir.Model, fused: ir.Model, *, batch: int = LOCAL_BATCH, pro
                 keep["fused"], keep["run"] = sess, (steps, got)
             del sess
         if reference is not None:
-            want = _eager_steps(reference, dims, steps, batch)
+            want = eager if eager is not None else _eager_steps(reference, dims, steps, batch)
             if got is not None:
                 failed = _within(want, got, names, tdtype)
                 if failed["passed"]:
