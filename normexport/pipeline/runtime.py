@@ -177,12 +177,28 @@ class _quiet:
         return self._q.__exit__(*exc)
 
 
+def _pipeline_module(library) -> str | None:
+    """`diffusers.pipelines.<library>` where model_index.json names a diffusers pipeline module as the
+    library (a component class defined beside its pipeline, as StableAudioPipeline's
+    ["stable_audio", "StableAudioProjectionModel"]): diffusers' own from_pretrained looks there."""
+    import importlib.util
+
+    if not isinstance(library, str) or not library.isidentifier():
+        return None
+    try:
+        found = importlib.util.find_spec(f"diffusers.pipelines.{library}") is not None
+    except ImportError:
+        return None
+    return f"diffusers.pipelines.{library}" if found else None
+
+
 def _library_class(library: str, name, where: Path):
-    if library not in LIBRARIES or not isinstance(name, str) or not name.isidentifier():
+    module = library if library in LIBRARIES else _pipeline_module(library)
+    if module is None or not isinstance(name, str) or not name.isidentifier():
         raise UsageError(f"'{where}' names {library}.{name}, which normexport does not load (only diffusers / "
                          "transformers classes): convert the pipeline folder again")
     with _quiet():
-        cls = getattr(importlib.import_module(library), name, None)
+        cls = getattr(importlib.import_module(module), name, None)
     if cls is None:
         raise UsageError(f"'{where}' names {name}, which this {library} does not have: upgrade {library}")
     return cls
