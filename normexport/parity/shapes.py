@@ -89,6 +89,8 @@ def _inputs_like(inputs: list[torch.Tensor], shape: dict[str, list[int]], names:
             mean, std = (tf.mean().item(), tf.std().item()) if t.numel() > 1 else (0.0, 1.0)
             std = std if math.isfinite(std) and std > 0 else 1.0
             out.append((torch.randn(dims, generator=g) * std + mean).to(t.dtype))
+        elif (runs := _runs_like(t, dims, g)) is not None:
+            out.append(runs)
         elif t.dtype == torch.bool:
             out.append(torch.randint(0, 2, dims, generator=g).bool())
         else:
@@ -96,3 +98,26 @@ def _inputs_like(inputs: list[torch.Tensor], shape: dict[str, list[int]], names:
             hi = int(t.max()) if t.numel() else 1
             out.append(torch.randint(lo, hi + 1, dims, generator=g, dtype=t.dtype))
     return out
+
+
+def _runs_like(t: torch.Tensor, dims: list[int], g: torch.Generator) -> torch.Tensor | None:
+    """A 0/1 tensor whose every row (last axis) is a run of ones followed by zeros (right padding) or
+    zeros followed by ones (left padding), as a padding mask or token types are, made at `dims` the
+    same way: each row a run of 1..n ones on the same side; None for anything else (values other
+    than 0 and 1, all one value, rows not runs). Random 0/1 values would make rows that mask every
+    key a query may see (a causal model's first query with its first key masked), whose outputs no
+    two implementations agree on, nor need to: the runtime's error there is no signal."""
+    if t.is_floating_point() or t.is_complex() or t.dim() < 2 or not t.numel() or not dims[-1]:
+        return None
+    rows = t.reshape(-1, t.shape[-1]).to(torch.int64)
+    if not bool(((rows == 0) | (rows == 1)).all()) or bool((rows == rows.flatten()[0]).all()):
+        return None
+    right = bool((rows[:, 1:] <= rows[:, :-1]).all())  # ones first, then zeros
+    if not right and not bool((rows[:, 1:] >= rows[:, :-1]).all()):
+        return None
+    n = dims[-1]
+    count = math.prod(dims[:-1])
+    lengths = torch.randint(1, n + 1, (count, 1), generator=g)
+    pos = torch.arange(n).unsqueeze(0)
+    ones = pos < lengths if right else pos >= n - lengths
+    return ones.reshape(dims).to(t.dtype)
