@@ -31,3 +31,16 @@ def test_class_of_a_diffusers_pipeline_module_loads():
 def test_other_libraries_are_refused(library, name):
     with pytest.raises(UsageError, match="which normexport does not load"):
         _library_class(library, name, Path("model_index.json"))
+
+
+def test_pipeline_module_class_built_on_meta_with_its_config(tmp_path):
+    """load() builds the component's class from its config on the meta device (its config and submodules
+    for the pipeline): a diffusers class from a pipeline module is a ConfigMixin like any diffusers class
+    (the swept StableAudioPipeline had failed: "'OrtComponent' object has no attribute 'config'")."""
+    from normexport.pipeline.runtime import _meta_module
+
+    diffusers.StableAudioProjectionModel(text_encoder_dim=16, conditioning_dim=4, min_value=0,
+                                         max_value=32).save_config(tmp_path / "projection_model")
+    meta = _meta_module(tmp_path, ["stable_audio", "StableAudioProjectionModel"],
+                        {"forward": ("projection_model", {})})
+    assert isinstance(meta, diffusers.StableAudioProjectionModel) and meta.config.conditioning_dim == 4

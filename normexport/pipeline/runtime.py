@@ -461,7 +461,7 @@ def _meta_module(folder: Path, library_class: list, slots: dict):
     try:
         cls = _library_class(library, cls_name, folder / "model_index.json")
         with torch.device("meta"), _quiet():
-            if library == "diffusers":
+            if library == "diffusers" or _pipeline_module(library):  # a diffusers class (ConfigMixin)
                 meta = cls.from_config(cls.load_config(str(config_dir)))
             else:
                 meta = cls._from_config(cls.config_class.from_pretrained(str(config_dir)))
