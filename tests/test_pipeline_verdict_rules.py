@@ -224,3 +224,21 @@ def test_plain_export_files_are_called_at_the_batch_they_fix(tmp_path):
     _fixed_sizes(entry, tmp_path / "model.onnx")
     assert entry["inputs"]["hidden_states"]["shape"] == [1, 16, 16]  # the fixed batch; the dynamic axis kept
     assert batching.split(entry, call, {}) is None  # called as it is
+
+
+# ---- the latents row of a pixel-space pipeline ---------------------------------------------------
+def test_latents_row_of_a_pipeline_without_vae_does_not_apply():
+    """DDPMPipeline (swept in tools/try_pipeline_families.py) has no VAE: no run decodes anything, and
+    check FAILED on "latents: not produced by every run" with its image within 2x eager. Where no run has
+    latents the row does not apply; where one run lacks what the others have it still fails.
+    Planted: the all-None case removed -> this test fails."""
+    from normexport.pipeline.compare import _latents_row
+
+    image = {"image": _ref()}
+    row = _latents_row({k: {**image, "latents": None} for k in ("exported", "eager", "float64")})
+    assert row["passed"] and row["not_applicable"]
+    ref = _ref()
+    partial = {"exported": {"latents": None}, "eager": {"latents": ref}, "float64": {"latents": ref}}
+    assert not _latents_row(partial)["passed"]
+    both = {"exported": {"latents": _off(ref, 3, 1e-3)}, "eager": {"latents": ref}, "float64": {"latents": ref}}
+    assert not _latents_row(both)["passed"]  # judged by rule 1 as before

@@ -114,7 +114,7 @@ def compare(out: Path, ref: Path, index: dict, manifest: dict, steps: int, expor
         components = _components(calls, eager, manifest)
         del eager
         runs["float64"], float64_note = _float64_run(ref, index, side, steps, components, calls, manifest)
-    latents = _judge(runs["exported"]["latents"], runs["eager"]["latents"], runs["float64"]["latents"], dtype=dtype)
+    latents = _latents_row(runs, dtype)
     image = _judge(runs["exported"]["image"], runs["eager"]["image"], runs["float64"]["image"], psnr=True, dtype=dtype)
     if not (latents["passed"] and image["passed"] and all(c.get("passed", True) for c in components.values())):
         _plain_rule(out, ref, index, manifest, side, steps, calls, runs, components, latents, image)
@@ -384,6 +384,16 @@ def _bound(fn, args, kwargs) -> dict:
 FLOOR_DTYPE = torch.float32
 
 
+def _latents_row(runs: dict, dtype: torch.dtype = torch.float32) -> dict:
+    """Rule 1 on what the VAE decoded; where no run decoded anything (a pixel-space pipeline: DDPM,
+    DDIM, consistency models) the row does not apply and the image alone is judged. One run without
+    the latents the others have still fails."""
+    if all(r["latents"] is None for r in runs.values()):
+        return {"passed": True, "not_applicable": True,
+                "note": "no VAE decode in any run (a pixel-space pipeline): the image alone is judged"}
+    return _judge(runs["exported"]["latents"], runs["eager"]["latents"], runs["float64"]["latents"], dtype=dtype)
+
+
 def _judge(got, eager, ref64, psnr: bool = False, dtype: torch.dtype = torch.float32) -> dict:
     """Rule 1 ("2x eager") on one output: |got - ref64| <= max(2 x |eager - ref64|, floor), errors as
     the single-file verdict takes them (parity.verdict.abs_diff: matching non-finite values count 0,
@@ -476,7 +486,7 @@ def _print(result: dict) -> None:
     for what in ("latents", "image"):
         r = result[what]
         if "max_abs_err" not in r:
-            print(f"{what:<22}  FAIL ({r.get('note')})")
+            print(f"{what:<22}  {'-' if r.get('not_applicable') else 'FAIL'} ({r.get('note')})")
             continue
         extra = f"  PSNR {r['psnr_vs_eager_db']:.1f} dB vs eager" if "psnr_vs_eager_db" in r else ""
         if "plain_err" in r:
