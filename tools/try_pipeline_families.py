@@ -583,7 +583,9 @@ KINDS += ["sd3_img2img", "flux_img2img", "flux_inpaint", "flux_fill", "chroma", 
 CLASSES = {"sdxl": "StableDiffusionXLPipeline", "pixart_sigma": "PixArtSigmaPipeline", "sana": "SanaPipeline", "auraflow": "AuraFlowPipeline",
            "lumina2": "Lumina2Pipeline", "hunyuandit": "HunyuanDiTPipeline", "cogview4": "CogView4Pipeline",
            "latte": "LattePipeline", "inpaint": "StableDiffusionInpaintPipeline", "ltx": "LTXPipeline",
-           "longcat_audio": "LongCatAudioDiTPipeline", "hidream": "HiDreamImagePipeline"}
+           "longcat_audio": "LongCatAudioDiTPipeline", "hidream": "HiDreamImagePipeline",
+           "pixart_sigma_pag": "PixArtSigmaPAGPipeline", "sd3_pag": "StableDiffusion3PAGPipeline",
+           "sdxl_pag": "StableDiffusionXLPAGPipeline", "sana_pag": "SanaPAGPipeline"}
 #: the test suite's own builds (tests/_pipelines.build), by the name used here
 TEST_KINDS = {"sd": "sd", "sd_img2img": "img2img", "pixart_alpha": "pixart", "flux": "flux", "dit": "dit", "sd3": "sd3",
               "wan": "wan", "controlnet": "controlnet"}
@@ -599,7 +601,28 @@ NOT_BUILT = {
 }
 
 #: one-line reasons for the classes that fail, by name (filled in from the runs)
-REASONS: dict = {}
+REASONS: dict = {
+    "sd_pag": "PAG sets attention processors on the denoiser's modules at every call (pag_utils._set_pag_attn_processor); "
+              "the loaded pipeline's unet is an ONNX session with no modules: 'Cannot find PAG layer to set attention "
+              "processor for: mid' (generate and check); and the file holds the default processors (PAG's are set only "
+              "inside __call__, restored before the export): PAG's perturbed branch would need exporting as such",
+}
+REASONS["stable_audio"] = (
+    "projection_model is called twice per run with different inputs (text_hidden_states in encode_prompt, then "
+    "start_seconds / end_seconds in encode_duration); convert exports each slot's first call only, so the second "
+    "is refused: 'called with a tensor start_seconds, which its file ... was not exported with' (after two fixes: "
+    "the pipeline-module class loaded, and built on meta)")
+REASONS["allegro"] = (
+    "AutoencoderKLAllegro decodes only with tiling on ('Decoding without tiling has not been implemented yet'), a "
+    "runtime switch (vae.enable_tiling()) that save_pretrained does not keep: the loaded folder cannot run; its "
+    "tiled decode would need exporting per tile")
+REASONS["mochi"] = "PASS after the recording fix (its schedule cannot be one step long: ZeroDivisionError before)"
+REASONS["sd3_img2img"] = "first run failed on this tool's tiny VAE (no shift_factor, which SD3 img2img encodes with)"
+REASONS["consistency"] = (
+    "passes, but loosely: eager float32 is 0.21 from the float64 run (not looked into; the limit 2x that is wide), "
+    "the exported image is 144 dB from eager")
+_PAG = ("not run", None, None, None, "a PAG class: sd_pag's mechanism (attention processors set on the denoiser's "
+        "modules at call time) applies unchanged; not run to save the sweep's time")
 
 #: the first runs' results where this sweep did not rerun a class (docs/convert.md "Classes beyond the tests", the
 #: commits named there): verdict, image max abs error, PSNR vs eager, rule, note
@@ -617,6 +640,7 @@ EARLIER = {
     "longcat_audio": ("PASS", 1.79e-07, 140.3, "2x eager", "earlier run 2026-11-28 (issue 46 item 3)"),
     "pixart_sigma": ("PASS", 3.4e-06, 127.7, "2x eager", "this sweep's first run, before the tool's new columns: convert "
                      "203 s, check 20 s"),
+    "pixart_sigma_pag": _PAG, "sd3_pag": _PAG, "sdxl_pag": _PAG, "sana_pag": _PAG,
     "hidream": ("not run", None, None, None, "builds, but the pipeline rescales every image to 1024x1024: too slow for "
                 "this sweep on the loaded VM (issue 46 item 6's parts are tested in tests/test_pipeline_components_found.py)"),
 }
@@ -677,7 +701,7 @@ def table(results: dict) -> str:
     tried = sum(results[k].get("verdict") != "not run" for k in KINDS if k in results)
     fresh = sum(k not in EARLIER or "date" in results[k] for k in KINDS if k in results)
     text = head + "\n".join(rows) + (f"\n\n{passed}/{tried} classes tried pass end to end (convert, load + generate, "
-                                      f"check); {fresh} of the rows are from this sweep, the others from earlier runs.\n")
+                                      f"check); the rows with convert / check seconds are from this sweep, the others from earlier runs.\n")
     text += "\n| class not built | why |\n|---|---|\n" + "".join(f"| {k} | {v} |\n" for k, v in NOT_BUILT.items())
     return text
 
