@@ -118,3 +118,38 @@ def test_pixart_batch_kept_where_torch_onnx_capture_finds_its_guards_inconsisten
 
     checked = assert_parity(call, model, call.example_inputs, dynamic_axes=axes, extra_shapes=2, plain_export=None)
     assert sorted(s["inputs"]["hidden_states"][0] for s in checked.shapes if not s.get("skipped")) == [2, 3, 4]
+
+
+def test_fewer_axes_tried_before_static(monkeypatch):
+    """A caller's narrower axis sets (a pipeline component: the sizes that vary at one image size, then
+    the batch) are tried in order after the requested axes and before a fully static file, in the same
+    ladder: the file keeps the batch where the sequence axis cannot stay dynamic (planted refusal)."""
+    from normexport.exporter import ladder, rungs
+
+    calls = []
+    real = rungs._torch_onnx_export
+
+    def spy(module, args, names, output_names, dynamic_axes, opset, auto=False):
+        calls.append(dynamic_axes)
+        if dynamic_axes and 1 in dynamic_axes.get("x", []):
+            raise RuntimeError("planted: the sequence axis cannot stay dynamic")
+        return real(module, args, names, output_names, dynamic_axes, opset, auto)
+
+    monkeypatch.setattr(rungs, "_torch_onnx_export", spy)
+    monkeypatch.setattr(rungs, "keepable_axes", lambda m, a, n, wanted: wanted)  # Dim.AUTO: keeps them all
+
+    class Two(torch.nn.Module):
+        def forward(self, x, y):
+            return x.mean(1) + y
+
+    report: dict = {}
+    kept = ladder.run(Two(), Two(), (torch.randn(2, 5, 8), torch.randn(2, 8)), names=["x", "y"], output_names=["z"],
+                      dynamic_axes={"x": [0, 1], "y": [0]}, opset=18, ts_opset=17, target="onnx", auto_dynamic=False,
+                      judge=lambda model, kept: (True, kept), report=report,
+                      fewer=[{"x": [0, 1]}, {"x": [0], "y": [0], "w": [0]}, {"y": [0]}])
+    assert calls == [{"x": [0, 1], "y": [0]}, {"x": [0, 1]}, {"x": [0], "y": [0]}], calls  # no static rung
+    assert kept == {"x": [0], "y": [0]}
+    ex = report["exporter"]
+    assert ex["rung"] == "fewer axes" and ex["static_axes"] == {"x": [1]}, ex
+    assert [(a["rung"], a.get("axes")) for a in ex["attempts"]] == [
+        ("dynamic", None), ("static axes", None), ("fewer axes", {"x": [0, 1]})], ex["attempts"]

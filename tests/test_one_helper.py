@@ -22,7 +22,7 @@ RUNG_NAMES = "exporter/names.py"
 _HELPER_NAMES = {"constant_array", "constant_node_array", "const_array", "const", "_const", "_constant_attr",
                  "same_shape", "_same_shape", "same_dim", "_same_dim"}
 _FLOATS = {"FLOAT", "FLOAT16", "BFLOAT16", "DOUBLE"}
-_RUNGS = {"dynamic", "static axes", "static", "torchscript", "torchscript static"}
+_RUNGS = {"dynamic", "static axes", "fewer axes", "static", "torchscript", "torchscript static"}
 
 
 def _sources() -> dict[str, str]:

@@ -38,7 +38,8 @@ def run(rec: Record, judge: Callable[[Record], Record]) -> Record:
     try:
         rec = run_ladder(rec.exportable, rec.unswapped, rec.inputs, target=args.target, opset=rec.opset,
                          names=rec.names, output_names=rec.output_names, dynamic_axes=rec.dynamic,
-                         auto_dynamic=bool(args.module), judge=on_file, report=rec.sections, plan=plan)
+                         auto_dynamic=bool(args.module), judge=on_file, report=rec.sections, plan=plan,
+                         fewer=getattr(rec.loaded, "fewer_axes", None))
         if rec.task == llm.WITH_PAST:
             llm.name_dims(rec.model_ir, rec.module.layout.layers)
             rec.model = None  # renamed dims: serialised again below

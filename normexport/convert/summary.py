@@ -59,13 +59,13 @@ def _exporter_lines(ex: dict, names, inputs) -> list[str]:
     """Why the file came from a lower rung of the exporter ladder, and what it fixes (docs/design.md §9)."""
     lines = []
     tried = ex.get("attempts") or []
-    why = "; ".join(f"{a['rung']}: " + (a.get("error") or ("parity failed" if a.get("parity") else a.get("skipped", "")))
-                    for a in tried)
+    why = "; ".join(f"{a['rung']}" + (f" ({_axes(a['axes'])})" if a.get("axes") else "") + ": "
+                    + (a.get("error") or ("parity failed" if a.get("parity") else a.get("skipped", ""))) for a in tried)
     if ex.get("parity_failed"):
         lines.append(f"  no rung of the exporter ladder passed parity ({why}): the first file is shown")
     static = ex.get("static_axes") or {}
     if static:
-        axes = ", ".join(f"{n}:{','.join(map(str, a))}" for n, a in static.items())
+        axes = _axes(static)
         shapes = ", ".join(f"{n}: {'x'.join(map(str, t.shape))}" for n, t in zip(names, inputs) if n in static)
         lines.append(f"  STATIC SHAPES: no exporter kept the dynamic axes {axes} ({why}): the file is fixed to "
                      f"{shapes}; export one file per size with --input")
@@ -106,3 +106,7 @@ def _fused_summary(counts: dict[str, int]) -> str:
             "LayerNormalization", "RMSNormalization", "BatchNormalization")
     always = ("normexport::RMSNorm", "normexport::AdaLNZero")
     return ", ".join(f"{counts.get(k, 0)} {k}" for k in keys if counts.get(k) or k in always) + f", {sum(counts.values())} nodes"
+
+
+def _axes(axes: dict) -> str:
+    return ", ".join(f"{n}:{','.join(map(str, a))}" for n, a in axes.items())

@@ -19,7 +19,7 @@ Judge = Callable[[Any, dict], "tuple[bool, Any]"]
 
 
 def run(module, unswapped, args: tuple, *, names: list[str], output_names, dynamic_axes, opset: int, ts_opset: int,
-        target: str, auto_dynamic: bool, judge: Judge, report: dict, plan=None) -> Any:
+        target: str, auto_dynamic: bool, judge: Judge, report: dict, plan=None, fewer=()) -> Any:
     """Export `module` (prepared; `unswapped`: before the norm swaps, for the TorchScript rungs)
     rung by rung (LADDER): the dynamo exporter with `dynamic_axes`; then with the axes it cannot
     keep made static (torch.export's Dim.AUTO: the file's symbolic dims say which stayed); then
@@ -28,11 +28,15 @@ def run(module, unswapped, args: tuple, *, names: list[str], output_names, dynam
     next, so does a file the judge refuses. Returns the judge's value for the first file accepted
     (when none is: for the first file, with "parity_failed" in the section) and sets
     report["exporter"] ("name", "rung", "static_axes", "dynamo_error", "attempts", ...). `plan`
-    (exporter.depth.Plan): the first rung exports the module's stack of blocks shallow and grows it."""
+    (exporter.depth.Plan): the first rung exports the module's stack of blocks shallow and grows it.
+    `fewer`: narrower sets of the axes, tried in order ("fewer axes") before the fully static rung: one
+    ladder instead of a whole convert per set (a pipeline component whose latent size cannot stay
+    dynamic keeps its batch)."""
     wanted = {n: sorted(set(a)) for n, a in (dynamic_axes or {}).items() if a}
+    narrower = _narrower(fewer, wanted)
     attempts: list[dict] = []
     first_failed = None  # (value, exporter section) of the first file that exported but was refused
-    for rung in LADDER:
+    for rung, axes in [(r, a) for r in LADDER for a in (narrower if r == "fewer axes" else [None])]:
         if rung != "dynamic" and rung != "torchscript" and not wanted:
             continue  # no dynamic axes: the first rung is already static
         if rung == "static axes" and auto_dynamic:
@@ -52,6 +56,9 @@ def run(module, unswapped, args: tuple, *, names: list[str], output_names, dynam
                     continue
                 model = rungs.dynamo(module, args, names, output_names, keep, opset, target=target, fresh=True,
                                      report=report)
+            elif rung == "fewer axes":
+                model = rungs.dynamo(module, args, names, output_names, axes, opset, target=target, fresh=True,
+                                     report=report)
             elif rung == "static":
                 model = rungs.dynamo(module, args, names, output_names, None, opset, target=target, fresh=True,
                                      report=report)
@@ -64,7 +71,7 @@ def run(module, unswapped, args: tuple, *, names: list[str], output_names, dynam
         except Exception as e:
             if rung == "dynamic" and "unsupported type: tensor(bfloat16)" in str(e):
                 raise  # an op without a bfloat16 form at this opset: the opset is the fix, not another exporter
-            attempts.append({"rung": rung, "error": rungs.cause_summary(e)})
+            attempts.append({"rung": rung, **({"axes": axes} if axes else {}), "error": rungs.cause_summary(e)})
             continue
         kept = rungs.file_dynamic_axes(model)
         static_axes = {n: [a for a in axes if a not in kept.get(n, [])] for n, axes in wanted.items()}
@@ -75,7 +82,7 @@ def run(module, unswapped, args: tuple, *, names: list[str], output_names, dynam
         if accepted:
             report["exporter"] = section
             return value
-        attempts.append({"rung": rung, "parity": "failed", "kept": kept})
+        attempts.append({"rung": rung, **({"axes": axes} if axes else {}), "parity": "failed", "kept": kept})
         if first_failed is None:
             first_failed = (value, section)
         else:
@@ -88,6 +95,17 @@ def run(module, unswapped, args: tuple, *, names: list[str], output_names, dynam
 
     causes += "".join(f"; {why}" for why in not_lowered(report.get("prepare")))
     raise ExportError(f"torch.onnx cannot export the model: {causes}") from None
+
+
+def _narrower(fewer, wanted: dict) -> list[dict]:
+    """The caller's narrower axis sets, each within `wanted`, non-empty, smaller, once each, in order."""
+    out: list[dict] = []
+    for axes in fewer or ():
+        sub = {n: sorted(set(a) & set(wanted.get(n, []))) for n, a in (axes or {}).items()}
+        sub = {n: a for n, a in sub.items() if a}
+        if sub and sub != wanted and sub not in out:
+            out.append(sub)
+    return out
 
 
 def _section(rung: str, attempts: list[dict], static_axes: dict, ts_opset: int) -> dict:

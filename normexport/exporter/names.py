@@ -8,6 +8,9 @@ from __future__ import annotations
 RUNGS = {
     "dynamic": ("dynamo exporter", "dynamo exporter"),
     "static axes": ("dynamo exporter with the axes it cannot keep static", "dynamo exporter, static axes {axes}"),
+    # the caller's narrower sets of axes, in its order (a pipeline component: the sizes that vary at this
+    # image size, then the batch alone), each tried before every axis is made static
+    "fewer axes": ("dynamo exporter with fewer dynamic axes", "dynamo exporter, static axes {axes}"),
     "static": ("dynamo exporter with static shapes", "dynamo exporter, static shapes"),
     "torchscript": ("TorchScript exporter", "torchscript exporter"),
     "torchscript static": ("TorchScript exporter with static shapes", "torchscript exporter, static shapes"),

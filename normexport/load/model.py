@@ -18,6 +18,9 @@ class LoadedModel:
     example_inputs: tuple | None = None
     input_names: list[str] | None = None
     dynamic_axes: dict[str, list[int]] | None = None
+    #: narrower sets of dynamic_axes the exporter ladder tries, in order, before a fully static file
+    #: (exporter/ladder.py "fewer axes"; a pipeline component: the sizes that vary at one image size, the batch)
+    fewer_axes: list[dict[str, list[int]]] = dataclasses.field(default_factory=list)
     exported_program: Any = None  # torch.export.ExportedProgram for .pt2
     output_names: list[str] | None = None
     #: what the user must know about the file this model exports to (printed by convert), e.g.

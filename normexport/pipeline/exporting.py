@@ -163,21 +163,12 @@ def _export_slot(args, src: Path, slot: Slot, tmp: Path) -> dict | None:
     ns.input, ns.dynamic, ns.task = [], [], llm.PLAIN if llm.causal_lm(loaded) is not None else None
     ns.report = str(folder / "normexport_report.json")
     ns.shown_output = str(Path(args.output.rstrip("/" + os.sep)) / slot.name / "model.onnx")  # not the temp folder
+    # where no exporter keeps every size that varies dynamic, the ladder tries (exporter/ladder.py "fewer axes")
+    # the sizes that vary at this image size (batch, text length; the file serves the recorded image size),
+    # then the batch alone (one file for any batch at the recorded size), before a static file
+    loaded.fewer_axes = [] if by_values else [{**batch, **slot.dynamic(at_size=True)}, batch]
     try:
         rec = convert_stages.convert(ns, loaded)
-        at_size = {**batch, **slot.dynamic(at_size=True)}
-        if rec.exit_code == 0 and not rec.kept and not by_values and at_size not in (batch, loaded.dynamic_axes):
-            # the sizes that vary at this image size (batch, text length) without the latent's size
-            print(f"  {slot.name}: no exporter kept the sizes that vary dynamic: exported again with those that vary "
-                  f"at this image size ({_axes(at_size)}; the file serves the recorded image size)")
-            loaded.dynamic_axes = at_size
-            rec = convert_stages.convert(ns, loaded)
-        if rec.exit_code == 0 and batch and not rec.kept and loaded.dynamic_axes != batch:
-            # no exporter kept the sizes dynamic: the batch alone, so one file serves any batch at this size
-            print(f"  {slot.name}: no exporter kept the sizes that vary dynamic: exported again with the batch "
-                  "dynamic only (the file serves the recorded size)")
-            loaded.dynamic_axes = batch
-            rec = convert_stages.convert(ns, loaded)
         if rec.exit_code == 0 and batch and not rec.kept and slot.single is not None and not by_values:
             # not even the batch: a static file of the one-prompt call (what a pipeline call of one prompt makes)
             print(f"  {slot.name}: no exporter kept the batch dynamic either: exported again, static, from the "
@@ -212,10 +203,6 @@ def _export_slot(args, src: Path, slot: Slot, tmp: Path) -> dict | None:
     del module, loaded, rec
     gc.collect()
     return entry
-
-
-def _axes(axes: dict[str, list[int]]) -> str:
-    return ", ".join(f"{n}:{','.join(map(str, a))}" for n, a in axes.items())
 
 
 def _module_dtype(module) -> str | None:
