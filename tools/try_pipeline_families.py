@@ -13,7 +13,13 @@ then, each in its own process:
 One line per pipeline: convert's exit code and seconds, load / generate ok or the error's first
 line, the check's verdict (image max abs error, PSNR against eager).
 
-    python tools/try_pipeline_families.py --work /tmp/pipes [NAME ...]
+    python tools/try_pipeline_families.py --work /tmp/pipes [--keep-logs] [NAME ...]
+    python tools/try_pipeline_families.py --work /tmp/pipes --table docs/pipelines_sweep.md
+
+Each class's row (convert / check seconds, the convert's peak RSS from /usr/bin/time -v, the norm ops of
+each exported component from its normexport_report.json, check's image error / PSNR / rule) is merged
+into WORK/results.json; --table writes the markdown table of every row there (issue 46, "Prove it
+broadly": docs/pipelines_sweep.md, which also says what the sweep found and fixed).
 
 First run (diffusers 0.42.1, transformers 5.24, onnxscript 0.7.2, 2-core CPU): PixArt-Sigma, AuraFlow,
 HunyuanDiT, CogView4 and SD inpainting pass; SDXL failed check (load() passed None for
