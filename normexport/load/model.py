@@ -18,9 +18,6 @@ class LoadedModel:
     example_inputs: tuple | None = None
     input_names: list[str] | None = None
     dynamic_axes: dict[str, list[int]] | None = None
-    #: narrower sets of dynamic_axes the exporter ladder tries, in order, before a fully static file
-    #: (exporter/ladder.py "fewer axes"; a pipeline component: the sizes that vary at one image size, the batch)
-    fewer_axes: list[dict[str, list[int]]] = dataclasses.field(default_factory=list)
     exported_program: Any = None  # torch.export.ExportedProgram for .pt2
     output_names: list[str] | None = None
     #: what the user must know about the file this model exports to (printed by convert), e.g.
@@ -34,6 +31,9 @@ class LoadedModel:
     #: probe_generating=False: its KV-cache graph makes inputs of its own): `probe()` is this model
     #: with its inputs checked by the eager forward(s) of load.probe.settle
     probe: Any = None
+    #: narrower sets of dynamic_axes the exporter ladder tries, in order, before a fully static file
+    #: (exporter/ladder.py "fewer axes"; a pipeline component: the sizes that vary at one image size, the batch)
+    fewer_axes: list[dict[str, list[int]]] = dataclasses.field(default_factory=list)
 
 
 def generates(model) -> bool:
