@@ -630,8 +630,9 @@ REASONS["consistency"] = (
     "the exported image is 144 dB from eager")
 _LATE = ("not run", None, None, None, "builds here; not reached before the sweep's deadline (one class at a time on "
          "the loaded VM)")
-REASONS["svd"] = ("first run: this tool's tiny CLIP vision encoder took 32x32 where the pipeline resizes the image "
-                  "to 224 ('Input image size (64*64) doesn't match model (32*32)'): a tiny-config error")
+REASONS["svd"] = ("convert's generic run passes `image` as a torch tensor at the call's size; SVD resizes only PIL / "
+                  "numpy images to its CLIP encoder's 224 ('Input image size (128*128) doesn't match model (224*224)' "
+                  "in the one-size-up run): a PIL image in the generic call would be the fix, not tried")
 REASONS["wan_i2v"] = ("diffusers' WanImageToVideoPipeline cleans prompts with ftfy, not installed here (NameError: "
                       "name 'ftfy' is not defined in its own one-step run): the environment's, not normexport's")
 REASONS["cogvideox"] = "PASS with the tiny transformer's max_text_seq_length=226 (the pipeline pads prompts to 226)"
