@@ -655,7 +655,7 @@ EARLIER = {
     "longcat_audio": ("PASS", 1.79e-07, 140.3, "2x eager", "earlier run 2026-11-28 (issue 46 item 3)"),
     "pixart_sigma": ("PASS", 3.4e-06, 127.7, "2x eager", "this sweep's first run, before the tool's new columns: convert "
                      "203 s, check 20 s"),
-    "ltx_i2v": _LATE,
+
     "pixart_sigma_pag": _PAG, "sd3_pag": _PAG, "sdxl_pag": _PAG, "sana_pag": _PAG,
     "hidream": ("not run", None, None, None, "builds, but the pipeline rescales every image to 1024x1024: too slow for "
                 "this sweep on the loaded VM (issue 46 item 6's parts are tested in tests/test_pipeline_components_found.py)"),
