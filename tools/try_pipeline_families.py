@@ -84,43 +84,16 @@ def build(kind: str, d: Path) -> Path:
     if kind in TEST_KINDS:  # the test suite's own builds (tests/_pipelines.build saves them)
         return P.build(TEST_KINDS[kind], d)
     if kind == "sdxl":  # two CLIP encoders (the second with projection: pooled), added text_time conditioning
-        unet = diffusers.UNet2DConditionModel(
-            sample_size=8, in_channels=4, out_channels=4, layers_per_block=1, block_out_channels=(8, 16),
-            norm_num_groups=4, down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
-            up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"), attention_head_dim=(2, 4), use_linear_projection=True,
-            addition_embed_type="text_time", addition_time_embed_dim=8, transformer_layers_per_block=(1, 1),
-            projection_class_embeddings_input_dim=6 * 8 + 16, cross_attention_dim=32)
-        pipe = diffusers.StableDiffusionXLPipeline(
-            vae=P.vae(), text_encoder=P.clip_text(transformers.CLIPTextModel), tokenizer=P.clip_tokenizer(d / "tok1"),
-            text_encoder_2=P.clip_text(transformers.CLIPTextModelWithProjection, 16, 16),
-            tokenizer_2=P.clip_tokenizer(d / "tok2"), unet=P._perturb(unet), scheduler=diffusers.EulerDiscreteScheduler(),
-            add_watermarker=False)
+        pipe = diffusers.StableDiffusionXLPipeline(**_sdxl_parts(d), add_watermarker=False)
     elif kind == "pixart_sigma":
         transformer = diffusers.PixArtTransformer2DModel(
             num_attention_heads=2, attention_head_dim=8, in_channels=4, out_channels=8, num_layers=2, sample_size=8,
             patch_size=2, cross_attention_dim=16, caption_channels=16)
         pipe = diffusers.PixArtSigmaPipeline(tokenizer=P.word_tokenizer(), text_encoder=P.t5(16), vae=P.vae(),
                                              transformer=P._perturb(transformer), scheduler=diffusers.DDIMScheduler())
-    elif kind == "sana":  # Gemma2 text encoder, the deep-compression autoencoder, linear attention
-        transformer = diffusers.SanaTransformer2DModel(
-            patch_size=1, in_channels=4, out_channels=4, num_layers=1, num_attention_heads=2, attention_head_dim=8,
-            num_cross_attention_heads=2, cross_attention_head_dim=8, cross_attention_dim=16, caption_channels=16,
-            sample_size=8)
-        dc = diffusers.AutoencoderDC(  # six stages: spatial compression 32, as SANA's DC-AE (the pipeline wants
-            # sizes that are multiples of 32, and convert's one-size-up run is one VAE unit larger)
-            in_channels=3, latent_channels=4, attention_head_dim=2,
-            encoder_block_types=("ResBlock",) * 5 + ("EfficientViTBlock",),
-            decoder_block_types=("ResBlock",) * 5 + ("EfficientViTBlock",), encoder_block_out_channels=(8,) * 6,
-            decoder_block_out_channels=(8,) * 6, encoder_qkv_multiscales=((),) * 5 + ((5,),),
-            decoder_qkv_multiscales=((),) * 5 + ((5,),), encoder_layers_per_block=(1,) * 6,
-            decoder_layers_per_block=(1,) * 6, downsample_block_type="conv", upsample_block_type="interpolate",
-            decoder_norm_types="rms_norm", decoder_act_fns="silu",
-            scaling_factor=0.41407)
-        gemma = transformers.Gemma2Model(transformers.Gemma2Config(
-            head_dim=8, hidden_size=16, intermediate_size=32, num_attention_heads=2, num_hidden_layers=1,
-            num_key_value_heads=2, vocab_size=16, max_position_embeddings=512, pad_token_id=0)).eval()
-        pipe = diffusers.SanaPipeline(tokenizer=P.word_tokenizer(), text_encoder=P._perturb(gemma), vae=dc,
-                                      transformer=P._perturb(transformer),
+    elif kind == "sana":  # Gemma2 text encoder, the deep-compression autoencoder (spatial compression 32: the
+        # pipeline wants sizes that are multiples of 32, and convert's one-size-up run is one VAE unit larger)
+        pipe = diffusers.SanaPipeline(**_sana_rest(), transformer=_sana_transformer(),
                                       scheduler=diffusers.FlowMatchEulerDiscreteScheduler(shift=7.0))
     elif kind == "auraflow":
         transformer = diffusers.AuraFlowTransformer2DModel(
@@ -187,22 +160,9 @@ def build(kind: str, d: Path) -> Path:
             vae=P.vae(), text_encoder=P.clip_text(transformers.CLIPTextModel), tokenizer=P.clip_tokenizer(d / "tok"),
             unet=P._perturb(unet), scheduler=diffusers.DDIMScheduler(), safety_checker=None, feature_extractor=None,
             requires_safety_checker=False)
-    elif kind == "ltx":  # a video pipeline whose VAE's own buffers (latents_mean / std) the pipeline reads
-        vae = diffusers.AutoencoderKLLTXVideo(
-            in_channels=3, out_channels=3, latent_channels=8, block_out_channels=(8, 8, 8, 8),
-            decoder_block_out_channels=(8, 8, 8, 8), layers_per_block=(1, 1, 1, 1, 1),
-            decoder_layers_per_block=(1, 1, 1, 1, 1), spatio_temporal_scaling=(True, True, False, False),
-            decoder_spatio_temporal_scaling=(True, True, False, False), decoder_inject_noise=(False,) * 5,
-            upsample_residual=(False,) * 4, upsample_factor=(1,) * 4)
-        with torch.no_grad():  # statistics away from their init (zeros / ones), so a lost value shows
-            vae.latents_mean.copy_(torch.linspace(-0.5, 0.5, 8))
-            vae.latents_std.copy_(torch.linspace(0.5, 2.0, 8))
-        transformer = diffusers.LTXVideoTransformer3DModel(
-            in_channels=8, out_channels=8, patch_size=1, patch_size_t=1, num_attention_heads=2, attention_head_dim=8,
-            cross_attention_dim=16, num_layers=1, caption_channels=16)
-        pipe = diffusers.LTXPipeline(scheduler=diffusers.FlowMatchEulerDiscreteScheduler(), vae=vae,
-                                     text_encoder=P.t5(16), tokenizer=P.word_tokenizer(),
-                                     transformer=P._perturb(transformer))
+    elif kind == "ltx":  # a video pipeline whose VAE's own buffers (latents_mean / std, moved off their init so a
+        # lost value shows) the pipeline reads
+        pipe = diffusers.LTXPipeline(**build_ltx_parts())
     elif kind == "longcat_audio":  # issue 46 item 3: its __init__ makes its own scheduler (no folder saved), an audio
         # VAE (LongCatAudioDiTVae, weight-normed convolutions) called through decode
         tr = diffusers.LongCatAudioDiTTransformer(dit_dim=16, dit_depth=2, dit_heads=2, dit_text_dim=32, latent_dim=4,
