@@ -51,7 +51,7 @@ def _depth_lines(d: dict | None, check: str = "") -> list[str]:
 def _rung_text(ex: dict) -> str:
     """The exporter ladder's rung that wrote the file (docs/design.md §9), for the first output line."""
     rung = ex.get("rung", "dynamic")
-    axes = ", ".join(f"{n}:{','.join(map(str, a))}" for n, a in (ex.get("static_axes") or {}).items())
+    axes = _axes(ex.get("static_axes") or {})
     return RUNG_SUMMARY[rung].format(axes=axes) if rung in RUNG_SUMMARY else f"{ex.get('name')} exporter"
 
 

@@ -36,7 +36,7 @@ def run(module, unswapped, args: tuple, *, names: list[str], output_names, dynam
     narrower = _narrower(fewer, wanted)
     attempts: list[dict] = []
     first_failed = None  # (value, exporter section) of the first file that exported but was refused
-    for rung, axes in [(r, a) for r in LADDER for a in (narrower if r == "fewer axes" else [None])]:
+    for rung, subset in [(r, s) for r in LADDER for s in (narrower if r == "fewer axes" else [None])]:
         if rung != "dynamic" and rung != "torchscript" and not wanted:
             continue  # no dynamic axes: the first rung is already static
         if rung == "static axes" and auto_dynamic:
@@ -57,7 +57,7 @@ def run(module, unswapped, args: tuple, *, names: list[str], output_names, dynam
                 model = rungs.dynamo(module, args, names, output_names, keep, opset, target=target, fresh=True,
                                      report=report)
             elif rung == "fewer axes":
-                model = rungs.dynamo(module, args, names, output_names, axes, opset, target=target, fresh=True,
+                model = rungs.dynamo(module, args, names, output_names, subset, opset, target=target, fresh=True,
                                      report=report)
             elif rung == "static":
                 model = rungs.dynamo(module, args, names, output_names, None, opset, target=target, fresh=True,
@@ -71,7 +71,7 @@ def run(module, unswapped, args: tuple, *, names: list[str], output_names, dynam
         except Exception as e:
             if rung == "dynamic" and "unsupported type: tensor(bfloat16)" in str(e):
                 raise  # an op without a bfloat16 form at this opset: the opset is the fix, not another exporter
-            attempts.append({"rung": rung, **({"axes": axes} if axes else {}), "error": rungs.cause_summary(e)})
+            attempts.append({"rung": rung, **({"axes": subset} if subset else {}), "error": rungs.cause_summary(e)})
             continue
         kept = rungs.file_dynamic_axes(model)
         static_axes = {n: [a for a in axes if a not in kept.get(n, [])] for n, axes in wanted.items()}
@@ -82,7 +82,7 @@ def run(module, unswapped, args: tuple, *, names: list[str], output_names, dynam
         if accepted:
             report["exporter"] = section
             return value
-        attempts.append({"rung": rung, **({"axes": axes} if axes else {}), "parity": "failed", "kept": kept})
+        attempts.append({"rung": rung, **({"axes": subset} if subset else {}), "parity": "failed", "kept": kept})
         if first_failed is None:
             first_failed = (value, section)
         else:
