@@ -56,7 +56,8 @@ params = inspect.signature(pipe.__call__).parameters
 g = torch.Generator().manual_seed(0)
 wanted = dict(prompt="a photo of a cat", num_inference_steps=2, height=64, width=64, output_type="np",
               use_resolution_binning=False, generator=g, image=torch.rand(1, 3, 64, 64, generator=g),
-              mask_image=(torch.arange(64) >= 32).float().expand(1, 1, 64, 64), strength=1.0)
+              mask_image=(torch.arange(64) >= 32).float().expand(1, 1, 64, 64), strength=1.0,
+              class_labels=[1])  # class-conditional pipelines (DiTPipeline) require labels
 out = pipe(**{k: v for k, v in wanted.items() if k in params})
 images = getattr(out, "images", None)
 images = getattr(out, "frames", None) if images is None else images
@@ -486,6 +487,24 @@ def build_more(kind: str, d: Path):
             norm_num_groups=4, down_block_types=("DownBlock2D", "AttnDownBlock2D"),
             up_block_types=("AttnUpBlock2D", "UpBlock2D"), attention_head_dim=4, num_class_embeds=10))
         return diffusers.ConsistencyModelPipeline(unet=unet, scheduler=diffusers.CMStochasticIterativeScheduler())
+    if kind == "qwenimage":  # Qwen2.5-VL (a conditional-generation class) read for its hidden states, a Wan-style
+        # causal video VAE at one frame, MMDiT with 3-axis RoPE (complex tables)
+        tr = diffusers.QwenImageTransformer2DModel(
+            patch_size=2, in_channels=16, out_channels=4, num_layers=1, attention_head_dim=8, num_attention_heads=2,
+            joint_attention_dim=16, axes_dims_rope=(2, 2, 4))
+        vae = diffusers.AutoencoderKLQwenImage(
+            base_dim=8, z_dim=4, dim_mult=[1, 1, 1, 1], num_res_blocks=1, temperal_downsample=[False, True, True],
+            latents_mean=[0.1, -0.1, 0.2, 0.0], latents_std=[1.1, 0.9, 1.2, 1.0])
+        qwen = transformers.Qwen2_5_VLForConditionalGeneration(transformers.Qwen2_5_VLConfig(
+            text_config=dict(vocab_size=16, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                             num_attention_heads=2, num_key_value_heads=1, head_dim=8, rope_theta=10000.0,
+                             rope_scaling={"type": "mrope", "mrope_section": [1, 1, 2]}, bos_token_id=None,
+                             eos_token_id=None),
+            vision_config=dict(depth=1, hidden_size=16, intermediate_size=16, num_heads=2, out_hidden_size=16),
+            vocab_size=16, hidden_size=16, bos_token_id=None, eos_token_id=None)).eval()
+        return diffusers.QwenImagePipeline(scheduler=diffusers.FlowMatchEulerDiscreteScheduler(), vae=vae,
+                                           text_encoder=P._perturb(qwen), tokenizer=P.word_tokenizer(),
+                                           transformer=P._perturb(tr))
     raise KeyError(kind)
 
 
@@ -544,7 +563,7 @@ KINDS = ["sdxl", "pixart_sigma", "sana", "auraflow", "lumina2", "hunyuandit", "c
 KINDS += ["sd3_img2img", "flux_img2img", "flux_inpaint", "flux_fill", "chroma", "sdxl_img2img", "sd_pag", "lcm",
           "instruct_pix2pix", "ddpm", "ddim", "consistency", "pixart_sigma_pag", "sana_sprint", "sana_pag", "sd3_pag",
           "sdxl_pag", "text2video_sd", "animatediff", "ltx_i2v", "wan_i2v", "svd", "stable_audio", "mochi", "cogvideox",
-          "allegro"]
+          "allegro", "qwenimage"]
 #: class names of the rows that come from EARLIER (the others read model_index.json)
 CLASSES = {"sdxl": "StableDiffusionXLPipeline", "pixart_sigma": "PixArtSigmaPipeline", "sana": "SanaPipeline", "auraflow": "AuraFlowPipeline",
            "lumina2": "Lumina2Pipeline", "hunyuandit": "HunyuanDiTPipeline", "cogview4": "CogView4Pipeline",

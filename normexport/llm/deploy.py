@@ -239,6 +239,9 @@ def _config_objects(model) -> tuple[dict, dict]:
     (a factory's or pickle's model): use_cache true, as the graph has the cache."""
     config = json.loads(model.config.to_json_string(use_diff=False))
     config["use_cache"] = True
+    for sub in config.values():  # nested configs (text_config) carry their own flag, which load turned off
+        if isinstance(sub, dict) and "use_cache" in sub:
+            sub["use_cache"] = True
     gen = getattr(model, "generation_config", None)
     return config, (json.loads(gen.to_json_string(use_diff=True)) if gen is not None else {})
 

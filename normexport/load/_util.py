@@ -36,6 +36,22 @@ def refuse_meta_tensors(modules: dict, what: str, fix: str) -> None:
                          f"({', '.join(meta[:4])}{more}): {fix}")
 
 
+def without_cache(config) -> None:
+    """`use_cache = False` on a transformers config and every config nested in it (`sub_configs`:
+    Qwen2.5-VL's text_config reads its own flag, not the top-level one): a KV-cache object among a
+    model's outputs is nothing a file can give back, and a text encoder's call never reads it (the
+    cache of a generating model is --task's business). The computed values do not change."""
+    stack, seen = [config], set()
+    while stack:
+        c = stack.pop()
+        if c is None or id(c) in seen:
+            continue
+        seen.add(id(c))
+        if hasattr(c, "use_cache"):
+            c.use_cache = False
+        stack += [getattr(c, name, None) for name in (getattr(c, "sub_configs", None) or {})]
+
+
 def short(e: BaseException) -> str:
     return first_line(e, 160)
 

@@ -46,7 +46,7 @@ from torch import nn
 
 from ..capture import Capture, save
 from ..errors import UsageError, first_line
-from ._util import quiet, refuse_meta_tensors
+from ._util import quiet, refuse_meta_tensors, without_cache
 from .call import CallAdapter
 from .examples import BATCH_LOOP, MASK_READ_AS_VALUES
 from .model import LoadedModel
@@ -325,6 +325,9 @@ def build(path: Path, index: dict, component: str | None = None):
             os.environ["HF_HUB_OFFLINE"] = saved
     refuse_meta_tensors(registered(pipe), f"cannot build {cls_name} from '{path}'",
                         f"the folder's weights lack them; save the pipeline again with save_pretrained, or {hatch}")
+    for module in registered(pipe).values():  # a text encoder's KV cache is no output its file can give back
+        if type(module).__module__.startswith("transformers.") and getattr(module, "config", None) is not None:
+            without_cache(module.config)
     if hasattr(pipe, "set_progress_bar_config"):
         pipe.set_progress_bar_config(disable=True)
     return pipe

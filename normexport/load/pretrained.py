@@ -19,7 +19,7 @@ import torch
 
 from ..errors import UsageError, first_line
 from . import checkpoint_keys, entries
-from ._util import refuse_meta_tensors
+from ._util import refuse_meta_tensors, without_cache
 from .call import CallAdapter
 from .examples import BATCH, BATCH_LOOP, BATCHED, MASK_READ_AS_VALUES, derive, forward_parameters, make_one, \
     missing_message
@@ -85,8 +85,8 @@ def library_model(module, library: str, kind: str, probe_generating: bool = True
     normexport's making that the forward refuses never stand in the way of the user's."""
     class_name = type(module).__name__
     config = getattr(module, "config", None)
-    if library == "transformers" and getattr(config, "use_cache", None):
-        config.use_cache = False  # no KV cache objects among the outputs (the cache is --task's business)
+    if library == "transformers" and config is not None:
+        without_cache(config)  # no KV cache objects among the outputs (the cache is --task's business)
     module._normexport_library = library  # for derive() once the user's inputs are known
     if user_inputs and not (library == "transformers" and generates(module)):  # a causal LM: llm.resolve's
         return LoadedModel(_Pending(module), kind, None, None, None, missing=[])
@@ -233,8 +233,8 @@ def _from_pretrained(cls, path: Path):
     refuse_meta_tensors({"": model}, f"cannot load '{path}' as {cls.__name__}",
                         "the folder's weights lack them: re-save the model with save_pretrained")
     config = getattr(model, "config", None)
-    if config is not None and hasattr(config, "use_cache"):
-        config.use_cache = False  # no KV cache objects among the outputs
+    if config is not None:
+        without_cache(config)  # no KV cache objects among the outputs
     return model.eval()
 
 
