@@ -7,6 +7,10 @@ dtype and runs in onnxruntime (in place on the onnx-ir model, before anything el
   `hidden_states.squeeze(1)` on [B, tokens, C]); the exporter writes an ONNX Squeeze, which
   requires a 1 there. Axes whose dim is a known size other than 1, or symbolic (torch.export
   specialises sizes 0 and 1, so a symbolic size is >= 2), are dropped; no axis left: Identity.
+- `int64_indices`: GatherND / ScatterND take int64 indices only (ONNX), but the exporter writes
+  the index tensor's own dtype: advanced indexing with int32 positions (`x[idx[:, 0], idx[:, 1]]`
+  after `nonzero().int()`, ZImage's transformer) was an invalid graph ("Type 'tensor(int32)' of
+  input parameter ... of operator (GatherND) ... is invalid"). A Cast to int64 goes in front.
 - `bool_where`: Where over bool values (`masked_fill` on a bool mask, HunyuanVideo) is
   Or(And(c, x), And(Not(c), y)): onnxruntime's CPU provider has no bool Where kernel.
 
@@ -81,6 +85,23 @@ def bool_where(model: ir.Model) -> int:
     return done
 
 
+def int64_indices(model: ir.Model) -> int:
+    done = 0
+    for node in list(model.graph):
+        if node.op_type not in ("GatherND", "ScatterND") or node.domain not in _ONNX or len(node.inputs) < 2:
+            continue
+        idx = node.inputs[1]
+        if idx is None or idx.dtype != ir.DataType.INT32:
+            continue
+        cast = ir.Node("", "Cast", [idx], [ir.AttrInt64("to", ir.DataType.INT64)], name=(node.name or "indices") + "_int64")
+        cast.outputs[0].dtype, cast.outputs[0].shape = ir.DataType.INT64, idx.shape
+        model.graph.insert_before(node, cast)
+        node.replace_input_with(1, cast.outputs[0])
+        done += 1
+    return done
+
+
 def apply_all(model: ir.Model) -> dict[str, int]:
-    counts = {f.__name__: f(model) for f in (einsum_permutations_as_transpose, noop_squeezes, bool_where)}
+    counts = {f.__name__: f(model) for f in (einsum_permutations_as_transpose, noop_squeezes, int64_indices,
+                                             bool_where)}
     return {k: v for k, v in counts.items() if v}

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import normexport
-from normexport.export_fixes import bool_where, einsum_permutations_as_transpose, noop_squeezes
+from normexport.export_fixes import bool_where, einsum_permutations_as_transpose, int64_indices, noop_squeezes
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_families import _assert_fused, _convert, _norm_calls  # noqa: E402
@@ -95,6 +95,24 @@ def test_bool_where_becomes_and_or_not():
     n, out = _fixed(proto, bool_where)
     assert n == 1 and "Where" not in [x.op_type for x in out.graph.node]
     np.testing.assert_array_equal(_run(out, {"c": c, "x": x, "y": y}), np.where(c, x, y))
+
+
+def test_int32_indices_of_gather_nd_are_cast_to_int64():
+    """What torch.onnx writes for advanced indexing with int32 positions (ZImage's transformer): a GatherND
+    with int32 indices, which ONNX and onnxruntime refuse. Fixed: the same values as torch."""
+    class Pick(torch.nn.Module):
+        def forward(self, x, keep):
+            idx = torch.nonzero(keep).to(torch.int32)
+            return x[idx[:, 0], idx[:, 1]] * 2.0
+
+    g = torch.Generator().manual_seed(3)
+    x, keep = torch.randn(3, 4, 5, generator=g), torch.rand(3, 4, generator=g) > 0.5
+    proto = torch.onnx.export(Pick(), (x, keep), dynamo=True, verbose=False).model_proto
+    with pytest.raises(Exception, match="GatherND"):
+        _run(proto, {"x": x.numpy(), "keep": keep.numpy()})
+    n, out = _fixed(proto, int64_indices)
+    assert n == 1
+    np.testing.assert_array_equal(_run(out, {"x": x.numpy(), "keep": keep.numpy()}), Pick()(x, keep).numpy())
 
 
 def _tiny(name):

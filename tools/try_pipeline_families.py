@@ -505,6 +505,19 @@ def build_more(kind: str, d: Path):
         return diffusers.QwenImagePipeline(scheduler=diffusers.FlowMatchEulerDiscreteScheduler(), vae=vae,
                                            text_encoder=P._perturb(qwen), tokenizer=P.word_tokenizer(),
                                            transformer=P._perturb(tr))
+    if kind == "zimage":  # Qwen3 read for its hidden states through a chat template; the transformer takes lists of
+        # tensors, one per sample, each prompt's embeddings cut to its own unmasked length
+        tr = diffusers.ZImageTransformer2DModel(
+            all_patch_size=(2,), all_f_patch_size=(1,), in_channels=4, dim=16, n_layers=1, n_refiner_layers=1, n_heads=2,
+            n_kv_heads=2, cap_feat_dim=16, axes_dims=[2, 2, 4], axes_lens=[64, 32, 32])
+        qwen = transformers.Qwen3Model(transformers.Qwen3Config(
+            vocab_size=16, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+            num_key_value_heads=1, head_dim=8, max_position_embeddings=512)).eval()
+        tok = P.word_tokenizer()
+        tok.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+        return diffusers.ZImagePipeline(scheduler=diffusers.FlowMatchEulerDiscreteScheduler(),
+                                        vae=P.vae(shift_factor=0.1, scaling_factor=0.5), text_encoder=P._perturb(qwen),
+                                        tokenizer=tok, transformer=P._perturb(tr))
     raise KeyError(kind)
 
 
@@ -563,7 +576,7 @@ KINDS = ["sdxl", "pixart_sigma", "sana", "auraflow", "lumina2", "hunyuandit", "c
 KINDS += ["sd3_img2img", "flux_img2img", "flux_inpaint", "flux_fill", "chroma", "sdxl_img2img", "sd_pag", "lcm",
           "instruct_pix2pix", "ddpm", "ddim", "consistency", "pixart_sigma_pag", "sana_sprint", "sana_pag", "sd3_pag",
           "sdxl_pag", "text2video_sd", "animatediff", "ltx_i2v", "wan_i2v", "svd", "stable_audio", "mochi", "cogvideox",
-          "allegro", "qwenimage"]
+          "allegro", "qwenimage", "zimage"]
 #: class names of the rows that come from EARLIER (the others read model_index.json)
 CLASSES = {"sdxl": "StableDiffusionXLPipeline", "pixart_sigma": "PixArtSigmaPipeline", "sana": "SanaPipeline", "auraflow": "AuraFlowPipeline",
            "lumina2": "Lumina2Pipeline", "hunyuandit": "HunyuanDiTPipeline", "cogview4": "CogView4Pipeline",
