@@ -89,6 +89,17 @@ def test_loaded_vae_denormalises_as_the_real_one(tmp_path):
         comp.extra
 
 
+def test_loaded_component_passes_its_pipelines_type_checks(tmp_path):
+    """A pipeline's own isinstance checks on its components hold for the loaded one (the swept
+    StableDiffusionControlNetPipeline's check_inputs: `isinstance(self.controlnet, ControlNetModel)`, else
+    `assert False`, stopped generation); type() stays the runtime's own class."""
+    comp = _component(_exported_folder(tmp_path, _ltx_vae(), with_buffers=True))
+    assert isinstance(comp, diffusers.AutoencoderKLLTXVideo) and type(comp) is OrtComponent
+    assert not isinstance(comp, diffusers.AutoencoderKL)
+    object.__setattr__(comp, "_meta", None)  # a class that could not be built: the component is what it is
+    assert not isinstance(comp, diffusers.AutoencoderKLLTXVideo) and isinstance(comp, OrtComponent)
+
+
 def test_damaged_buffers_file_is_one_line(tmp_path):
     slot = tmp_path / "vae_decoder"
     slot.mkdir()

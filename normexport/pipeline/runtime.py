@@ -221,6 +221,14 @@ class OrtComponent(nn.Module):
         self._dtype = next((d for d in dtypes if d is not None), torch.float32)
 
     @property
+    def __class__(self):
+        """The component's library class where it could be built (on meta): a pipeline's own type checks
+        (StableDiffusionControlNetPipeline's `isinstance(self.controlnet, ControlNetModel)`, else `assert
+        False`) hold for the loaded component, as they do for a unittest.mock spec; type() stays OrtComponent."""
+        meta = self.__dict__.get("_meta")
+        return type(meta) if meta is not None else type(self)
+
+    @property
     def dtype(self) -> torch.dtype:
         return self._dtype
 
