@@ -324,6 +324,8 @@ def build_more(kind: str, d: Path):
     P = _helpers()
     if kind == "sd3_img2img":
         return diffusers.StableDiffusion3Img2ImgPipeline(**_sd3_parts(d))
+    if kind == "sd3":  # not tests/_pipelines' SD3 (its VAE has no shift_factor: the tests convert its components)
+        return diffusers.StableDiffusion3Pipeline(**_sd3_parts(d))
     if kind == "sd3_pag":
         return diffusers.StableDiffusion3PAGPipeline(**_sd3_parts(d), pag_applied_layers=["blocks.1"])
     if kind == "sdxl_img2img":
@@ -518,6 +520,26 @@ def build_more(kind: str, d: Path):
         return diffusers.ZImagePipeline(scheduler=diffusers.FlowMatchEulerDiscreteScheduler(),
                                         vae=P.vae(shift_factor=0.1, scaling_factor=0.5), text_encoder=P._perturb(qwen),
                                         tokenizer=tok, transformer=P._perturb(tr))
+    if kind == "cogview3plus":  # T5, a DiT with AdaLN conditioned on original size / crop coordinates
+        tr = diffusers.CogView3PlusTransformer2DModel(
+            patch_size=2, in_channels=4, num_layers=1, attention_head_dim=4, num_attention_heads=2, out_channels=4,
+            text_embed_dim=32, time_embed_dim=8, condition_dim=2, pos_embed_max_size=8, sample_size=8)
+        return diffusers.CogView3PlusPipeline(tokenizer=P.word_tokenizer(), text_encoder=P.t5(32), vae=P.vae(),
+                                              transformer=P._perturb(tr), scheduler=diffusers.CogVideoXDDIMScheduler())
+    if kind == "flux2_klein":  # Qwen3ForCausalLM read for three layers' hidden states (9, 18, 27: 28 layers), the
+        # Flux2 transformer (4-axis RoPE), the Flux2 VAE with its batch-norm latent statistics
+        tr = diffusers.Flux2Transformer2DModel(
+            patch_size=1, in_channels=16, num_layers=1, num_single_layers=1, attention_head_dim=16, num_attention_heads=2,
+            joint_attention_dim=48, timestep_guidance_channels=16, axes_dims_rope=(4, 4, 4, 4), guidance_embeds=False)
+        vae = diffusers.AutoencoderKLFlux2(block_out_channels=(8, 8, 8, 8), layers_per_block=1, latent_channels=4,
+                                           norm_num_groups=4, sample_size=64)
+        qwen = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(
+            vocab_size=16, hidden_size=16, intermediate_size=32, num_hidden_layers=28, num_attention_heads=2,
+            num_key_value_heads=1, head_dim=8, max_position_embeddings=512)).eval()
+        tok = P.word_tokenizer()
+        tok.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+        return diffusers.Flux2KleinPipeline(scheduler=diffusers.FlowMatchEulerDiscreteScheduler(), vae=vae,
+                                            text_encoder=P._perturb(qwen), tokenizer=tok, transformer=P._perturb(tr))
     raise KeyError(kind)
 
 
@@ -576,7 +598,7 @@ KINDS = ["sdxl", "pixart_sigma", "sana", "auraflow", "lumina2", "hunyuandit", "c
 KINDS += ["sd3_img2img", "flux_img2img", "flux_inpaint", "flux_fill", "chroma", "sdxl_img2img", "sd_pag", "lcm",
           "instruct_pix2pix", "ddpm", "ddim", "consistency", "pixart_sigma_pag", "sana_sprint", "sana_pag", "sd3_pag",
           "sdxl_pag", "text2video_sd", "animatediff", "ltx_i2v", "wan_i2v", "svd", "stable_audio", "mochi", "cogvideox",
-          "allegro", "qwenimage", "zimage"]
+          "allegro", "qwenimage", "zimage", "sd3", "cogview3plus", "flux2_klein"]
 #: class names of the rows that come from EARLIER (the others read model_index.json)
 CLASSES = {"sdxl": "StableDiffusionXLPipeline", "pixart_sigma": "PixArtSigmaPipeline", "sana": "SanaPipeline", "auraflow": "AuraFlowPipeline",
            "lumina2": "Lumina2Pipeline", "hunyuandit": "HunyuanDiTPipeline", "cogview4": "CogView4Pipeline",
@@ -586,7 +608,7 @@ CLASSES = {"sdxl": "StableDiffusionXLPipeline", "pixart_sigma": "PixArtSigmaPipe
            "sdxl_pag": "StableDiffusionXLPAGPipeline", "sana_pag": "SanaPAGPipeline",
            "wan_i2v": "WanImageToVideoPipeline", "svd": "StableVideoDiffusionPipeline", "ltx_i2v": "LTXImageToVideoPipeline"}
 #: the test suite's own builds (tests/_pipelines.build), by the name used here
-TEST_KINDS = {"sd": "sd", "sd_img2img": "img2img", "pixart_alpha": "pixart", "flux": "flux", "dit": "dit", "sd3": "sd3",
+TEST_KINDS = {"sd": "sd", "sd_img2img": "img2img", "pixart_alpha": "pixart", "flux": "flux", "dit": "dit",
               "wan": "wan", "controlnet": "controlnet"}
 KINDS += list(TEST_KINDS)
 
