@@ -10,14 +10,14 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from .verify import cache_dims, local_feeds, np_dtype, run_steps, why
+from .verify import LOCAL_DECODE, cache_dims, local_feeds, np_dtype, run_steps, why
 from .verify import session as _session
 
 #: metadata_props key set on a fused file whose past / present can share one buffer (read by deploy)
 SHARE_BUFFER_KEY = "normexport.past_present_share_buffer"
 
 
-def share_buffer_check(fused: ir.Model, *, batch: int = 1, prompt: int = 4, decode: int = 3,
+def share_buffer_check(fused: ir.Model, *, batch: int = 1, prompt: int = 4, decode: int = LOCAL_DECODE,
                        max_length: int = 16, session=None, reference=None) -> tuple[bool, str | None]:
     """(True, None) where the fused file run with one buffer of `max_length` positions as past and
     present (io binding, as onnxruntime-genai's past_present_share_buffer; attention_mask of

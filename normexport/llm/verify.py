@@ -1,6 +1,6 @@
 """The attention fusion's local check (normexport.llm.attention, item 5 of its docstring):
 the fused file in onnxruntime on random feeds, a prefill (batch LOCAL_BATCH, empty past) and decode
-steps with its own cache fed back: logits and every present.* within docs/design.md §7's
+steps (LOCAL_DECODE) with its own cache fed back: logits and every present.* within docs/design.md §7's
 tolerance of the eager model's on the same feeds (a float32 model), else of the unfused file's.
 Against eager, the unfused file runs only when the fused one fails, to say which is wrong.
 Sessions are made by normexport.ortrun."""
@@ -17,6 +17,11 @@ from ..ortrun import inference_session
 
 #: the local check's batch (rows of different tokens: each row's cache and seqlens_k its own)
 LOCAL_BATCH = 2
+#: the local check's decode steps after the prefill: every kind of step once, a decode over the prefill's
+#: cache and one over a cache a decode step grew (each step is a pass over every weight in eager and in
+#: onnxruntime, and again in the share-buffer check: a third decode repeated the second's kind and cost
+#: 3.7 CPU s of a 1.1B LLaMA's convert on the 2-core VM)
+LOCAL_DECODE = 2
 
 
 def session(model: ir.Model, path: Path | None = None):
@@ -62,7 +67,7 @@ def run_steps(sess, names: Sequence[str], dims, dtype, ids_steps, batch: int):
     return outs
 
 
-def local_feeds(model: ir.Model, batch: int = LOCAL_BATCH, prompt: int = 5, decode: int = 3,
+def local_feeds(model: ir.Model, batch: int = LOCAL_BATCH, prompt: int = 5, decode: int = LOCAL_DECODE,
                 seed: int = 0) -> list[np.ndarray]:
     """The local check's input_ids per step: a random prompt of `prompt` tokens (`batch` rows),
     then `decode` single tokens."""
@@ -72,7 +77,7 @@ def local_feeds(model: ir.Model, batch: int = LOCAL_BATCH, prompt: int = 5, deco
     return steps + [rng.integers(0, vocab, (batch, 1)).astype(np.int64) for _ in range(decode)]
 
 
-def eager_ahead(unfused: ir.Model, reference, *, batch: int = LOCAL_BATCH, prompt: int = 5, decode: int = 3,
+def eager_ahead(unfused: ir.Model, reference, *, batch: int = LOCAL_BATCH, prompt: int = 5, decode: int = LOCAL_DECODE,
                 seed: int = 0) -> list | None:
     """`compare`'s eager outputs on the same feeds (`local_feeds` of `unfused`, same arguments),
     computed before its call (normexport.llm.attention: while the files it runs are still being
@@ -84,7 +89,7 @@ def eager_ahead(unfused: ir.Model, reference, *, batch: int = LOCAL_BATCH, promp
         return None
 
 
-def compare(unfused: ir.Model, fused: ir.Model, *, batch: int = LOCAL_BATCH, prompt: int = 5, decode: int = 3,
+def compare(unfused: ir.Model, fused: ir.Model, *, batch: int = LOCAL_BATCH, prompt: int = 5, decode: int = LOCAL_DECODE,
             seed: int = 0, files: tuple[Path, Path] | None = None, keep: dict | None = None, reference=None,
             eager: list | None = None) -> dict:
     """The local check, on random prefill + decode feeds (`local_feeds`; each run's own cache fed
