@@ -6,21 +6,27 @@ onnxscript matchers is several-fold), nested phases shown under their parent.
 
 Each phase is "module:function"; its seconds are inclusive (a phase run inside another is counted in
 both, listed indented under it); "other" is the command's wall time outside every top-level phase
-(imports, the argument checks, the lines printed)."""
+(imports, the argument checks, the lines printed). phases_cpu_s: the CPU seconds (user + system) of
+the process's threads spent while each phase ran (threads running beside a phase count in it too),
+but for the forked weights writer's line: the child's own CPU seconds."""
 
 from __future__ import annotations
 
 import argparse
 import importlib
 import json
+import os
 import sys
 import time
 
+#: the forked writer (Workdir.write_behind): its wall the wait for it (a thread), its CPU the child's own
+CHILD_LABEL = "forked weights writer (wait; CPU: the child's)"
 #: (label, module, attribute path) of the functions timed, roughly in the order they run
 PHASES = [
     ("load: folder, weights (from_pretrained)", "normexport.load", "load"),
     ("load: task / cache layout (llm.resolve)", "normexport.llm", "resolve"),
     ("load: inputs (call_for)", "normexport.load", "call_for"),
+    ("load: the example call in eager (its outputs' names)", "normexport.convert.inputs", "run_eager"),
     ("prepare: exportable implementations (swaps + their checks)", "normexport.prepare.implementations", "exportable_implementations"),
     ("prepare: norm swaps (+ checks)", "normexport.prepare.swap", "prepare"),
     ("prepare: complex lowering", "normexport.prepare.complex", "lower_complex"),
@@ -54,20 +60,33 @@ PHASES = [
     ("  generation: onnxruntime", "normexport.parity.generate", "_runtime"),
     ("serialise whole model (serde)", "onnx_ir.serde", "serialize_model"),
     ("write (io.save_ir)", "normexport.io", "save_ir"),
+    (CHILD_LABEL, "normexport.llm.files", "_wait_child"),
     ("place checked file (Workdir.place)", "normexport.llm.files", "Workdir.place"),
     ("onnx checker by path", "normexport.io", "check_onnx_path"),
     ("deployable folder (deploy.write)", "normexport.llm.deploy", "write"),
 ]
 
 times: dict[str, float] = {}
+cpu: dict[str, float] = {}  # CPU seconds of this process (all its threads; a forked child's: CHILD_LABEL)
 calls: dict[str, int] = {}
 stack: list[str] = []
 top: dict[str, float] = {}
 
 
+def _cpu() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
+def _children_cpu() -> float:
+    t = os.times()
+    return t.children_user + t.children_system
+
+
 def _wrap(label, fn):
     def timed(*a, **k):
         t = time.perf_counter()
+        c, cc = _cpu(), _children_cpu()
         stack.append(label)
         try:
             return fn(*a, **k)
@@ -75,6 +94,7 @@ def _wrap(label, fn):
             stack.pop()
             dt = time.perf_counter() - t
             times[label] = times.get(label, 0.0) + dt
+            cpu[label] = cpu.get(label, 0.0) + (_children_cpu() - cc if label == CHILD_LABEL else _cpu() - c)
             calls[label] = calls.get(label, 0) + 1
             if not stack:
                 top[label] = top.get(label, 0.0) + dt
@@ -123,7 +143,8 @@ def main(argv=None) -> int:
     total = time.perf_counter() - t
     phases = {label: round(times[label], 2) for label, _, _ in PHASES if label in times}
     out = {"command": cmd, "rc": rc, "total_s": round(total + t_import, 1), "imports_s": round(t_import, 1),
-           "phases_s": phases, "calls": {k: calls[k] for k in phases},
+           "cpu_s": round(_cpu() + _children_cpu(), 1),
+           "phases_s": phases, "phases_cpu_s": {label: round(cpu[label], 2) for label in phases}, "calls": {k: calls[k] for k in phases},
            "other_s": round(total - sum(top.values()), 1), "top_level_s": {k: round(v, 2) for k, v in top.items()}}
     print(json.dumps(out, indent=1))
     if args.json:
