@@ -126,7 +126,8 @@ def build(kind: str, d: Path) -> Path:
             text_len=77, text_len_t5=256, activation_fn="gelu-approximate")
         bert = transformers.BertModel(transformers.BertConfig(
             vocab_size=80, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
-            max_position_embeddings=80), add_pooling_layer=False).eval()
+            max_position_embeddings=80)).eval()  # with its pooler: config.json does not say add_pooling_layer=False,
+        # so a folder without the pooler's weights is refused as disagreeing with its config (issue 47 item 3)
         pipe = diffusers.HunyuanDiTPipeline(
             vae=P.vae(), text_encoder=P._perturb(bert), tokenizer=bert_tokenizer(d / "bert"),
             transformer=P._perturb(transformer), scheduler=diffusers.DDPMScheduler(), safety_checker=None,
