@@ -193,9 +193,10 @@ def _run(pipe, ref: Path, side: int, steps: int, calls: dict | None = None) -> d
                     _spy(stack, m, method, lambda a, k, r: seen.setdefault("decoded", _first_tensor(a, k)))
             if calls is not None and hasattr(m, "_slots"):  # an exported component (runtime.OrtComponent)
                 for method in m._slots:
-                    key = (name, method)
-                    _spy(stack, m, method, lambda a, k, r, key=key: calls.setdefault(key, (_clone(a), _clone(k),
-                                                                                       _clone(r))))
+                    # by the slot whose file ran (one per attention-processor state the pipeline set), with the
+                    # processors the component held: the eager component is called with them too
+                    _spy(stack, m, method, lambda a, k, r, m=m, method=method: calls.setdefault(
+                        m.session(method).slot, (_clone(a), _clone(k), _clone(r), m.changed_processors())))
         with torch.no_grad(), quiet():
             result = pipe(**kwargs)
     images = getattr(result, "images", None)
@@ -241,15 +242,30 @@ def _tensors(x) -> list[torch.Tensor]:
     return out
 
 
+@contextlib.contextmanager
+def processors_set(module, processors: dict):
+    """`module` (a diffusers model, or a loaded one: its meta module's) holding the attention
+    processors `processors` ({layer path: processor}) on those layers, its own back after."""
+    if not processors:
+        yield module
+        return
+    own = dict(module.attn_processors)
+    module.set_attn_processor({**own, **processors})
+    try:
+        yield module
+    finally:
+        module.set_attn_processor(own)
+
+
 def _components(calls: dict, eager, manifest: dict) -> dict:
-    """Each exported component's first call of the exported run, fed to the eager component."""
+    """Each exported slot's first call of the exported run, fed to the eager component (holding the
+    attention processors the exported one held)."""
     out = {}
-    slots = {(e["component"], e["method"]): s for s, e in manifest["slots"].items()}
-    for (name, method), (args, kwargs, got) in calls.items():
-        slot = slots.get((name, method), name)
+    for slot, (args, kwargs, got, processors) in calls.items():
+        name, method = manifest["slots"][slot]["component"], manifest["slots"][slot]["method"]
         module = eager.components.get(name)
         try:
-            with torch.no_grad(), quiet():
+            with torch.no_grad(), quiet(), processors_set(module, processors):
                 want = getattr(module, method)(*args, **kwargs)
         except Exception as e:  # noqa: BLE001
             out[slot] = {"error": f"eager {name}.{method} refused the exported run's call ({first_line(e, 120)})",
@@ -260,14 +276,14 @@ def _components(calls: dict, eager, manifest: dict) -> dict:
 
 
 def _components_fp64(components: dict, calls: dict, eager64, manifest: dict) -> None:
-    slots = {(e["component"], e["method"]): s for s, e in manifest["slots"].items()}
-    for (name, method), (args, kwargs, _) in calls.items():
-        entry = components.get(slots.get((name, method), name))
+    for slot, (args, kwargs, _, processors) in calls.items():
+        entry = components.get(slot)
         if entry is None or "_got" not in entry:
             continue
+        name, method = manifest["slots"][slot]["component"], manifest["slots"][slot]["method"]
         to64 = lambda v: v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v  # noqa: E731
-        with torch.no_grad(), quiet():
-            ref = getattr(eager64.components[name], method)(*pytree.tree_map(to64, args), **pytree.tree_map(to64, kwargs))
+        with torch.no_grad(), quiet(), processors_set(eager64.components[name], processors) as module:
+            ref = getattr(module, method)(*pytree.tree_map(to64, args), **pytree.tree_map(to64, kwargs))
         got, eager = entry.pop("_got"), entry.pop("_eager")
         rows = [_judge(g.double().numpy(), e.double().numpy(), r.double().numpy(),
                        dtype=e.dtype if e.is_floating_point() else torch.float32)
@@ -297,6 +313,7 @@ def _plain_rule(out: Path, ref: Path, index: dict, manifest: dict, side: int, st
     from ..io import save_onnx
     from .exporting import MethodCall, _copy_rest
     from .runtime import load
+    from .recording import slot_name
     from ..load.call import CallAdapter
 
     eager = folder_pipeline.build(ref, index)
@@ -307,14 +324,14 @@ def _plain_rule(out: Path, ref: Path, index: dict, manifest: dict, side: int, st
         (tmp / "out").mkdir()
         _copy_rest(ref, index, tmp / "out", {e["component"] for e in manifest["slots"].values()})
         plain_manifest = copy.deepcopy(manifest)  # the plain files' own fixed sizes (below)
+        # a slot the check's run never called (a PAG pipeline's file without perturbed attention) has no call to
+        # export from: left out (the run does not need it)
+        plain_manifest["slots"] = {s: e for s, e in plain_manifest["slots"].items() if s in calls}
         for slot, entry in plain_manifest["slots"].items():
             (tmp / "out" / slot).mkdir(exist_ok=True)
             shutil.copy2(ref / entry["component"] / "config.json", tmp / "out" / slot / "config.json")
             buffers.write(eager.components[entry["component"]], tmp / "out" / slot)
-            key = (entry["component"], entry["method"])
-            if key not in calls:
-                continue
-            args, kwargs, _ = calls[key]
+            args, kwargs, _, processors = calls[slot]
             module = eager.components[entry["component"]]
             if entry["method"] != "forward":
                 module = MethodCall(module, entry["method"], entry.get("renames") or {})
@@ -325,12 +342,12 @@ def _plain_rule(out: Path, ref: Path, index: dict, manifest: dict, side: int, st
             kwargs = {k: v for k, v in kwargs.items() if k != "return_dict"}
             adapter = CallAdapter(module, tuple(args), kwargs)
             dynamic = {n: i["dynamic"] for n, i in entry["inputs"].items() if i.get("dynamic")}
-            with quiet():
+            with quiet(), processors_set(eager.components[entry["component"]], processors):
                 model = convert_module(adapter, adapter.example_inputs, target="onnx", input_names=adapter.input_names,
                                        output_names=entry["outputs"], dynamic_axes=dynamic or None, fold_bn=False,
                                        swap_norms=False, rewrite=False)
             save_onnx(model, tmp / "out" / entry["file"])
-            optimum_names.rename_file(tmp / "out" / entry["file"], slot)
+            optimum_names.rename_file(tmp / "out" / entry["file"], slot_name(entry["component"], entry["method"]))
             _fixed_sizes(entry, tmp / "out" / entry["file"])
         manifest_mod.write(tmp / "out", plain_manifest)
         del eager
@@ -339,9 +356,10 @@ def _plain_rule(out: Path, ref: Path, index: dict, manifest: dict, side: int, st
             entry = manifest["slots"].get(slot)
             if c.get("passed", True) or "_ref" not in c or entry is None:
                 continue
-            args, kwargs, _ = calls[(entry["component"], entry["method"])]
-            with torch.no_grad():
-                got = _tensors(getattr(folder_pipeline.registered(plain_pipe)[entry["component"]], entry["method"])(*args, **kwargs))
+            args, kwargs, _, processors = calls[slot]
+            component = folder_pipeline.registered(plain_pipe)[entry["component"]]
+            with torch.no_grad(), processors_set(component, processors):
+                got = _tensors(getattr(component, entry["method"])(*args, **kwargs))
             _plain_judge(c, max(_finite_err(g.double().numpy(), r) for g, r in zip(got, c["_ref"])),
                          max(_max_ref(r) for r in c["_ref"]))
         with _float32_noise():

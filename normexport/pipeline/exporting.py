@@ -39,7 +39,7 @@ from ..load.pretrained import batched_axes, load_module
 from . import buffers
 from . import manifest as manifest_mod
 from . import optimum_names
-from .recording import LATENT_PARAMETERS, METHODS, Slot, record, save_call
+from .recording import LATENT_PARAMETERS, METHODS, Slot, record, save_call, slot_name
 
 
 
@@ -140,6 +140,10 @@ def _export_slot(args, src: Path, slot: Slot, tmp: Path) -> dict | None:
     file = save_call(slot, calls / f"{slot.name}.pt")
     module, _ = load_module(src / slot.component)
     module.eval()
+    if slot.processors:  # the attention processors the pipeline had set at this slot's call (recording.py)
+        print(f"  {slot.name}: {slot.component} exported with the attention processors the pipeline set at this call: "
+              f"{_processors_text(slot.processors)}")
+        module.set_attn_processor({**module.attn_processors, **slot.processors})
     component = module
     if slot.method != "forward":
         module = MethodCall(module, slot.method, METHODS[slot.method][1])
@@ -150,11 +154,18 @@ def _export_slot(args, src: Path, slot: Slot, tmp: Path) -> dict | None:
         print(f"  {slot.name}: {type(module).__name__} reads its text mask's values in python (token counts): "
               "exported static from the one-prompt call; the loaded pipeline refuses a mask of other values")
         save_call(slot, file, single=True)
+    switched = bool(slot.processors) and slot.single is not None and not by_values
+    if switched:  # PAG's processors cut the batch in thirds (uncond, cond, perturbed): torch.export specializes it
+        # (`chunk(3)`'s guards), and its samples are not computed apart (no pieces): one static file for one prompt
+        print(f"  {slot.name}: its processors split the batch by its position (guidance and perturbed thirds): "
+              "exported static from the one-prompt call; the loaded pipeline refuses other batches and sizes")
+        save_call(slot, file, single=True)
+    static = by_values or switched
     loaded = folder_pipeline._component_model(module, file, source, "")
     # the batch by name (latents, text, masks) and by recording: every tensor whose first axis differs between the
     # two-prompt and the one-prompt run (the VAE's latent_sample), so the fallback rungs below keep at least it
-    batch = {} if by_values else {**(loaded.dynamic_axes or {}), **batched_axes(dict(slot.kwargs)), **slot.batch_axes()}
-    loaded.dynamic_axes = None if by_values else {**batch, **slot.dynamic()} or None
+    batch = {} if static else {**(loaded.dynamic_axes or {}), **batched_axes(dict(slot.kwargs)), **slot.batch_axes()}
+    loaded.dynamic_axes = None if static else {**batch, **slot.dynamic()} or None
     ns = argparse.Namespace(**vars(args))
     ns.model, ns.output, ns.inputs, ns.module = str(src / slot.component), str(folder) + os.sep, str(file), None
     # a component is exported for the call its pipeline makes (docs/design.md §9), not for its class's default task:
@@ -166,10 +177,10 @@ def _export_slot(args, src: Path, slot: Slot, tmp: Path) -> dict | None:
     # where no exporter keeps every size that varies dynamic, the ladder tries (exporter/ladder.py "fewer axes")
     # the sizes that vary at this image size (batch, text length; the file serves the recorded image size),
     # then the batch alone (one file for any batch at the recorded size), before a static file
-    loaded.fewer_axes = [] if by_values else [{**batch, **slot.dynamic(at_size=True)}, batch]
+    loaded.fewer_axes = [] if static else [{**batch, **slot.dynamic(at_size=True)}, batch]
     try:
         rec = convert_stages.convert(ns, loaded)
-        if rec.exit_code == 0 and batch and not rec.kept and slot.single is not None and not by_values:
+        if rec.exit_code == 0 and batch and not rec.kept and slot.single is not None and not static:
             # not even the batch: a static file of the one-prompt call (what a pipeline call of one prompt makes)
             print(f"  {slot.name}: no exporter kept the batch dynamic either: exported again, static, from the "
                   "one-prompt call (it serves the recorded size; load() runs other batches in pieces)")
@@ -184,9 +195,10 @@ def _export_slot(args, src: Path, slot: Slot, tmp: Path) -> dict | None:
         return None
     shutil.copy2(src / slot.component / "config.json", folder / "config.json")
     buffers.write(component, folder)  # the values the pipeline may read from the component (buffers.py)
-    spread = optimum_names.rename_file(folder / "model.onnx", slot.name)  # the names optimum reads
+    base = slot_name(slot.component, slot.method)  # a processor state's slot is named as its component's own
+    spread = optimum_names.rename_file(folder / "model.onnx", base)  # the names optimum reads
     report = json.loads((folder / "normexport_report.json").read_text())
-    outputs = [optimum_names.OUTPUTS.get(slot.name, {}).get(n, n) for n in rec.output_names or []]
+    outputs = [optimum_names.OUTPUTS.get(base, {}).get(n, n) for n in rec.output_names or []]
     entry = {"component": slot.component, "method": slot.method, "file": f"{slot.name}/model.onnx",
              "dtype": _module_dtype(module),
              "inputs": {spread.get(n, n): {"shape": list(t.shape), "dtype": str(t.dtype).replace("torch.", ""),
@@ -197,8 +209,14 @@ def _export_slot(args, src: Path, slot: Slot, tmp: Path) -> dict | None:
              "constants": {k: repr(v) for k, v in constants.items()},
              "outputs": outputs, "structure": rec.output_structure,
              "renames": {**slot.renames, **spread}, "op_counts": report.get("op_counts", {}),
-             # what follows the batch: load() runs a file that holds another batch in pieces (pipeline/batching.py)
-             **({"batch": slot.batch} if slot.batch and not by_values else {}),
+             # what follows the batch: load() runs a file that holds another batch in pieces (pipeline/batching.py);
+             # not a file with switched processors: PAG's split its batch in thirds (uncond, cond, perturbed), so
+             # its samples are not computed apart
+             **({"batch": slot.batch} if slot.batch and not by_values and not slot.processors else {}),
+             # the processors it was exported with where not the component's own: load() runs this file while
+             # the pipeline has set them ({layer path: class name}, runtime.py)
+             **({"attn_processors": {k: type(v).__name__ for k, v in slot.processors.items()}}
+                if slot.processors else {}),
              "parity": _parity_summary(report)}
     del module, loaded, rec
     gc.collect()
@@ -226,7 +244,18 @@ def _same_file_key(src: Path, slot: Slot) -> tuple | None:
     if not files:
         return None
     call = tuple(sorted((n, tuple(s)) for n, s in (slot.shapes[0] if slot.shapes else {}).items()))
-    return tuple((p.name, p.stat().st_size) for p in files), slot.method, call
+    processors = tuple(sorted((k, type(v).__name__) for k, v in slot.processors.items()))
+    return tuple((p.name, p.stat().st_size) for p in files), slot.method, call, processors
+
+
+def _processors_text(processors: dict) -> str:
+    """'PAGCFGIdentitySelfAttnProcessor2_0 on mid_block.attentions.0.transformer_blocks.0.attn1' (the
+    layers of each class, the first two named)."""
+    by_class: dict[str, list[str]] = {}
+    for path, proc in processors.items():
+        by_class.setdefault(type(proc).__name__, []).append(path.removesuffix(".processor"))
+    return "; ".join(f"{c} on {', '.join(p[:2])}" + (f" and {len(p) - 2} more" if len(p) > 2 else "")
+                     for c, p in by_class.items())
 
 
 def _digest(folder: Path) -> str:

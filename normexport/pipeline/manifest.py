@@ -15,6 +15,11 @@ build OUT/` makes engines with profiles from the recorded shapes, and `normexpor
 `structure` (normexport.load.call.describe) describes the component's own output (a ModelOutput / BaseOutput, a tuple, a dict),
 its tensors numbered in the exported file's output order (load.call.output_names walks the same
 way), so the runtime returns what the eager component returns.
+
+`attn_processors` ({layer path: processor class}), on a slot exported with attention processors
+other than its component's own (a PAG pipeline's perturbed layers, pipeline/recording.py): the
+runtime runs that file while the pipeline has set those processors on the component, the slot
+without it while the component holds its own; several slots may so share a component and method.
 """
 
 from __future__ import annotations
@@ -139,7 +144,7 @@ def _problem(folder: Path, manifest: dict) -> str | None:
             if values is not None and (not isinstance(values, list) or dyn or len(values) != _size(shape) or not all(
                     isinstance(v, int) and not isinstance(v, bool) for v in values)):
                 return f"{where} input {name!r} has values that are not its static shape's integers"
-        for key in ("constants", "renames"):
+        for key in ("constants", "renames", "attn_processors"):
             table = e.get(key) or {}
             if not isinstance(table, dict) or not all(isinstance(v, str) for v in table.values()):
                 return f"{where} {key} are not a table of text"

@@ -5,6 +5,15 @@ the pipeline made it. The same generic call as `normexport convert PIPELINE_DIR`
 (normexport.load.pipeline.call_arguments), run twice — at the small size, and one latent unit
 larger with two images per prompt — so that the dims that vary between the runs (batch, latent
 size, token count) are the dims each file keeps dynamic, whatever the model family.
+
+A diffusers model whose attention processors the pipeline switches inside its own call (the PAG
+pipelines, pag_utils.PAGMixin: the perturbed layers' processors set before the denoising loop,
+restored after it) is recorded per processor state: a call made with processors other than the
+model's own (by class, per layer) is a slot of its own, `<component>_<processor classes>`, whose
+file is exported with those processors set (exporting.py) and which the loaded pipeline runs
+while its component holds them (runtime.py). A PAG pipeline is run a second time in each run with
+`pag_scale=0`, so that the call without perturbed attention (the model's own processors, the
+batch of plain guidance) is recorded too.
 """
 
 from __future__ import annotations
@@ -12,7 +21,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
+import importlib
 import inspect
+import sys
 from pathlib import Path
 
 import torch
@@ -45,6 +56,7 @@ class Slot:
     single: tuple | None = None  # (args, kwargs) of the one-prompt run's call
     at_size: int | None = None  # shapes[:at_size]: the calls at the converted image size (the rest: one size up)
     batch: dict = dataclasses.field(default_factory=dict)  # what follows the batch (pipeline/batching.recorded)
+    processors: dict = dataclasses.field(default_factory=dict)  # {layer path: processor} not the model's own (module doc)
 
     def batch_axes(self) -> dict[str, list[int]]:
         """{input path: [0]} for the recorded tensors whose first axis follows the batch (and is
@@ -90,6 +102,7 @@ class _Run:
 
     def __init__(self, modules: dict[str, nn.Module]):
         self.modules = modules
+        self.own = {n: processor_classes(m) for n, m in modules.items()}  # each model's own processors, before any call
         self.slots: dict[str, Slot] = {}
         self.order: list[str] = []
         self.shapes: dict[str, dict] = {}  # the first call's
@@ -109,7 +122,8 @@ class _Run:
                 _wrap_result(stack, pipe, "prepare_latents", self._latents_hook)
             yield self
 
-    def _note(self, slot: str, component: str, method: str, bound: dict, args, kwargs, first: bool, renames=None):
+    def _note(self, slot: str, component: str, method: str, bound: dict, args, kwargs, first: bool, renames=None,
+              processors=None):
         shapes = {n: list(t.shape) for n, t in _leaves(bound)}
         if slot in self.shapes:
             seen = self.later.setdefault(slot, [])
@@ -119,11 +133,14 @@ class _Run:
         self.order.append(slot)
         self.shapes[slot] = shapes
         if first:
-            self.slots[slot] = Slot(slot, component, method, _plain(args), _plain(kwargs), renames=renames or {})
+            self.slots[slot] = Slot(slot, component, method, _plain(args), _plain(kwargs), renames=renames or {},
+                                    processors=processors or {})
 
     def _forward_hook(self, name: str, first: bool):
         def hook(module, args, kwargs):
-            self._note(name, name, "forward", bind_call(module.forward, args, kwargs), args, kwargs, first)
+            changed = changed_processors(module, self.own[name])
+            self._note(processor_slot(name, changed), name, "forward", bind_call(module.forward, args, kwargs), args,
+                       kwargs, first, processors=changed)
         return hook
 
     def _method_hook(self, name: str, method: str, module: nn.Module, first: bool):
@@ -145,6 +162,32 @@ class _Run:
             t = result[0] if isinstance(result, tuple) else result
             if isinstance(t, torch.Tensor):
                 self.latents = t.detach().clone()
+
+
+def processor_classes(m) -> dict[str, str]:
+    """{layer path: processor class name} of a diffusers model's attention processors (its
+    `attn_processors`); empty for a module without them."""
+    try:
+        processors = getattr(m, "attn_processors", None)
+    except Exception:  # noqa: BLE001 - a model whose property cannot walk its layers: no processors to follow
+        return {}
+    return {k: type(v).__name__ for k, v in processors.items()} if isinstance(processors, dict) else {}
+
+
+def changed_processors(m, own: dict[str, str]) -> dict:
+    """{layer path: processor} of the layers whose processor is not of the class `own` (the model's
+    own, {path: class name}) names: the state a pipeline switched the model to (module doc)."""
+    if not own:
+        return {}
+    processors = m.attn_processors
+    return {k: v for k, v in processors.items() if type(v).__name__ != own.get(k)}
+
+
+def processor_slot(name: str, changed: dict) -> str:
+    """The slot of a component called with the processors `changed` ({} : the component's own name)."""
+    if not changed:
+        return name
+    return f"{name}_" + "_".join(sorted({type(v).__name__ for v in changed.values()}))
 
 
 def _is_autoencoder(m: nn.Module) -> bool:
@@ -267,13 +310,24 @@ def _runs(pipe, kwargs: dict, modules: dict, cls: str, path: Path) -> list:
     for run, call, saved in runs:
         try:
             with run.hooks(pipe, first=saved), torch.no_grad(), quiet():
-                pipe(**call)
+                for one in [call, *_switched(pipe, call)]:
+                    pipe(**one)
         except Exception as e:  # noqa: BLE001 - the pipeline's own error
             steps = call.get("num_inference_steps")
             raise UsageError(f"{cls} from '{path}' failed in its {'one' if steps == 1 else steps}-step run with "
                              f"{_show(call)} ({type(e).__name__}: {first_line(e, 160)}): convert one component with "
                              f"--module NAME, or record its call with normexport.capture") from None
     return runs
+
+
+def _switched(pipe, call: dict) -> list[dict]:
+    """The same call with the pipeline's processor switch off, where it has one (module doc): a PAG
+    pipeline (diffusers' PAGMixin) with `pag_scale=0`; [] for any other pipeline."""
+    mixin = getattr(importlib.import_module("diffusers.pipelines.pag.pag_utils"), "PAGMixin", None) \
+        if "diffusers" in sys.modules else None
+    if mixin is None or not isinstance(pipe, mixin) or "pag_scale" not in inspect.signature(pipe.__call__).parameters:
+        return []
+    return [_call(call, pag_scale=0.0)]
 
 
 def call_shapes(runs: list[_Run], name: str) -> list[dict]:

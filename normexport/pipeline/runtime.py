@@ -39,7 +39,7 @@ from torch import nn
 from ..errors import UsageError, first_line
 from . import batching, buffers
 from . import manifest as manifest_mod
-from .recording import LATENT_PARAMETERS, bind_call, key_text
+from .recording import LATENT_PARAMETERS, bind_call, changed_processors, key_text, processor_classes
 
 #: the libraries model_index.json may name a class of (nothing else is imported from a folder)
 LIBRARIES = ("diffusers", "transformers")
@@ -71,9 +71,9 @@ def load(folder, providers: list[str] | None = None, backend: str | None = None,
     index = _model_index(folder)
     pipeline_cls = _library_class("diffusers", index.get("_class_name"), folder / "model_index.json")
     parts: dict = {}
-    by_component: dict[str, dict] = {}
+    by_component: dict[str, dict] = {}  # component -> method -> [(slot, entry)]: one per processor state
     for slot, entry in manifest["slots"].items():
-        by_component.setdefault(entry["component"], {})[entry["method"]] = (slot, entry)
+        by_component.setdefault(entry["component"], {}).setdefault(entry["method"], []).append((slot, entry))
     for name, value in index.items():
         if name.startswith("_"):
             continue
@@ -105,7 +105,39 @@ def load(folder, providers: list[str] | None = None, backend: str | None = None,
                          f"{first_line(e, 200)}): convert the pipeline folder again") from None
     if hasattr(pipe, "set_progress_bar_config"):
         pipe.set_progress_bar_config(disable=True)
+    _switch_on_meta(pipe)
     return pipe
+
+
+def _switch_on_meta(pipe) -> None:
+    """A PAG pipeline (diffusers' PAGMixin) sets its perturbed layers' processors on the denoiser's
+    modules, found by name (`_set_pag_attn_processor`); the loaded denoiser has no modules but its
+    class on the meta device: the mixin's own method runs on a view of the pipeline whose exported
+    components are their meta modules, and OrtComponent runs the file of the processors they hold.
+    The restore (`denoiser.set_attn_processor(...)`) reaches the meta module as any attribute does."""
+    import sys
+
+    pag = sys.modules.get("diffusers.pipelines.pag.pag_utils")
+    if pag is None or not isinstance(pipe, pag.PAGMixin):
+        return
+    original = type(pipe)._set_pag_attn_processor
+
+    def set_pag_attn_processor(*args, **kwargs):
+        return original(_MetaView(pipe), *args, **kwargs)
+
+    pipe._set_pag_attn_processor = set_pag_attn_processor
+
+
+class _MetaView:
+    """The pipeline as its methods read it, each exported component (OrtComponent) its meta module."""
+
+    def __init__(self, pipe):
+        object.__setattr__(self, "_pipe", pipe)
+
+    def __getattr__(self, name: str):
+        value = getattr(self._pipe, name)
+        meta = vars(value).get("_meta") if type(value) is OrtComponent else None
+        return meta if meta is not None else value
 
 
 def _has_default(pipeline_cls, name: str) -> bool:
@@ -210,12 +242,18 @@ class OrtComponent(nn.Module):
     def __init__(self, folder: Path, name: str, library_class: list, slots: dict, providers=None, engines=False,
                  plugin=None):
         super().__init__()
-        meta = _meta_module(folder, library_class, slots)
+        slots = {m: v if isinstance(v, list) else [v] for m, v in slots.items()}  # method -> [(slot, entry)]
+        meta = _meta_module(folder, library_class, {m: files[0] for m, files in slots.items()})
         object.__setattr__(self, "_meta", meta)
         self.component = name
-        self._slots = {method: (_EngineSession(folder, slot, entry, plugin) if engines else
-                                _Session(folder, slot, entry, providers)) for method, (slot, entry) in slots.items()}
-        first = next(iter(slots.values()))[1]
+        # the processors the component's class has ({layer path: class name}): a file with "attn_processors" in
+        # its entry runs while the meta module holds those instead (module doc of pipeline/recording.py)
+        self._own = processor_classes(meta) if meta is not None else {}
+        self._slots = {method: [(entry.get("attn_processors") or {},
+                                 _EngineSession(folder, slot, entry, plugin) if engines else
+                                 _Session(folder, slot, entry, providers)) for slot, entry in files]
+                       for method, files in slots.items()}
+        first = next(iter(slots.values()))[0][1]
         # the component's own dtype (the manifest's; a folder written before it had one: its first float input's)
         dtypes = [TORCH_DTYPES.get(first.get("dtype"))] + [TORCH_DTYPES.get(i["dtype"]) for i in first["inputs"].values()]
         self._dtype = next((d for d in dtypes if d is not None), torch.float32)
@@ -257,11 +295,35 @@ class OrtComponent(nn.Module):
     def encode(self, *args, **kwargs):
         return self._call("encode", args, kwargs)
 
-    def _call(self, method: str, args, kwargs):
-        session = self._slots.get(method)
-        if session is None:
+    def session(self, method: str):
+        """The file that serves `method` now: the one exported with the attention processors the
+        component holds (the pipeline may have switched them, pipeline/recording.py); a RuntimeError
+        naming them where no file was exported with them."""
+        files = self._slots.get(method)
+        if files is None:
             raise RuntimeError(f"{self.component}.{method} was not exported (the pipeline did not call it when the "
                                "folder was converted)")
+        now = self.changed_processors()
+        state = {k: type(v).__name__ for k, v in now.items()}
+        for processors, session in files:
+            if processors == state:
+                return session
+
+        def shown(classes: dict) -> str:
+            return (f"{', '.join(sorted(set(classes.values())))} on {len(classes)} layers" if classes
+                    else "its own attention processors")
+
+        raise RuntimeError(f"{self.component}.{method} called with {shown(state)}, which no exported file holds "
+                           f"(its files: {'; '.join(shown(p) for p, _ in files)}): convert the pipeline with a call "
+                           "that sets them")
+
+    def changed_processors(self) -> dict:
+        """{layer path: processor} of the layers whose processor the pipeline set to another class than
+        the component's own ({} where it holds its own, or has no attention processors)."""
+        return changed_processors(self._meta, self._own) if self._own else {}
+
+    def _call(self, method: str, args, kwargs):
+        session = self.session(method)
         original = getattr(type(self._meta), method, None) if self._meta is not None else None
         if original is None and args:
             raise RuntimeError(f"{self.component}.{method} called positionally; its class could not be built to name "
