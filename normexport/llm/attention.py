@@ -161,7 +161,10 @@ def fuse(model_ir: ir.Model, *, max_positions: int, local_check: bool = True, wo
     try:  # (eager's steps are not run beside the passes: on 2 cores they and the write each slowed the other,
         result = _fused_copy(model_ir, copy, max_positions)  # ~no gain; after them the process only waits)
         if result.model is not None and local_check and _float32(reference) is not None:
-            eager = eager_ahead(model_ir, reference)  # (the same feeds as compare's: its defaults)
+            # (the same feeds as compare's: its defaults), a step on one thread while the weights are still being
+            # written: the writer has the other core, and the process waits for it after these steps (1.1B LLaMA's
+            # 3 steps beside a forked writer, busy 2-core VM: two torch threads 4.9 CPU s / 15 s, one 2.3 / 9-10 s)
+            eager = eager_ahead(model_ir, reference, one_thread=lambda: _writing(behind))
     finally:
         write_error = behind.exception() if behind is not None else None  # waits for the write
     model = result.model
@@ -201,6 +204,11 @@ def fuse(model_ir: ir.Model, *, max_positions: int, local_check: bool = True, wo
     elif model.metadata_props.pop(SHARE_BUFFER_KEY, None) is not None and workdir is not None:
         result.path = workdir.write(model, workdir.out.name)  # the flag the file was written with, taken out
     return result
+
+
+def _writing(behind) -> bool:
+    """The decomposed file's write (Workdir.write_behind's future) still running, its weights' by a forked process."""
+    return behind is not None and not behind.done()
 
 
 def _fused_copy(model_ir: ir.Model, model: ir.Model, max_positions: int) -> Fusion:

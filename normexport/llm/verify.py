@@ -78,15 +78,30 @@ def local_feeds(model: ir.Model, batch: int = LOCAL_BATCH, prompt: int = 5, deco
 
 
 def eager_ahead(unfused: ir.Model, reference, *, batch: int = LOCAL_BATCH, prompt: int = 5, decode: int = LOCAL_DECODE,
-                seed: int = 0) -> list | None:
+                seed: int = 0, one_thread=None) -> list | None:
     """`compare`'s eager outputs on the same feeds (`local_feeds` of `unfused`, same arguments),
     computed before its call (normexport.llm.attention: while the files it runs are still being
     written, when the process would only wait); None where they raise (compare then runs them
-    again and reports why)."""
+    again and reports why). `one_thread()`, asked before each step: True runs that step on one
+    torch thread (attention.fuse: while the forked writer has the other core); torch's own count
+    is restored after."""
+    import torch
+
+    before = torch.get_num_threads()
+
+    def threads() -> None:
+        want = 1 if one_thread is not None and one_thread() else before
+        if torch.get_num_threads() != want:
+            torch.set_num_threads(want)
+
     try:
-        return _eager_steps(reference, cache_dims(unfused), local_feeds(unfused, batch, prompt, decode, seed), batch)
+        return _eager_steps(reference, cache_dims(unfused), local_feeds(unfused, batch, prompt, decode, seed), batch,
+                            each_step=threads)
     except Exception:  # noqa: BLE001  (compare's own run says why)
         return None
+    finally:
+        if torch.get_num_threads() != before:
+            torch.set_num_threads(before)
 
 
 def compare(unfused: ir.Model, fused: ir.Model, *, batch: int = LOCAL_BATCH, prompt: int = 5, decode: int = LOCAL_DECODE,
@@ -174,15 +189,17 @@ def _within(want: list, got: list, names: Sequence[str], tdtype) -> dict:
     return {"passed": True, "outputs_compared": compared, "max_abs_err": worst}
 
 
-def _eager_steps(lm, dims, steps, batch: int) -> list[list[np.ndarray]]:
+def _eager_steps(lm, dims, steps, batch: int, each_step=None) -> list[list[np.ndarray]]:
     """Per step eager's outputs (logits, present.*; float64) of `lm` (a FlatCacheLM) on run_steps'
-    feeds, its cache fed back."""
+    feeds, its cache fed back; `each_step()` called before each step."""
     import torch
 
     past = [torch.zeros(batch, h, 0, d, dtype=lm.layout.dtype) for _, h, d in dims]
     outs, total = [], 0
     with torch.no_grad():
         for ids in steps:
+            if each_step is not None:
+                each_step()
             seq = ids.shape[1]
             res = lm(torch.from_numpy(ids), torch.ones(batch, total + seq, dtype=torch.long),
                      torch.arange(total, total + seq).expand(batch, seq).contiguous(), *past)
