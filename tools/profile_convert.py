@@ -17,6 +17,7 @@ import importlib
 import json
 import os
 import sys
+import threading
 import time
 
 #: the forked writer (Workdir.write_behind): its wall the wait for it (a thread), its CPU the child's own
@@ -69,7 +70,16 @@ PHASES = [
 times: dict[str, float] = {}
 cpu: dict[str, float] = {}  # CPU seconds of this process (all its threads; a forked child's: CHILD_LABEL)
 calls: dict[str, int] = {}
-stack: list[str] = []
+_local = threading.local()  # each thread's own stack of phases (a writer thread's phase is never a parent)
+
+
+def _stack() -> list[str]:
+    st = getattr(_local, "stack", None)
+    if st is None:
+        st = _local.stack = []
+    return st
+
+
 top: dict[str, float] = {}
 
 
@@ -87,6 +97,7 @@ def _wrap(label, fn):
     def timed(*a, **k):
         t = time.perf_counter()
         c, cc = _cpu(), _children_cpu()
+        stack = _stack()
         stack.append(label)
         try:
             return fn(*a, **k)
@@ -96,7 +107,7 @@ def _wrap(label, fn):
             times[label] = times.get(label, 0.0) + dt
             cpu[label] = cpu.get(label, 0.0) + (_children_cpu() - cc if label == CHILD_LABEL else _cpu() - c)
             calls[label] = calls.get(label, 0) + 1
-            if not stack:
+            if not stack and threading.current_thread() is threading.main_thread():
                 top[label] = top.get(label, 0.0) + dt
     timed.__wrapped__ = fn
     return timed
