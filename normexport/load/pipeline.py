@@ -14,7 +14,9 @@ The call, the same for every pipeline class, from its `__call__` signature: `pro
 `num_inference_steps=1`, `height` / `width` small (64, or the next multiple of the VAE scale
 factor × patch size × 2), `output_type="latent"`, `use_resolution_binning=False` (a bin would
 replace the small size), a seeded `generator`, and for image-conditioned pipelines `image` /
-`control_image` (random, of that size), `mask_image` (half masked), `strength=1.0` — each only
+`control_image` (random, of that size: a PIL image where the annotation names PIL images, as
+diffusers' PipelineImageInput does — a pipeline may resize only PIL / numpy images, SVD to its CLIP
+encoder's 224 — else a tensor), `mask_image` (half masked), `strength=1.0` — each only
 where the signature takes it; guidance and the rest left at the pipeline's defaults. The
 recorded call is the pipeline's, less `return_dict=False` (a tuple of the same tensors), so the
 outputs keep their names. The run stops at the scheduler's first step (the
@@ -398,6 +400,9 @@ def call_arguments(pipe, modules: dict, path: Path, component: str | None) -> tu
               "image": torch.rand(1, 3, side, side, generator=gen), "mask_image": _half_mask(side),
               "control_image": torch.rand(1, 3, side, side, generator=gen), "strength": 1.0}
     kwargs = {k: v for k, v in wanted.items() if k in params}
+    for k in ("image", "control_image"):  # a PIL image where the pipeline takes one (module doc)
+        if k in kwargs and takes_pil(params[k]):
+            kwargs[k] = pil_image(kwargs[k])
     for n, p in params.items():  # a required argument the signature and the folder can fill (DiT's class_labels)
         if p.default is p.empty and n not in kwargs and (value := required_value(p, modules)) is not None:
             kwargs[n] = value
@@ -428,6 +433,21 @@ def required_value(param: inspect.Parameter, modules: dict, count: int = 1):
             return None
         return [(1 + i) % min(classes) for i in range(count)]
     return None
+
+
+def takes_pil(param: inspect.Parameter) -> bool:
+    """The argument's annotation names PIL images (diffusers' PipelineImageInput and SVD's own
+    `PIL.Image.Image | list[PIL.Image.Image] | torch.Tensor`): every such pipeline preprocesses a PIL
+    image to what its models take (resized to its image encoder's size: SVD's CLIP at 224), where
+    some pass a tensor on as it is."""
+    return "PIL" in str(param.annotation)
+
+
+def pil_image(t: torch.Tensor):
+    """The RGB PIL image of a (1, 3, H, W) tensor of values in [0, 1]."""
+    from PIL import Image
+
+    return Image.fromarray((t[0].permute(1, 2, 0) * 255).round().to(torch.uint8).numpy())
 
 
 def _half_mask(side: int) -> torch.Tensor:
