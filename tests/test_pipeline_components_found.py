@@ -75,6 +75,13 @@ def test_longcat_recording_finds_audio_vae_decoder(longcat):
     index = json.loads((longcat / "model_index.json").read_text())
     rec = recording.record(longcat, index)
     assert list(rec.slots) == ["text_encoder", "transformer", "vae_decoder"], list(rec.slots)
+    # its UMT5 tokenizer pads to the longest prompt: the one-prompt run's longer prompt makes the text axis vary at
+    # the converted size, so the files keep it dynamic (a generated prompt of another length is served; the swept
+    # LongCat had refused 'input_ids [1, 5] (the file takes [2, 2])')
+    text = rec.slots["text_encoder"]
+    assert text.dynamic(at_size=True).get("input_ids") == [0, 1], text.dynamic(at_size=True)
+    assert 1 in rec.slots["transformer"].dynamic(at_size=True).get("encoder_hidden_states", []), \
+        rec.slots["transformer"].dynamic(at_size=True)
     slot = rec.slots["vae_decoder"]
     assert slot.method == "decode" and slot.component == "vae"
     got = slot.kwargs["latents"].double().numpy()

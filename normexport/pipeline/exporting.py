@@ -176,8 +176,11 @@ def _export_slot(args, src: Path, slot: Slot, tmp: Path) -> dict | None:
     ns.shown_output = str(Path(args.output.rstrip("/" + os.sep)) / slot.name / "model.onnx")  # not the temp folder
     # where no exporter keeps every size that varies dynamic, the ladder tries (exporter/ladder.py "fewer axes")
     # the sizes that vary at this image size (batch, text length; the file serves the recorded image size),
-    # then the batch alone (one file for any batch at the recorded size), before a static file
-    loaded.fewer_axes = [] if static else [{**batch, **slot.dynamic(at_size=True)}, batch]
+    # then the batch and the image sizes without the text length, then the batch alone (one file for any batch
+    # at the recorded size), before a static file
+    at_size = slot.dynamic(at_size=True)
+    sizes = {n: [a for a in axes if a not in at_size.get(n, [])] for n, axes in slot.dynamic().items()}
+    loaded.fewer_axes = [] if static else [_union(batch, at_size), _union(batch, sizes), batch]
     try:
         rec = convert_stages.convert(ns, loaded)
         if rec.exit_code == 0 and batch and not rec.kept and slot.single is not None and not static:
@@ -303,3 +306,12 @@ def _replace(tmp: Path, out: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
     else:
         os.replace(tmp, out)
+
+
+def _union(*axes: dict) -> dict[str, list[int]]:
+    """{input: axes} of several such mappings together (axes sorted, once each)."""
+    out: dict[str, set] = {}
+    for a in axes:
+        for n, ax in a.items():
+            out.setdefault(n, set()).update(ax)
+    return {n: sorted(ax) for n, ax in out.items() if ax}
