@@ -131,6 +131,31 @@ def math_attention():
         yield
 
 
+@contextlib.contextmanager
+def indexed_diagonal_fill():
+    """`t.fill_diagonal_(v)` of a 2-D tensor traced as `t[i, i] = v` (the same values). diffusers'
+    PAGCFGJointAttnProcessor2_0 (SD3's PAG) builds its identity mask with
+    `full_mask[:n, :n].fill_diagonal_(0)`: torch's own fill_diagonal_ writes through an as_strided view,
+    which torch.export cannot functionalize ("a mutation on a view chain ... as_strided() is
+    non-compositional"), and the TorchScript exporter the ladder then falls back to drops the write
+    (the diagonal stays -inf: the perturbed third of the tiny SD3's output 0.002 from eager, the plain
+    export's too). Indexed, the write is an index_put on the slice, which torch.export captures exactly."""
+    original = torch.Tensor.fill_diagonal_
+
+    def fill_diagonal_(self, fill_value, wrap=False):
+        if self.dim() != 2 or wrap:
+            return original(self, fill_value, wrap)
+        i = torch.arange(min(self.shape), device=self.device)
+        self[i, i] = fill_value
+        return self
+
+    torch.Tensor.fill_diagonal_ = fill_diagonal_
+    try:
+        yield
+    finally:
+        torch.Tensor.fill_diagonal_ = original
+
+
 #: the TorchScript-based exporter's opset when --opset does not say (its best-tested one)
 TORCHSCRIPT_OPSET = 17
 
@@ -142,7 +167,8 @@ def _torch_onnx_export(module, args, names, output_names, dynamic_axes, opset, a
     shapes = dynamic_shapes_for(args, names, dynamic_axes, auto)
     if shapes is not None and isinstance(module, CallAdapter):
         shapes = (shapes,)  # forward(*tensors): one entry, the tuple of the tensors' shapes
-    with warnings.catch_warnings(), gc_paused(), math_attention(), exact_no_op_rules(), promoted_einsum():
+    with warnings.catch_warnings(), gc_paused(), math_attention(), exact_no_op_rules(), promoted_einsum(), \
+            indexed_diagonal_fill():
         warnings.simplefilter("ignore")
         logging.getLogger("torch.onnx").setLevel(logging.ERROR)
         export = functools.partial(torch.onnx.export, dynamo=True, opset_version=opset, input_names=names,
