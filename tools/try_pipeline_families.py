@@ -49,13 +49,14 @@ sys.path.insert(0, str(HERE.parent / "tests"))  # tests/_pipelines.py: the token
 
 #: the generation snippet run in its own process: load OUT, 2 steps at 64x64, the output's shape
 GENERATE = r"""
-import inspect, sys, torch, numpy as np
+import inspect, sys, torch, numpy as np, PIL.Image
 import normexport.pipeline
 pipe = normexport.pipeline.load(sys.argv[1])
 params = inspect.signature(pipe.__call__).parameters
 g = torch.Generator().manual_seed(0)
 wanted = dict(prompt="a photo of a cat", num_inference_steps=2, height=64, width=64, output_type="np",
-              use_resolution_binning=False, generator=g, image=torch.rand(1, 3, 64, 64, generator=g),
+              use_resolution_binning=False, generator=g,  # a PIL image: every image pipeline takes one (SVD, Flux2 only it)
+              image=PIL.Image.fromarray((torch.rand(64, 64, 3, generator=g) * 255).to(torch.uint8).numpy()),
               mask_image=(torch.arange(64) >= 32).float().expand(1, 1, 64, 64), strength=1.0,
               class_labels=[1])  # class-conditional pipelines (DiTPipeline) require labels
 out = pipe(**{k: v for k, v in wanted.items() if k in params})

@@ -4,10 +4,12 @@ The loaded pipeline's components stand on their class built on the meta device (
 config and submodules, no weights). Some pipelines read a component's own tensor values: LTXPipeline
 denormalises the latents with `self.vae.latents_mean` / `latents_std` (AutoencoderKLLTXVideo's
 buffers) before decoding; on the meta device that was "Cannot copy out of meta tensor; no data!"
-deep in the run. Convert writes the component's own buffers (registered on the component itself,
-not its submodules, each up to BUFFER_LIMIT bytes) beside its file, and load puts them into the meta
-module; any other tensor the pipeline reads from a loaded component is refused in one line naming
-it (runtime.OrtComponent.__getattr__), never handed over without values."""
+deep in the run; Flux2KleinPipeline reads its VAE's batch-norm statistics through a submodule
+(`self.vae.bn.running_mean`) to normalise and denormalise latents. Convert writes the component's
+buffers, its submodules' included (by their dotted names, each up to BUFFER_LIMIT bytes, TOTAL_LIMIT
+in all), beside its file, and load puts them into the meta module; any other tensor the pipeline
+reads from the loaded component itself is refused in one line naming it
+(runtime.OrtComponent.__getattr__), never handed over without values."""
 
 from __future__ import annotations
 
@@ -19,15 +21,20 @@ from torch import nn
 from ..errors import UsageError, first_line
 
 FILE = "buffers.safetensors"
-#: a component's own buffer larger than this is not written (the pipelines read small statistics)
+#: a buffer larger than this is not written (the pipelines read small statistics), nor any past TOTAL_LIMIT
 BUFFER_LIMIT = 1 << 20
+TOTAL_LIMIT = 16 << 20
 
 
 def write(module: nn.Module, folder: Path) -> list[str]:
-    """`module`'s own buffers (not its submodules') with values, each up to BUFFER_LIMIT bytes, in
-    folder/FILE; their names (none: no file)."""
-    tensors = {n: b.detach().cpu().contiguous() for n, b in module.named_buffers(recurse=False)
-               if b is not None and not b.is_meta and b.numel() * b.element_size() <= BUFFER_LIMIT}
+    """`module`'s buffers with values, its submodules' by their dotted names (`bn.running_mean`), each up
+    to BUFFER_LIMIT bytes and TOTAL_LIMIT in all (its own first), in folder/FILE; their names (none: no file)."""
+    tensors, total = {}, 0
+    for n, b in sorted(module.named_buffers(), key=lambda nb: nb[0].count(".")):
+        size = b.numel() * b.element_size() if b is not None else 0
+        if b is not None and not b.is_meta and size <= BUFFER_LIMIT and total + size <= TOTAL_LIMIT:
+            tensors[n] = b.detach().cpu().contiguous()
+            total += size
     if tensors:
         from safetensors.torch import save_file
 
@@ -50,8 +57,13 @@ def load_into(meta: nn.Module, folder: Path) -> list[str]:
                          "folder again") from None
     put = []
     for name, t in tensors.items():
-        if name in meta._buffers:
-            meta._buffers[name] = t
+        path, _, leaf = name.rpartition(".")
+        try:
+            owner = meta.get_submodule(path) if path else meta
+        except AttributeError:  # a name the class does not have: not put anywhere
+            continue
+        if leaf in owner._buffers:
+            owner._buffers[leaf] = t
             put.append(name)
     return sorted(put)
 
