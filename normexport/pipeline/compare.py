@@ -193,10 +193,10 @@ def _run(pipe, ref: Path, side: int, steps: int, calls: dict | None = None) -> d
                     _spy(stack, m, method, lambda a, k, r: seen.setdefault("decoded", _first_tensor(a, k)))
             if calls is not None and hasattr(m, "_slots"):  # an exported component (runtime.OrtComponent)
                 for method in m._slots:
-                    # by the slot whose file ran (one per attention-processor state the pipeline set), with the
+                    # by the slot whose file ran (one per attention-processor state the pipeline set, and per argument set), with the
                     # processors the component held: the eager component is called with them too
                     _spy(stack, m, method, lambda a, k, r, m=m, method=method: calls.setdefault(
-                        m.session(method).slot, (_clone(a), _clone(k), _clone(r), m.changed_processors())))
+                        m.session(method, a, k).slot, (_clone(a), _clone(k), _clone(r), m.changed_processors())))
         with torch.no_grad(), quiet():
             result = pipe(**kwargs)
     images = getattr(result, "images", None)

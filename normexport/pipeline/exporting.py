@@ -220,6 +220,9 @@ def _export_slot(args, src: Path, slot: Slot, tmp: Path) -> dict | None:
              # the pipeline has set them ({layer path: class name}, runtime.py)
              **({"attn_processors": {k: type(v).__name__ for k, v in slot.processors.items()}}
                 if slot.processors else {}),
+             # the parameters its call gave a tensor: load() runs the file of the arguments a call gives, where
+             # the pipeline calls the component with several sets (pipeline/recording.py)
+             "arguments": list(slot.arguments),
              "parity": _parity_summary(report)}
     del module, loaded, rec
     gc.collect()

@@ -20,6 +20,10 @@ way), so the runtime returns what the eager component returns.
 other than its component's own (a PAG pipeline's perturbed layers, pipeline/recording.py): the
 runtime runs that file while the pipeline has set those processors on the component, the slot
 without it while the component holds its own; several slots may so share a component and method.
+
+`arguments` (the method's parameters its recorded call gave a tensor): a component the pipeline
+calls with several sets of arguments has a slot per set (pipeline/recording.py); the runtime runs
+the file whose set the call gives.
 """
 
 from __future__ import annotations
@@ -148,6 +152,9 @@ def _problem(folder: Path, manifest: dict) -> str | None:
             table = e.get(key) or {}
             if not isinstance(table, dict) or not all(isinstance(v, str) for v in table.values()):
                 return f"{where} {key} are not a table of text"
+        arguments = e.get("arguments", [])  # the parameters its call gave a tensor (pipeline/recording.py)
+        if not isinstance(arguments, list) or not all(isinstance(a, str) for a in arguments):
+            return f"{where} arguments are not a list of names"
         batch = e.get("batch", {})  # what follows the batch (pipeline/batching.py)
         if not isinstance(batch, dict) or not all(k in ("inputs", "lists") and isinstance(v, list) and all(
                 isinstance(n, str) for n in v) for k, v in batch.items()):

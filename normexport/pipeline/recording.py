@@ -14,6 +14,12 @@ file is exported with those processors set (exporting.py) and which the loaded p
 while its component holds them (runtime.py). A PAG pipeline is run a second time in each run with
 `pag_scale=0`, so that the call without perturbed attention (the model's own processors, the
 batch of plain guidance) is recorded too.
+
+A component called with different sets of arguments in one run (StableAudio's projection_model:
+`text_hidden_states` in encode_prompt, `start_seconds` / `end_seconds` in encode_duration) is
+recorded per argument set (the parameters given a tensor, `arguments_given`): the first set keeps the
+slot's name, each other one is a slot of its own, `<slot>_<its arguments>`, exported from its own
+first call; the loaded component runs the file of the arguments it is called with (runtime.py).
 """
 
 from __future__ import annotations
@@ -57,6 +63,7 @@ class Slot:
     at_size: int | None = None  # shapes[:at_size]: the calls at the converted image size (the rest: one size up)
     batch: dict = dataclasses.field(default_factory=dict)  # what follows the batch (pipeline/batching.recorded)
     processors: dict = dataclasses.field(default_factory=dict)  # {layer path: processor} not the model's own (module doc)
+    arguments: tuple = ()  # the method's parameters given a tensor in this slot's calls (module doc)
 
     def batch_axes(self) -> dict[str, list[int]]:
         """{input path: [0]} for the recorded tensors whose first axis follows the batch (and is
@@ -100,8 +107,11 @@ def slot_name(component: str, method: str) -> str:
 class _Run:
     """The hooks of one run: first calls per slot, the shapes of every call."""
 
-    def __init__(self, modules: dict[str, nn.Module]):
+    def __init__(self, modules: dict[str, nn.Module], signatures: dict | None = None):
         self.modules = modules
+        # per slot, the argument sets its calls gave, in the order first seen (shared by the runs of one
+        # recording, so that each run names a call's slot the same)
+        self.signatures = {} if signatures is None else signatures
         self.own = {n: processor_classes(m) for n, m in modules.items()}  # each model's own processors, before any call
         self.slots: dict[str, Slot] = {}
         self.order: list[str] = []
@@ -125,6 +135,8 @@ class _Run:
     def _note(self, slot: str, component: str, method: str, bound: dict, args, kwargs, first: bool, renames=None,
               processors=None):
         shapes = {n: list(t.shape) for n, t in _leaves(bound)}
+        given = arguments_given(bound, renames)
+        slot = signature_slot(slot, given, self.signatures.setdefault(slot, []))
         if slot in self.shapes:
             seen = self.later.setdefault(slot, [])
             if shapes != self.shapes[slot] and shapes not in seen:
@@ -134,7 +146,7 @@ class _Run:
         self.shapes[slot] = shapes
         if first:
             self.slots[slot] = Slot(slot, component, method, _plain(args), _plain(kwargs), renames=renames or {},
-                                    processors=processors or {})
+                                    processors=processors or {}, arguments=given)
 
     def _forward_hook(self, name: str, first: bool):
         def hook(module, args, kwargs):
@@ -162,6 +174,25 @@ class _Run:
             t = result[0] if isinstance(result, tuple) else result
             if isinstance(t, torch.Tensor):
                 self.latents = t.detach().clone()
+
+
+def arguments_given(bound: dict, renames: dict | None = None) -> tuple[str, ...]:
+    """The call's signature: the (sorted) parameters of a bound call that hold a tensor (at any depth),
+    by the method's own names (`renames`: the file's input names back to them); an argument left out
+    or None is not given."""
+    back = {v: k for k, v in (renames or {}).items()}
+    return tuple(sorted({back.get(n, n) for n, v in bound.items()
+                         if any(isinstance(leaf, torch.Tensor) for leaf in pytree.tree_leaves(v))}))
+
+
+def signature_slot(slot: str, given: tuple, seen: list) -> str:
+    """The slot of a call with the argument set `given` (module doc): the slot's first argument set
+    keeps its name; any other is a slot of its own, `<slot>_<its arguments>` (StableAudio's
+    projection_model: `projection_model` for text_hidden_states, `projection_model_end_seconds_start_seconds`).
+    `seen`: the slot's argument sets so far (appended to)."""
+    if given not in seen:
+        seen.append(given)
+    return slot if seen.index(given) == 0 else f"{slot}_{'_'.join(given) or 'no_tensors'}"
 
 
 def processor_classes(m) -> dict[str, str]:
@@ -305,8 +336,10 @@ def record(path: Path, index: dict) -> Recording:
 
 def _runs(pipe, kwargs: dict, modules: dict, cls: str, path: Path) -> list:
     """The three recording runs of record(): (run, call, saved) each."""
-    runs = [(_Run(modules), _batched(pipe, kwargs, modules), True), (_Run(modules), _longer(kwargs), True),
-            (_Run(modules), _larger(pipe, kwargs, modules), False)]
+    signatures: dict = {}  # one naming of the argument sets for the three runs (_Run)
+    runs = [(_Run(modules, signatures), _batched(pipe, kwargs, modules), True),
+            (_Run(modules, signatures), _longer(kwargs), True),
+            (_Run(modules, signatures), _larger(pipe, kwargs, modules), False)]
     for run, call, saved in runs:
         try:
             with run.hooks(pipe, first=saved), torch.no_grad(), quiet():
@@ -375,6 +408,8 @@ def _batched(pipe, kwargs: dict, modules: dict) -> dict:
         for k in ("image", "mask_image", "control_image"):
             if isinstance(call.get(k), torch.Tensor):
                 call[k] = torch.cat([call[k], call[k]])
+            elif type(call.get(k)).__module__.startswith("PIL."):  # a PIL image (load.pipeline.call_arguments)
+                call[k] = [call[k], call[k]]
     elif "num_images_per_prompt" in params:
         call["num_images_per_prompt"] = 2
     else:

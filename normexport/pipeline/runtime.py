@@ -39,7 +39,7 @@ from torch import nn
 from ..errors import UsageError, first_line
 from . import batching, buffers
 from . import manifest as manifest_mod
-from .recording import LATENT_PARAMETERS, bind_call, changed_processors, key_text, processor_classes
+from .recording import LATENT_PARAMETERS, arguments_given, bind_call, changed_processors, key_text, processor_classes
 
 #: the libraries model_index.json may name a class of (nothing else is imported from a folder)
 LIBRARIES = ("diffusers", "transformers")
@@ -257,6 +257,16 @@ class OrtComponent(nn.Module):
         # the component's own dtype (the manifest's; a folder written before it had one: its first float input's)
         dtypes = [TORCH_DTYPES.get(first.get("dtype"))] + [TORCH_DTYPES.get(i["dtype"]) for i in first["inputs"].values()]
         self._dtype = next((d for d in dtypes if d is not None), torch.float32)
+        # an empty parameter of that dtype on the CPU: a pipeline that reads a component's dtype from its
+        # parameters (SVD's `next(self.image_encoder.parameters()).dtype`) gets the exported one
+        self.register_parameter("dtype_of_file", nn.Parameter(torch.empty(0, dtype=self._dtype), requires_grad=False))
+        # each exported method with its library method's signature: a pipeline that passes what the method
+        # takes (SVD's `"num_frames" in inspect.signature(self.vae.forward).parameters`) passes it here too
+        for method in ("forward", "decode", "encode"):  # forward too where only decode was exported (SVD's VAE)
+            original = getattr(meta, method, None) if meta is not None else None
+            if callable(original):
+                call = _Signed(getattr(type(self), method).__get__(self), inspect.signature(original))
+                object.__setattr__(self, method, call)
 
     @property
     def __class__(self):
@@ -295,19 +305,29 @@ class OrtComponent(nn.Module):
     def encode(self, *args, **kwargs):
         return self._call("encode", args, kwargs)
 
-    def session(self, method: str):
+    def session(self, method: str, args=None, kwargs=None):
         """The file that serves `method` now: the one exported with the attention processors the
-        component holds (the pipeline may have switched them, pipeline/recording.py); a RuntimeError
-        naming them where no file was exported with them."""
+        component holds (the pipeline may have switched them, pipeline/recording.py), and, where the
+        component has files for several argument sets, the one of the arguments the call (`args`,
+        `kwargs`) gives a tensor; a RuntimeError naming them where no file was exported with them."""
         files = self._slots.get(method)
         if files is None:
             raise RuntimeError(f"{self.component}.{method} was not exported (the pipeline did not call it when the "
                                "folder was converted)")
         now = self.changed_processors()
         state = {k: type(v).__name__ for k, v in now.items()}
-        for processors, session in files:
-            if processors == state:
-                return session
+        held = [session for processors, session in files if processors == state]
+        if len(held) > 1 and (args or kwargs):  # a file per argument set (pipeline/recording.py)
+            given = list(arguments_given(self._bind(method, args or (), kwargs or {})))
+            chosen = [s for s in held if s.entry.get("arguments") == given]
+            if not chosen:
+                raise RuntimeError(f"{self.component}.{method} called with tensors for {', '.join(given) or 'none'}, "
+                                   "which no exported file takes (its files take "
+                                   f"{'; '.join(', '.join(s.entry.get('arguments') or []) for s in held)}): convert "
+                                   "the pipeline with a call that gives them")
+            return chosen[0]
+        if held:
+            return held[0]
 
         def shown(classes: dict) -> str:
             return (f"{', '.join(sorted(set(classes.values())))} on {len(classes)} layers" if classes
@@ -323,13 +343,26 @@ class OrtComponent(nn.Module):
         return changed_processors(self._meta, self._own) if self._own else {}
 
     def _call(self, method: str, args, kwargs):
-        session = self.session(method)
+        session = self.session(method, args, kwargs)
+        return session(self.component, method, self._bind(method, args, kwargs))
+
+    def _bind(self, method: str, args, kwargs) -> dict:
+        """The call by the original method's parameter names."""
         original = getattr(type(self._meta), method, None) if self._meta is not None else None
         if original is None and args:
             raise RuntimeError(f"{self.component}.{method} called positionally; its class could not be built to name "
                                "the arguments: call it by keyword")
-        bound = bind_call(original.__get__(self._meta), args, kwargs) if original is not None else dict(kwargs)
-        return session(self.component, method, bound)
+        return bind_call(original.__get__(self._meta), args, kwargs) if original is not None else dict(kwargs)
+
+
+class _Signed:
+    """A loaded component's method that inspect reads as its library method (`__signature__`)."""
+
+    def __init__(self, fn, signature: inspect.Signature):
+        self.fn, self.__signature__ = fn, signature
+
+    def __call__(self, *args, **kwargs):
+        return self.fn(*args, **kwargs)
 
 
 class _Session:
