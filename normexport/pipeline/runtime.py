@@ -83,8 +83,13 @@ def load(folder, providers: list[str] | None = None, backend: str | None = None,
         elif isinstance(value, list) and len(value) == 2 and all(isinstance(v, str) for v in value):
             if (folder / name).is_dir():
                 cls = _library_class(value[0], value[1], folder / "model_index.json")
-                with _quiet():
-                    parts[name] = cls.from_pretrained(str(folder / name))
+                try:  # a tokenizer, scheduler, feature extractor; a model folder here is one the manifest lost
+                    with _quiet():
+                        parts[name] = cls.from_pretrained(str(folder / name))
+                except Exception as e:  # noqa: BLE001 - a damaged folder (docs/design.md §14): one line
+                    raise UsageError(f"'{folder / name}' cannot be loaded as {value[1]} ({type(e).__name__}: "
+                                     f"{first_line(e, 160)}), and the manifest has no file for it: convert the "
+                                     "pipeline folder again") from None
             elif _has_default(pipeline_cls, name):  # no folder (LongCat's scheduler, made by its __init__): the
                 continue  # class's own default, as diffusers' from_pretrained leaves such a parameter out
             else:
