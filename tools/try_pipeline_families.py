@@ -625,20 +625,17 @@ NOT_BUILT = {
 
 #: one-line reasons for the classes that fail, by name (filled in from the runs)
 REASONS: dict = {
-    "sd_pag": "PAG sets attention processors on the denoiser's modules at every call (pag_utils._set_pag_attn_processor); "
-              "the loaded pipeline's unet is an ONNX session with no modules: 'Cannot find PAG layer to set attention "
-              "processor for: mid' (generate and check); and the file holds the default processors (PAG's are set only "
-              "inside __call__, restored before the export): PAG's perturbed branch would need exporting as such",
+    "sd_pag": "PASS after the PAG mechanism (1729987): one denoiser file per attention-processor state the pipeline "
+              "calls it in, the pipeline's own switch run on the loaded component's meta module; before: 'Cannot find "
+              "PAG layer to set attention processor for: mid'",
 }
 REASONS["stable_audio"] = (
-    "projection_model is called twice per run with different inputs (text_hidden_states in encode_prompt, then "
-    "start_seconds / end_seconds in encode_duration); convert exports each slot's first call only, so the second "
-    "is refused: 'called with a tensor start_seconds, which its file ... was not exported with' (after two fixes: "
-    "the pipeline-module class loaded, and built on meta)")
+    "PASS after the per-argument-set slots: projection_model is called twice per run with different inputs "
+    "(text_hidden_states, then start_seconds / end_seconds), each set now a file of its own")
 REASONS["allegro"] = (
-    "AutoencoderKLAllegro decodes only with tiling on ('Decoding without tiling has not been implemented yet'), a "
-    "runtime switch (vae.enable_tiling()) that save_pretrained does not keep: the loaded folder cannot run; its "
-    "tiled decode would need exporting per tile")
+    "not a normexport failure: its own eager pipeline cannot run from the saved folder: AutoencoderKLAllegro decodes "
+    "only with tiling on ('Decoding without tiling has not been implemented yet'), a runtime switch "
+    "(vae.enable_tiling()) that save_pretrained does not keep; counted as tried and failed all the same")
 REASONS["mochi"] = "PASS after the recording fix (its schedule cannot be one step long: ZeroDivisionError before)"
 REASONS["sd3_img2img"] = "first run failed on this tool's tiny VAE (no shift_factor, which SD3 img2img encodes with)"
 REASONS["consistency"] = (
@@ -646,12 +643,28 @@ REASONS["consistency"] = (
     "the exported image is 144 dB from eager")
 _LATE = ("not run", None, None, None, "builds here; not reached before the sweep's deadline (one class at a time on "
          "the loaded VM)")
-REASONS["svd"] = ("convert's generic run passes `image` as a torch tensor at the call's size; SVD resizes only PIL / "
-                  "numpy images to its CLIP encoder's 224 ('Input image size (128*128) doesn't match model (224*224)' "
-                  "in the one-size-up run): a PIL image in the generic call would be the fix, not tried")
 REASONS["wan_i2v"] = ("diffusers' WanImageToVideoPipeline cleans prompts with ftfy, not installed here (NameError: "
-                      "name 'ftfy' is not defined in its own one-step run): the environment's, not normexport's")
+                      "name 'ftfy' is not defined in its own one-step run); with it, its default 81 frames meet issue 46 "
+                      "item 8 (the Wan VAE's frame loop traced unrolled: convert > 13 min), not run")
 REASONS["cogvideox"] = "PASS with the tiny transformer's max_text_seq_length=226 (the pipeline pads prompts to 226)"
+REASONS["qwenimage"] = (
+    "text encoder fixed: nested use_cache (44a1322); text length now dynamic in the text encoder (7560139), but "
+    "the transformer's RoPE takes int(text length) (QwenEmbedRope.forward), which torch.export specialises: its file "
+    "fixes the text length, and a prompt of another length is refused in one line")
+REASONS["zimage"] = (
+    "each sample's text length is a python value of the transformer's call (lists of per-prompt embeddings): its "
+    "file fixes them per position and load() serves prompts of the recorded lengths only (tests/test_pipeline_batches"
+    ".py); another prompt is refused in one line")
+REASONS["lumina2"] = ("its transformer reads the text mask's values in python (token counts): the file serves the "
+                      "recorded mask only, and the loaded pipeline refuses another prompt's in one line")
+REASONS["controlnet"] = "PASS after the loaded component answers isinstance for its class (check_inputs: assert False)"
+REASONS["longcat_audio"] = "PASS after the one-prompt run's longer prompt (text length dynamic; before: refused)"
+REASONS["svd"] = ("converted at 128x128 (PIL image in convert's call, 78ad526; the image encoder's parameters and "
+                  "vae.decode's signature, f43e2b5): check --steps 2 PASSED there (115.9 dB), but the unet file is "
+                  "static (no exporter kept its sizes), so this tool's 64x64 generate is refused in one line")
+REASONS["flux2_klein"] = ("passes by the plain-export rule only (image 33.6 dB from eager: the plain torch.onnx export "
+                          "is as far from float64; not looked into); PIL image in convert's call (78ad526) and submodule buffers written (18966c8: the VAE's "
+                          "bn.running_mean)")
 _PAG = ("not run", None, None, None, "a PAG class: sd_pag's mechanism (attention processors set on the denoiser's "
         "modules at call time) applies unchanged; not run to save the sweep's time")
 
@@ -673,6 +686,8 @@ EARLIER = {
                      "203 s, check 20 s"),
 
     "pixart_sigma_pag": _PAG, "sd3_pag": _PAG, "sdxl_pag": _PAG, "sana_pag": _PAG,
+    "wan": ("not run", None, None, None, "WanPipeline at its default 81 frames: issue 46 item 8 (the Wan VAE's frame "
+            "loop traced unrolled; convert > 13 min, benchmarks/results/video_pipeline_time_2026-11-28_vm.txt)"),
     "hidream": ("not run", None, None, None, "builds, but the pipeline rescales every image to 1024x1024: too slow for "
                 "this sweep on the loaded VM (issue 46 item 6's parts are tested in tests/test_pipeline_components_found.py)"),
 }
