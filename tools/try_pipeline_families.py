@@ -608,7 +608,8 @@ CLASSES = {"sdxl": "StableDiffusionXLPipeline", "pixart_sigma": "PixArtSigmaPipe
            "longcat_audio": "LongCatAudioDiTPipeline", "hidream": "HiDreamImagePipeline",
            "pixart_sigma_pag": "PixArtSigmaPAGPipeline", "sd3_pag": "StableDiffusion3PAGPipeline",
            "sdxl_pag": "StableDiffusionXLPAGPipeline", "sana_pag": "SanaPAGPipeline",
-           "wan_i2v": "WanImageToVideoPipeline", "svd": "StableVideoDiffusionPipeline", "ltx_i2v": "LTXImageToVideoPipeline"}
+           "wan_i2v": "WanImageToVideoPipeline", "svd": "StableVideoDiffusionPipeline", "ltx_i2v": "LTXImageToVideoPipeline",
+           "wan": "WanPipeline"}
 #: the test suite's own builds (tests/_pipelines.build), by the name used here
 TEST_KINDS = {"sd": "sd", "sd_img2img": "img2img", "pixart_alpha": "pixart", "flux": "flux", "dit": "dit",
               "wan": "wan", "controlnet": "controlnet"}
