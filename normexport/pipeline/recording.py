@@ -27,7 +27,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
-import importlib
 import inspect
 import sys
 from pathlib import Path
@@ -353,12 +352,17 @@ def _runs(pipe, kwargs: dict, modules: dict, cls: str, path: Path) -> list:
     return runs
 
 
+def is_pag(pipe) -> bool:
+    """A pipeline that switches its denoiser's attention processors in its call (diffusers' PAGMixin,
+    module doc); the mixin's module is loaded with any pipeline class built on it."""
+    pag = sys.modules.get("diffusers.pipelines.pag.pag_utils")
+    return pag is not None and isinstance(pipe, pag.PAGMixin)
+
+
 def _switched(pipe, call: dict) -> list[dict]:
     """The same call with the pipeline's processor switch off, where it has one (module doc): a PAG
-    pipeline (diffusers' PAGMixin) with `pag_scale=0`; [] for any other pipeline."""
-    mixin = getattr(importlib.import_module("diffusers.pipelines.pag.pag_utils"), "PAGMixin", None) \
-        if "diffusers" in sys.modules else None
-    if mixin is None or not isinstance(pipe, mixin) or "pag_scale" not in inspect.signature(pipe.__call__).parameters:
+    pipeline with `pag_scale=0`; [] for any other pipeline."""
+    if not is_pag(pipe) or "pag_scale" not in inspect.signature(pipe.__call__).parameters:
         return []
     return [_call(call, pag_scale=0.0)]
 

@@ -39,7 +39,8 @@ from torch import nn
 from ..errors import UsageError, first_line
 from . import batching, buffers
 from . import manifest as manifest_mod
-from .recording import LATENT_PARAMETERS, arguments_given, bind_call, changed_processors, key_text, processor_classes
+from .recording import LATENT_PARAMETERS, arguments_given, bind_call, changed_processors, is_pag, key_text, \
+    processor_classes
 
 #: the libraries model_index.json may name a class of (nothing else is imported from a folder)
 LIBRARIES = ("diffusers", "transformers")
@@ -120,10 +121,7 @@ def _switch_on_meta(pipe) -> None:
     class on the meta device: the mixin's own method runs on a view of the pipeline whose exported
     components are their meta modules, and OrtComponent runs the file of the processors they hold.
     The restore (`denoiser.set_attn_processor(...)`) reaches the meta module as any attribute does."""
-    import sys
-
-    pag = sys.modules.get("diffusers.pipelines.pag.pag_utils")
-    if pag is None or not isinstance(pipe, pag.PAGMixin):
+    if not is_pag(pipe):
         return
     original = type(pipe)._set_pag_attn_processor
 
