@@ -153,3 +153,54 @@ def test_fewer_axes_tried_before_static(monkeypatch):
     assert ex["rung"] == "fewer axes" and ex["static_axes"] == {"x": [1]}, ex
     assert [(a["rung"], a.get("axes")) for a in ex["attempts"]] == [
         ("dynamic", None), ("static axes", None), ("fewer axes", {"x": [0, 1]})], ex["attempts"]
+
+
+class _FixesWidth(torch.nn.Module):
+    """Its code branches on y's width in python: torch.export specialises that axis and names it in its
+    "conflicts between user-specified ranges and inferred ranges" error."""
+
+    def forward(self, x, y):
+        return x.sum(-1, keepdim=True) * y + (1.0 if y.shape[1] == 3 else 2.0)
+
+
+@pytest.mark.parametrize("adapter", [False, True], ids=["module", "call_adapter"])
+def test_axes_the_model_fixes_are_read_from_the_export_error(monkeypatch, adapter):
+    """The dynamic rung's conflict error names the axes the model fixes (inputs['y'].shape[1], or
+    inputs['tensors'][1].shape[1] through a CallAdapter): the static-axes rung drops exactly those
+    without another torch.export trace (Dim.AUTO), and a narrower axis set that holds only fixed axes, or
+    that asks again for a set already refused, is not exported. Planted: keepable_axes raising (it is not
+    called) and the export counted."""
+    from normexport.exporter import ladder, rungs
+    from normexport.load.call import CallAdapter
+
+    calls = []
+    real = rungs._torch_onnx_export
+
+    def spy(module, args, names, output_names, dynamic_axes, opset, auto=False):
+        calls.append(dynamic_axes)
+        return real(module, args, names, output_names, dynamic_axes, opset, auto)
+
+    def no_trace(*a, **k):
+        raise AssertionError("keepable_axes traced again")
+
+    monkeypatch.setattr(rungs, "_torch_onnx_export", spy)
+    monkeypatch.setattr(rungs, "keepable_axes", no_trace)
+    x, y = torch.randn(2, 5), torch.randn(2, 3)
+    module = CallAdapter(_FixesWidth(), (x, y), {}) if adapter else _FixesWidth()
+    report: dict = {}
+    seen = []
+
+    def judge(model, kept):
+        seen.append(kept)
+        return len(seen) > 1, kept  # the first file refused (as parity would): the ladder goes on
+
+    kept = ladder.run(module, module, (x, y), names=["x", "y"], output_names=["z"],
+                      dynamic_axes={"x": [0], "y": [0, 1]}, opset=18, ts_opset=17, target="onnx", auto_dynamic=False,
+                      judge=judge, report=report, fewer=[{"y": [1]}, {"x": [0], "y": [0]}])
+    attempts = report["exporter"]["attempts"]
+    assert attempts[0]["rung"] == "dynamic" and attempts[0]["error"] == "torch.export: the model fixes y:1", attempts
+    assert calls[:2] == [{"x": [0], "y": [0, 1]}, {"x": [0], "y": [0]}], calls
+    assert [(a["rung"], a.get("skipped")) for a in attempts[1:4]] == [
+        ("static axes", None), ("fewer axes", "the model fixes y:1"),
+        ("fewer axes", "the same axes as a file already refused")], attempts
+    assert kept == {} and calls[2:] == [None], calls  # then the static rung, whose file the judge takes

@@ -35,6 +35,8 @@ def run(module, unswapped, args: tuple, *, names: list[str], output_names, dynam
     wanted = {n: sorted(set(a)) for n, a in (dynamic_axes or {}).items() if a}
     narrower = _narrower(fewer, wanted)
     attempts: list[dict] = []
+    fixed: dict[str, list[int]] = {}  # axes a failed export said the model fixes (torch.export's conflicts)
+    tried: list[dict] = []  # axis sets already exported (and refused or failed): not exported again
     first_failed = None  # (value, exporter section) of the first file that exported but was refused
     for rung, subset in [(r, s) for r in LADDER for s in (narrower if r == "fewer axes" else [None])]:
         if rung != "dynamic" and rung != "torchscript" and not wanted:
@@ -45,18 +47,29 @@ def run(module, unswapped, args: tuple, *, names: list[str], output_names, dynam
             continue  # the previous rung already wrote a fully static file
         if rung == "torchscript static" and not wanted:
             continue
+        keep = None  # the axes this rung asks torch.export to keep
         try:
             if rung == "dynamic":
                 model = rungs.dynamo(module, args, names, output_names, dynamic_axes, opset, target=target,
                                      auto=auto_dynamic, report=report, plan=plan)
             elif rung == "static axes":
-                keep = rungs.keepable_axes(module, args, names, wanted)
+                # the axes the first rung's failure named as fixed by the model, else torch.export's Dim.AUTO trace
+                keep = _minus(wanted, fixed) if fixed else rungs.keepable_axes(module, args, names, wanted)
                 if keep == wanted:  # torch.export keeps them all: the first rung's file again
                     attempts.append({"rung": rung, "skipped": "torch.export keeps every dynamic axis"})
+                    continue
+                if keep in tried:
+                    attempts.append({"rung": rung, "skipped": "the same axes as a file already refused"})
                     continue
                 model = rungs.dynamo(module, args, names, output_names, keep, opset, target=target, fresh=True,
                                      report=report)
             elif rung == "fewer axes":
+                keep = _minus(subset, fixed)  # never ask again for an axis the model was seen to fix
+                if not keep or keep in tried:
+                    why = f"the model fixes {_axes_text(subset)}" if not keep else "the same axes as a file already refused"
+                    attempts.append({"rung": rung, "axes": subset, "skipped": why})
+                    continue
+                subset = keep
                 model = rungs.dynamo(module, args, names, output_names, subset, opset, target=target, fresh=True,
                                      report=report)
             elif rung == "static":
@@ -72,6 +85,13 @@ def run(module, unswapped, args: tuple, *, names: list[str], output_names, dynam
             if rung == "dynamic" and "unsupported type: tensor(bfloat16)" in str(e):
                 raise  # an op without a bfloat16 form at this opset: the opset is the fix, not another exporter
             attempts.append({"rung": rung, **({"axes": subset} if subset else {}), "error": rungs.cause_summary(e)})
+            named = rungs.specialised_axes(e, module, names)
+            if named:  # said in the user's names: which axes the model's code fixes
+                attempts[-1]["error"] = f"torch.export: the model fixes {_axes_text(named)}"
+                for n, axes in named.items():
+                    fixed[n] = sorted(set(fixed.get(n, [])) | set(axes))
+            if keep is not None:
+                tried.append(keep)
             continue
         kept = rungs.file_dynamic_axes(model)
         static_axes = {n: [a for a in axes if a not in kept.get(n, [])] for n, axes in wanted.items()}
@@ -83,6 +103,7 @@ def run(module, unswapped, args: tuple, *, names: list[str], output_names, dynam
             report["exporter"] = section
             return value
         attempts.append({"rung": rung, **({"axes": subset} if subset else {}), "parity": "failed", "kept": kept})
+        tried.append(kept)
         if first_failed is None:
             first_failed = (value, section)
         else:
@@ -106,6 +127,16 @@ def _narrower(fewer, wanted: dict) -> list[dict]:
         if sub and sub != wanted and sub not in out:
             out.append(sub)
     return out
+
+
+def _minus(axes: dict, fixed: dict) -> dict[str, list[int]]:
+    """`axes` without those in `fixed`, inputs left with none dropped."""
+    out = {n: [a for a in ax if a not in fixed.get(n, [])] for n, ax in axes.items()}
+    return {n: a for n, a in out.items() if a}
+
+
+def _axes_text(axes: dict) -> str:
+    return ", ".join(f"{n}:{','.join(map(str, a))}" for n, a in axes.items())
 
 
 def _section(rung: str, attempts: list[dict], static_axes: dict, ts_opset: int) -> dict:

@@ -84,6 +84,43 @@ def keepable_axes(module, args: tuple, names: list[str], wanted: dict[str, list[
     return kept
 
 
+_CONFLICT = re.compile(r"tracing inferred a static shape of \d+ for dimension inputs((?:\[[^\]]+\])+)\.shape\[(\d+)\]")
+
+
+def specialised_axes(e: BaseException, module, names: list[str]) -> dict[str, list[int]] | None:
+    """The input axes a failed export says the model fixes: torch.export's "conflicts between
+    user-specified ranges and inferred ranges" names each dim the trace specialised
+    (`inputs['tensors'][4].shape[0]`, `inputs['x'].shape[2]`); None when the error is not that or a
+    dim cannot be mapped to an input name (the caller then asks torch.export with Dim.AUTO)."""
+    text, seen = "", 0
+    while e is not None and seen < 8:
+        text += str(e)
+        e, seen = e.__cause__ or e.__context__, seen + 1
+    found = _CONFLICT.findall(text)
+    if "conflicts between user-specified ranges and inferred ranges" not in text or not found:
+        return None
+    import inspect
+
+    params = list(inspect.signature(module.forward).parameters.values())
+    out: dict[str, list[int]] = {}
+    for path, axis in found:
+        keys = re.findall(r"\[([^\]]+)\]", path)
+        first = keys[0].strip("'\"")
+        at = next((i for i, p in enumerate(params) if p.name == first), None)
+        if at is None:
+            return None
+        if params[at].kind == inspect.Parameter.VAR_POSITIONAL:  # forward(*tensors): the next key is the index
+            if len(keys) < 2 or not keys[1].isdigit():
+                return None
+            at += int(keys[1])
+        elif len(keys) > 1:
+            return None  # a nested input: its name is not positional
+        if at >= len(names):
+            return None
+        out.setdefault(names[at], []).append(int(axis))
+    return {n: sorted(set(a)) for n, a in out.items()}
+
+
 def file_dynamic_axes(model) -> dict[str, list[int]]:
     """{input name: [axes with a symbolic dim]} of an onnx_ir model's graph inputs."""
     axes = {}
