@@ -1,6 +1,6 @@
 """Issue 40: `normexport convert PIPELINE_DIR -o OUT/` writes every neural component the pipeline
 runs, in optimum's layout; `normexport.pipeline.load(OUT)` generates as the eager pipeline does;
-`normexport check OUT --reference PIPELINE_DIR --steps 4` compares them end to end (image and
+`normexport check OUT --reference PIPELINE_DIR --steps 2` compares them end to end (image and
 final latents against a float64 run of the eager pipeline, per component too).
 
 Pipelines built from real diffusers / transformers classes (tests/_pipelines.py), saved with
@@ -106,7 +106,7 @@ def test_check_end_to_end(exported, tmp_path):
 
     kind, folder, out = exported
     report = tmp_path / "check.json"
-    code = main(["check", str(out), "--reference", str(folder), "--steps", "4", "--json", str(report)])
+    code = main(["check", str(out), "--reference", str(folder), "--steps", "2", "--json", str(report)])
     rep = json.loads(report.read_text())
     assert code == 0 and rep["passed"], rep
     assert set(rep["components"]) == set(CASES[kind][1]), rep["components"]
@@ -124,7 +124,7 @@ def test_check_end_to_end(exported, tmp_path):
         config = json.loads((bad / "vae_decoder" / "config.json").read_text())
         config["scaling_factor"] = 1.0
         (bad / "vae_decoder" / "config.json").write_text(json.dumps(config))
-        code = main(["check", str(bad), "--reference", str(folder), "--steps", "4", "--json", str(report)])
+        code = main(["check", str(bad), "--reference", str(folder), "--steps", "2", "--json", str(report)])
         rep = json.loads(report.read_text())
         assert code == 1 and not rep["passed"] and not rep["image"]["passed"], rep["image"]
     if kind == "flux":  # planted: the CLIP and T5 encoders' files swapped (both take input_ids)
@@ -134,7 +134,7 @@ def test_check_end_to_end(exported, tmp_path):
         tmp = bad / "t.onnx"
         a.rename(tmp), b.rename(a), tmp.rename(b)
         report.unlink()
-        code = main(["check", str(bad), "--reference", str(folder), "--steps", "4", "--json", str(report)])
+        code = main(["check", str(bad), "--reference", str(folder), "--steps", "2", "--json", str(report)])
         assert code == 1 and not (report.exists() and json.loads(report.read_text())["passed"])
 
 
