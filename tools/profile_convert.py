@@ -65,6 +65,11 @@ PHASES = [
     ("place checked file (Workdir.place)", "normexport.llm.files", "Workdir.place"),
     ("onnx checker by path", "normexport.io", "check_onnx_path"),
     ("deployable folder (deploy.write)", "normexport.llm.deploy", "write"),
+    ("quantize int4 (the stage)", "normexport.quantize.int4", "run"),
+    ("  int4: onnxruntime's MatMulNBitsQuantizer", "normexport.quantize.int4", "quantize"),
+    ("  int4: load float file (onnx_ir, lazy)", "onnx_ir", "load"),
+    ("  int4: weights check (every block vs float)", "normexport.quantize.weights", "check"),
+    ("  int4: deserialize proto -> ir", "onnx_ir.serde", "deserialize_model"),
 ]
 
 times: dict[str, float] = {}

@@ -68,16 +68,19 @@ class WeightCheck:
                 "missing": self.missing}
 
 
-def dequantize(b: np.ndarray, scales: np.ndarray, zero_points: np.ndarray | None, k: int, n: int,
-               block: int) -> tuple[np.ndarray, np.ndarray]:
-    """MatMulNBits' (4 bits) B [N, blocks, block/2] uint8, scales, zero points -> (W [N, K] float32,
-    the step of each element [N, K])."""
-    blocks = (k + block - 1) // block
+#: rows of a matrix unpacked and compared at a time (a few MiB of temporaries, not the whole matrix's)
+ROWS = 512
+
+
+def _blocks(b: np.ndarray, scales: np.ndarray, zero_points: np.ndarray | None, n: int, blocks: int,
+            block: int) -> tuple[np.ndarray, np.ndarray]:
+    """The format's reference rule on `n` rows: B [n, blocks, block/2] uint8 -> (W [n, blocks, block] float32,
+    the scale of each block [n, blocks] float32)."""
     b = b.reshape(n, blocks, block // 2)
     q = np.empty((n, blocks, block), dtype=np.uint8)
     q[..., 0::2] = b & 0x0F
     q[..., 1::2] = b >> 4
-    s = scales.astype(np.float32).reshape(n, blocks, 1)
+    s = scales.astype(np.float32).reshape(n, blocks)
     if zero_points is None:
         zp = np.float32(8)
     elif zero_points.dtype == np.uint8:
@@ -88,44 +91,88 @@ def dequantize(b: np.ndarray, scales: np.ndarray, zero_points: np.ndarray | None
         zp = zp[:, :blocks].astype(np.float32).reshape(n, blocks, 1)
     else:  # a float zero point (hqq): the value that stands for 0
         zp = zero_points.astype(np.float32).reshape(n, blocks, 1)
-    w = (q.astype(np.float32) - zp) * s
-    step = np.broadcast_to(np.abs(s), w.shape)
+    return (q.astype(np.float32) - zp) * s[..., None], s
+
+
+def dequantize(b: np.ndarray, scales: np.ndarray, zero_points: np.ndarray | None, k: int, n: int,
+               block: int) -> tuple[np.ndarray, np.ndarray]:
+    """MatMulNBits' (4 bits) B [N, blocks, block/2] uint8, scales, zero points -> (W [N, K] float32,
+    the step of each element [N, K])."""
+    blocks = (k + block - 1) // block
+    w, s = _blocks(b, scales, zero_points, n, blocks, block)
+    step = np.broadcast_to(np.abs(s)[..., None], w.shape)
     return w.reshape(n, blocks * block)[:, :k], step.reshape(n, blocks * block)[:, :k]
+
+
+def worst_steps(want: np.ndarray, b: np.ndarray, scales: np.ndarray, zero_points: np.ndarray | None, k: int, n: int,
+                block: int) -> float:
+    """The largest |want - dequantized| / |scale| over every element of one matrix: `want` [N, K] (a
+    transposed view is fine), unpacked and compared ROWS rows at a time. The step is one per block, so
+    each block's largest error is divided once; an error where the scale is 0 is infinitely many steps."""
+    blocks = (k + block - 1) // block
+    b = b.reshape(n, blocks, block // 2)
+    scales = scales.reshape(n, blocks)
+    zero_points = None if zero_points is None else zero_points.reshape(n, -1)
+    worst = 0.0
+    for r0 in range(0, n, ROWS):
+        r1 = min(n, r0 + ROWS)
+        got, s = _blocks(b[r0:r1], scales[r0:r1], None if zero_points is None else zero_points[r0:r1], r1 - r0,
+                         blocks, block)
+        rows = np.zeros((r1 - r0, blocks * block), dtype=np.float32)
+        rows[:, :k] = np.asarray(want[r0:r1], dtype=np.float32)
+        got = got.reshape(r1 - r0, blocks * block)
+        got[:, k:] = 0  # the padding of a last short block stands for nothing
+        err = np.abs(rows - got, out=rows).reshape(r1 - r0, blocks, block).max(axis=-1)
+        step = np.abs(s)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            steps = np.where(step > 0, err / np.where(step > 0, step, 1), np.where(err > 0, np.inf, 0.0))
+        worst = max(worst, float(steps.max()) if steps.size else 0.0)
+    return worst
 
 
 def check(model: onnx.ModelProto, float_ir, opts: dict) -> WeightCheck:
     """Every MatMulNBits of `model` against the float weight (in `float_ir`, the file before it was
-    quantized) it replaced."""
+    quantized) it replaced; the matrices compared on every core (numpy releases the GIL), the worst
+    reported in the graph's order."""
+    import concurrent.futures
+    import os
+
     inits = {t.name: t for t in model.graph.initializer}
     floats = float_ir.graph.initializers
     result = WeightCheck(algorithm=opts["algorithm"], limit=STEPS.get(opts["algorithm"], 1.0))
-    for node in model.graph.node:
-        if node.op_type != "MatMulNBits":
-            continue
+
+    def compare(node) -> tuple[float, int]:
         attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
         k, n, block = attrs["K"], attrs["N"], attrs["block_size"]
         name = node.input[1]
         base = name[:-3] if name.endswith("_Q4") else name
         tied = ".transposed_for_"
         if base not in floats and tied in base and base.split(tied)[0] in floats:  # a tied head (int4.transposed_weights)
-            table = floats[base.split(tied)[0]].const_value.numpy().astype(np.float32)
+            table = floats[base.split(tied)[0]].const_value.numpy()
             want = table if table.shape == (n, k) else table.reshape(k, n).T
-        elif base not in floats or floats[base].const_value is None:
-            result.missing.append(node.name)
-            continue
         else:
-            want = floats[base].const_value.numpy().astype(np.float32).reshape(k, n).T  # [N, K]
+            want = floats[base].const_value.numpy().reshape(k, n).T  # [N, K], a view: read ROWS rows at a time
         b = numpy_helper.to_array(inits[name])
         scales = numpy_helper.to_array(inits[node.input[2]])
         zp = numpy_helper.to_array(inits[node.input[3]]) if len(node.input) > 3 and node.input[3] else None
-        got, step = dequantize(b, scales, zp, k, n, block)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            err = np.abs(want - got)
-            steps = np.where(step > 0, err / np.where(step > 0, step, 1), np.where(err > 0, np.inf, 0.0))
-        worst = float(steps.max()) if steps.size else 0.0
+        return worst_steps(want, b, scales, zp, k, n, block), n * ((k + block - 1) // block)
+
+    nodes = []
+    for node in model.graph.node:
+        if node.op_type != "MatMulNBits":
+            continue
+        base = node.input[1][:-3] if node.input[1].endswith("_Q4") else node.input[1]
+        tied = ".transposed_for_"
+        if not (base not in floats and tied in base and base.split(tied)[0] in floats) and (
+                base not in floats or floats[base].const_value is None):
+            result.missing.append(node.name)
+        else:
+            nodes.append(node)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1))) as pool:
+        worst_of = list(pool.map(compare, nodes))
+    for node, (worst, blocks) in zip(nodes, worst_of):
         result.matrices += 1
-        result.blocks += n * ((k + block - 1) // block)
+        result.blocks += blocks
         if worst > result.worst_steps or result.worst_node is None:
-            result.worst_steps, result.worst_node = max(worst, result.worst_steps), (
-                node.name if worst >= result.worst_steps else result.worst_node)
+            result.worst_steps, result.worst_node = max(worst, result.worst_steps), node.name
     return result
