@@ -22,6 +22,7 @@ from ..load.call import CallAdapter
 from ..errors import UsageError
 from .optimizer_rules import exact_no_op_rules
 from .promotion import promoted_einsum
+from . import sdpa
 
 
 def dynamic_shapes_for(args: tuple, names: list[str], dynamic_axes: dict[str, list[int]] | None, auto: bool = False):
@@ -209,7 +210,8 @@ def _torch_onnx_export(module, args, names, output_names, dynamic_axes, opset, a
         warnings.simplefilter("ignore")
         logging.getLogger("torch.onnx").setLevel(logging.ERROR)
         export = functools.partial(torch.onnx.export, dynamo=True, opset_version=opset, input_names=names,
-                                   output_names=output_names, custom_translation_table=ops.TRANSLATION_TABLE,
+                                   output_names=output_names,
+                                   custom_translation_table={**ops.TRANSLATION_TABLE, **sdpa.table(opset)},
                                    optimize=optimize, verbose=False)
         try:
             program = export(module, args, dynamic_shapes=shapes)

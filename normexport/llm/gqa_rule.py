@@ -66,7 +66,11 @@ def rule_class():
                                _outputs=["value_repeated"])
             attn = op.SDPA(q, pattern.OrValue([k_rep, present_key]), pattern.OrValue([v_rep, present_value]), mask,
                            key_format="BHSd", _domain=_FUSION, _allow_other_attributes=True, _outputs=["sdpa"])
-            out = op.Reshape(op.Transpose(attn, perm=[0, 2, 1, 3]), pattern.ANY_VALUE, _outputs=["attention_BSD"])
+            # rows whose keys are all masked set to 0 after it, as torch does (exporter/sdpa.py); GroupQueryAttention
+            # is exact for unpadded batches only, where no row is (the module docstring's seqlens_k)
+            safe = op.Where(pattern.ANY_VALUE, attn, pattern.ANY_VALUE)
+            out = op.Reshape(op.Transpose(pattern.OrValue([attn, safe]), perm=[0, 2, 1, 3]), pattern.ANY_VALUE,
+                             _outputs=["attention_BSD"])
             return out  # one output: onnxscript's multi-output matcher is quadratic in the graph (minutes at 22 layers)
 
         def check(self, context, query_BSD, key_BSDkv, value_BSDkv, past_key, past_value, cos, sin, mask,
