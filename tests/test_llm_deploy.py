@@ -166,12 +166,14 @@ def test_planted_wrong_eos_stops_early(deployed, tmp_path):
 
 def test_planted_share_buffer_fails(deployed, tmp_path):
     """past_present_share_buffer true on a graph that concatenates its cache: onnxruntime-genai
-    hands present buffers of max_length positions, the graph computes past + sequence."""
+    hands present buffers of max_length positions, the graph computes past + sequence. The first node
+    to fail depends on onnxruntime's node order: the present output's shape, or the mask's GatherND
+    reading past the attention mask (past positions counted from the max_length buffer)."""
     folder, out, _ = deployed
     ids = prompt_ids(folder)
     want = hf_generate(folder, ids)
     bad = _planted(out, tmp_path, past_present_share_buffer=True)
-    with pytest.raises(Exception, match="present.0.key"):
+    with pytest.raises(Exception, match=r"present.0.key|GatherND node.*invalid index"):
         got = genai_generate(bad, ids)
         assert got == want  # not reached: the first run fails
     assert json.loads((out / "genai_config.json").read_text())["search"]["past_present_share_buffer"] is False
