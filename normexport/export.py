@@ -100,7 +100,7 @@ def prepare_module(module, inputs: tuple, *, target: str, opset: int | None, rep
 
 
 def run_ladder(module, unswapped, inputs: tuple, *, target: str, opset: int | None, names: list[str], output_names,
-               dynamic_axes, auto_dynamic: bool, judge, report: dict, plan=None, fewer=None):
+               dynamic_axes, auto_dynamic: bool, judge, report: dict, plan=None, fewer=None, required=None):
     """The exporter ladder (normexport.exporter.ladder, docs/design.md §9) on the prepared module at `opset`
     (None: DEFAULT_OPSET; TORCHSCRIPT_OPSET for the TorchScript rungs), each exported file handed to
     `judge(model, kept_axes) -> (accepted, value)`; returns the value of the file kept."""
@@ -108,7 +108,8 @@ def run_ladder(module, unswapped, inputs: tuple, *, target: str, opset: int | No
 
     return ladder.run(module, unswapped, inputs, names=names, output_names=output_names, dynamic_axes=dynamic_axes,
                       opset=checked_opset(target, opset), ts_opset=opset or TORCHSCRIPT_OPSET, target=target,
-                      auto_dynamic=auto_dynamic, judge=judge, report=report, plan=plan, fewer=fewer or ())
+                      auto_dynamic=auto_dynamic, judge=judge, report=report, plan=plan, fewer=fewer or (),
+                      required=required)
 
 
 def rewrite_model(model, *, target: str, verify: bool = True, off: dict[str, str] | None = None,

@@ -40,7 +40,8 @@ def run(rec: Record, judge: Callable[[Record], Record]) -> Record:
         rec = run_ladder(rec.exportable, rec.unswapped, rec.inputs, target=args.target, opset=rec.opset,
                          names=rec.names, output_names=rec.output_names, dynamic_axes=rec.dynamic,
                          auto_dynamic=bool(args.module), judge=on_file, report=rec.sections, plan=plan,
-                         fewer=rec.loaded.fewer_axes if isinstance(rec.loaded, LoadedModel) else None)
+                         fewer=rec.loaded.fewer_axes if isinstance(rec.loaded, LoadedModel) else None,
+                         required=rec.loaded.required_axes if isinstance(rec.loaded, LoadedModel) else None)
         if rec.task == llm.WITH_PAST:
             llm.name_dims(rec.model_ir, rec.module.layout.layers)
             rec.model = None  # renamed dims: serialised again below

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ..errors import ExportError, UsageError
+from ..errors import AxesFixed, ExportError, UsageError
 from . import rungs
 from .names import LADDER, RUNG_TEXT  # noqa: F401 - the rungs, in order, and their names (exporter/names.py)
 
@@ -19,7 +19,7 @@ Judge = Callable[[Any, dict], "tuple[bool, Any]"]
 
 
 def run(module, unswapped, args: tuple, *, names: list[str], output_names, dynamic_axes, opset: int, ts_opset: int,
-        target: str, auto_dynamic: bool, judge: Judge, report: dict, plan=None, fewer=()) -> Any:
+        target: str, auto_dynamic: bool, judge: Judge, report: dict, plan=None, fewer=(), required=None) -> Any:
     """Export `module` (prepared; `unswapped`: before the norm swaps, for the TorchScript rungs)
     rung by rung (LADDER): the dynamo exporter with `dynamic_axes`; then with the axes it cannot
     keep made static (torch.export's Dim.AUTO: the file's symbolic dims say which stayed); then
@@ -31,7 +31,10 @@ def run(module, unswapped, args: tuple, *, names: list[str], output_names, dynam
     (exporter.depth.Plan): the first rung exports the module's stack of blocks shallow and grows it.
     `fewer`: narrower sets of the axes, tried in order ("fewer axes") before the fully static rung: one
     ladder instead of a whole convert per set (a pipeline component whose latent size cannot stay
-    dynamic keeps its batch)."""
+    dynamic keeps its batch). `required` ({input: axes} within dynamic_axes): axes the caller serves
+    another way where the model fixes them (a pipeline's text axis, padded: pipeline/padding.py): the
+    first rung that would export without one of them raises AxesFixed instead, as does a file that
+    does not keep them, so no file is exported in vain."""
     wanted = {n: sorted(set(a)) for n, a in (dynamic_axes or {}).items() if a}
     narrower = _narrower(fewer, wanted)
     attempts: list[dict] = []
@@ -48,13 +51,24 @@ def run(module, unswapped, args: tuple, *, names: list[str], output_names, dynam
         if rung == "torchscript static" and not wanted:
             continue
         keep = None  # the axes this rung asks torch.export to keep
+        if required and rung == "static axes":
+            try:
+                keep = _minus(wanted, fixed) if fixed else rungs.keepable_axes(module, args, names, wanted)
+            except UsageError:
+                raise
+            except Exception:  # noqa: BLE001 - torch.export cannot say which axes it keeps: none, as its rung would
+                keep = {}
+        asked = {"dynamic": wanted, "static axes": keep, "fewer axes": _minus(subset or {}, fixed),
+                 "torchscript": wanted}.get(rung) or {}
+        _give_up(required, asked, attempts, fixed)
         try:
             if rung == "dynamic":
                 model = rungs.dynamo(module, args, names, output_names, dynamic_axes, opset, target=target,
                                      auto=auto_dynamic, report=report, plan=plan)
             elif rung == "static axes":
                 # the axes the first rung's failure named as fixed by the model, else torch.export's Dim.AUTO trace
-                keep = _minus(wanted, fixed) if fixed else rungs.keepable_axes(module, args, names, wanted)
+                if keep is None:
+                    keep = _minus(wanted, fixed) if fixed else rungs.keepable_axes(module, args, names, wanted)
                 if keep == wanted:  # torch.export keeps them all: the first rung's file again
                     attempts.append({"rung": rung, "skipped": "torch.export keeps every dynamic axis"})
                     continue
@@ -94,6 +108,7 @@ def run(module, unswapped, args: tuple, *, names: list[str], output_names, dynam
                 tried.append(keep)
             continue
         kept = rungs.file_dynamic_axes(model)
+        _give_up(required, kept, attempts, fixed)
         static_axes = {n: [a for a in axes if a not in kept.get(n, [])] for n, axes in wanted.items()}
         static_axes = {n: axes for n, axes in static_axes.items() if axes}
         section = _section(rung, attempts, static_axes, ts_opset)
@@ -116,6 +131,14 @@ def run(module, unswapped, args: tuple, *, names: list[str], output_names, dynam
 
     causes += "".join(f"; {why}" for why in not_lowered(report.get("prepare")))
     raise ExportError(f"torch.onnx cannot export the model: {causes}") from None
+
+
+def _give_up(required, asked: dict, attempts: list[dict], fixed: dict) -> None:
+    """AxesFixed where `asked` (a rung's axes, or a file's) lacks a `required` axis (run's doc)."""
+    lost = _minus(required or {}, asked)
+    if lost:
+        why = "; ".join(f"{RUNG_TEXT[a['rung']]}: {a['error']}" for a in attempts if "error" in a)
+        raise AxesFixed(f"no exporter keeps {_axes_text(lost)} dynamic" + (f" ({why})" if why else ""), lost, fixed)
 
 
 def _narrower(fewer, wanted: dict) -> list[dict]:

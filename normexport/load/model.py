@@ -34,6 +34,9 @@ class LoadedModel:
     #: narrower sets of dynamic_axes the exporter ladder tries, in order, before a fully static file
     #: (exporter/ladder.py "fewer axes"; a pipeline component: the sizes that vary at one image size, the batch)
     fewer_axes: list[dict[str, list[int]]] = dataclasses.field(default_factory=list)
+    #: axes of dynamic_axes the caller serves another way where the model fixes them: the ladder raises
+    #: errors.AxesFixed rather than export without them (a pipeline's text axis, pipeline/padding.py)
+    required_axes: dict[str, list[int]] = dataclasses.field(default_factory=dict)
 
 
 def generates(model) -> bool:

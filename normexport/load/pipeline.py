@@ -39,6 +39,7 @@ import json
 import math
 import os
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -464,7 +465,10 @@ def image_side(pipe, modules: dict) -> int:
 
 def image_unit(pipe, modules: dict) -> int:
     """The step of image sizes the pipeline takes: the VAE's scale factor × the largest patch size
-    of the components × 2 (packed latents), and a multiple of 8."""
+    of the diffusers components × 2 (packed latents), and a multiple of 8. A transformers model's
+    patch size is not one: an image encoder (SVD's and Wan image-to-video's CLIP vision model) sees
+    the image its own processor resized (224 x 224), never the pipeline's size; counted, SVD's patch
+    32 made the unit 128 and the recording runs 128 x 128 and 256 x 256 (16x the work of 64 x 64)."""
     scale = next((v for a in ("vae_scale_factor_spatial", "vae_scale_factor")
                   if isinstance(v := getattr(pipe, a, None), int) and v > 0), None)
     if scale is None:
@@ -472,7 +476,10 @@ def image_unit(pipe, modules: dict) -> int:
         blocks = getattr(getattr(vae, "config", None), "block_out_channels", None)
         scale = 2 ** (len(blocks) - 1) if blocks else 8
     patch = 1
+    transformers = sys.modules.get("transformers")
     for m in modules.values():
+        if transformers is not None and isinstance(m, transformers.PreTrainedModel):
+            continue
         p = getattr(getattr(m, "config", None), "patch_size", None)
         if isinstance(p, int):
             patch = max(patch, p)

@@ -31,12 +31,13 @@ from torch import nn
 
 from .. import convert as convert_stages
 from .. import llm
-from ..errors import ExportError, UsageError, first_line
+from ..capture import save
+from ..errors import AxesFixed, ExportError, UsageError, first_line
 from ..load import pipeline as folder_pipeline
 from ..load.call import CallAdapter
 from ..load.examples import MASK_READ_AS_VALUES
 from ..load.pretrained import batched_axes, load_module
-from . import buffers
+from . import buffers, padding
 from . import manifest as manifest_mod
 from . import optimum_names
 from .recording import LATENT_PARAMETERS, METHODS, Slot, record, save_call, slot_name
@@ -104,7 +105,7 @@ def run(args) -> int:
                       f"uses {entry['file']}")
                 slots[slot.name] = entry
                 continue
-            entry = _export_slot(args, src, slot, tmp)
+            entry = _export_slot(args, src, slot, tmp, rec.text_limit)
             if key is not None:
                 seen[key] = slot.name
             if entry is None:
@@ -130,8 +131,9 @@ def run(args) -> int:
     return 0
 
 
-def _export_slot(args, src: Path, slot: Slot, tmp: Path) -> dict | None:
-    """One component, loaded alone, through the convert stages; its manifest entry (None: failed)."""
+def _export_slot(args, src: Path, slot: Slot, tmp: Path, text_limit: int | None = None) -> dict | None:
+    """One component, loaded alone, through the convert stages; its manifest entry (None: failed).
+    `text_limit`: the pipeline's longest text (its max_sequence_length), a padded file's length."""
     print(f"[{slot.name}]" + (f" {slot.component}.{slot.method}" if slot.method != "forward" else ""))
     folder = tmp / slot.name
     folder.mkdir()
@@ -165,7 +167,10 @@ def _export_slot(args, src: Path, slot: Slot, tmp: Path) -> dict | None:
     # the batch by name (latents, text, masks) and by recording: every tensor whose first axis differs between the
     # two-prompt and the one-prompt run (the VAE's latent_sample), so the fallback rungs below keep at least it
     batch = {} if static else {**(loaded.dynamic_axes or {}), **batched_axes(dict(slot.kwargs)), **slot.batch_axes()}
-    loaded.dynamic_axes = None if static else {**batch, **slot.dynamic()} or None
+    # the union, axis by axis: an input whose batch follows the batch and whose other sizes vary keeps both (SVD's
+    # unet `sample`: batch and latent height / width; a dict merge kept the latter alone, so torch.export fixed the
+    # batch of every input that follows it, encoder_hidden_states and added_time_ids too)
+    loaded.dynamic_axes = None if static else _union(batch, slot.dynamic()) or None
     ns = argparse.Namespace(**vars(args))
     ns.model, ns.output, ns.inputs, ns.module = str(src / slot.component), str(folder) + os.sep, str(file), None
     # a component is exported for the call its pipeline makes (docs/design.md §9), not for its class's default task:
@@ -181,9 +186,17 @@ def _export_slot(args, src: Path, slot: Slot, tmp: Path) -> dict | None:
     at_size = slot.dynamic(at_size=True)
     sizes = {n: [a for a in axes if a not in at_size.get(n, [])] for n, axes in slot.dynamic().items()}
     loaded.fewer_axes = [] if static else [_union(batch, at_size), _union(batch, sizes), batch]
+    # a text axis that follows the prompt: where the model fixes it, the ladder stops (no file made in vain) and
+    # the file is exported padded to one text length where padding is exact for the model (padding.py)
+    loaded.required_axes = {} if static else padding.text_axes(slot, module, loaded.dynamic_axes)
+    plans: list[dict] = []
     try:
-        rec = convert_stages.convert(ns, loaded)
-        if rec.exit_code == 0 and batch and not rec.kept and slot.single is not None and not static:
+        try:
+            rec = convert_stages.convert(ns, loaded)
+        except AxesFixed as e:
+            rec, plans = _padded(ns, slot, module, loaded, e, file, source, text_limit)
+        if rec.exit_code == 0 and batch and not rec.kept and slot.single is not None and not static and \
+                not _same_shapes(slot.single, (slot.args, slot.kwargs)):
             # not even the batch: a static file of the one-prompt call (what a pipeline call of one prompt makes)
             print(f"  {slot.name}: no exporter kept the batch dynamic either: exported again, static, from the "
                   "one-prompt call (it serves the recorded size; load() runs other batches in pieces)")
@@ -196,6 +209,8 @@ def _export_slot(args, src: Path, slot: Slot, tmp: Path) -> dict | None:
         return None
     if rec.exit_code:
         return None
+    if not static and not plans:
+        _say_unpadded(slot, module, rec.kept)
     shutil.copy2(src / slot.component / "config.json", folder / "config.json")
     buffers.write(component, folder)  # the values the pipeline may read from the component (buffers.py)
     base = slot_name(slot.component, slot.method)  # a processor state's slot is named as its component's own
@@ -215,7 +230,10 @@ def _export_slot(args, src: Path, slot: Slot, tmp: Path) -> dict | None:
              # what follows the batch: load() runs a file that holds another batch in pieces (pipeline/batching.py);
              # not a file with switched processors: PAG's split its batch in thirds (uncond, cond, perturbed), so
              # its samples are not computed apart
-             **({"batch": slot.batch} if slot.batch and not by_values and not slot.processors else {}),
+             **({"batch": padding.batch_with_masks(slot.batch, plans)} if slot.batch and not by_values
+                and not slot.processors else {}),
+             # a text axis the file fixes, served padded with masked rows (pipeline/padding.py)
+             **({"text_padding": padding.renamed(plans, spread)} if plans else {}),
              # the processors it was exported with where not the component's own: load() runs this file while
              # the pipeline has set them ({layer path: class name}, runtime.py)
              **({"attn_processors": {k: type(v).__name__ for k, v in slot.processors.items()}}
@@ -227,6 +245,67 @@ def _export_slot(args, src: Path, slot: Slot, tmp: Path) -> dict | None:
     del module, loaded, rec
     gc.collect()
     return entry
+
+
+def _padded(ns, slot: Slot, module, loaded, fixed: AxesFixed, file: Path, source: str, text_limit: int | None):
+    """The model fixes a text axis that varies with the prompt (`fixed`: the ladder's AxesFixed): where
+    padding it with masked rows is exact for the eager module (pipeline/padding.py), the file exported
+    from the call padded to the text length served (the pipeline's max_sequence_length, or the longest
+    recorded text), with the text axis static; else (or where that file fails) the recorded call as
+    before, the text axis made static. (the convert record, the padding plans: [] where none)."""
+    args, kwargs = torch.load(file, map_location="cpu", weights_only=True)  # the call being exported
+    plans = []
+    for group in padding.groups(slot):
+        if not any(a in fixed.axes.get(n, []) for n, a in group.items()):
+            continue
+        length = max(padding.longest(slot, group), text_limit or 0)
+        names = ", ".join(f"{n}:{a}" for n, a in group.items())
+        plan, why = padding.plan_for(module, tuple(args), dict(kwargs), group, length)
+        if plan is None:
+            print(f"  {slot.name}: the model fixes its text length ({names}), and padding it is not exact for it "
+                  f"({why}): the file serves the recorded text lengths only")
+            continue
+        print(f"  {slot.name}: the model fixes its text length ({names}): {why} (checked on eager): exported at "
+              f"length {length}, shorter texts padded by the loaded pipeline")
+        plans.append(plan)
+    unpadded = loaded.dynamic_axes
+    loaded.required_axes = {}
+    if plans:
+        bound, _ = padding.pad(padding.bind(module, tuple(args), dict(kwargs)), plans, slot.name)
+        save((), bound, file)
+        padded = folder_pipeline._component_model(module, file, source, "")
+        # the axes the ladder already saw the model fix (the padded call has the same sizes but the text's) not asked
+        known = {n: [a for a in ax if a not in fixed.fixed.get(n, [])] for n, ax in (loaded.dynamic_axes or {}).items()}
+        others = padding.without_text(fixed.fixed, plans)
+        if others:
+            print(f"  {slot.name}: the model also fixes {', '.join(f'{n}:{a}' for n, a in others.items())} (torch.export): "
+                  "static in the padded file")
+        padded.dynamic_axes = padding.without_text(known, plans) or None
+        padded.fewer_axes = [padding.without_text(f, plans) for f in loaded.fewer_axes]
+        try:
+            rec = convert_stages.convert(ns, padded)
+            if rec.exit_code == 0:
+                return rec, plans
+            print(f"  {slot.name}: the padded file did not pass (above): exported from the recorded call instead")
+        except (UsageError, ExportError) as e:
+            print(f"  {slot.name}: the padded file failed ({first_line(e, 200)}): exported from the recorded call "
+                  "instead")
+        save(tuple(args), dict(kwargs), file)
+    loaded.dynamic_axes = unpadded
+    return convert_stages.convert(ns, loaded), []
+
+
+def _say_unpadded(slot: Slot, module, kept: dict | None) -> None:
+    """A text axis that varies with the prompt but that the file fixes and no mask serves padded: why,
+    on the terminal (the loaded pipeline serves the recorded text lengths only)."""
+    for group in padding.groups(slot):
+        if all(a in (kept or {}).get(n, []) for n, a in group.items()):
+            continue
+        why = padding.maskable(module, slot.args, slot.kwargs, group)
+        if why is not None:
+            names = ", ".join(f"{n}:{a}" for n, a in group.items())
+            print(f"  {slot.name}: its file fixes the text length ({names}), not padded ({why}): the loaded pipeline "
+                  "serves the recorded text lengths only")
 
 
 def _module_dtype(module) -> str | None:
@@ -309,6 +388,18 @@ def _replace(tmp: Path, out: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
     else:
         os.replace(tmp, out)
+
+
+def _same_shapes(a, b) -> bool:
+    """Two recorded calls whose tensors have the same shapes, in the same places: a static file of one serves the
+    other (SVD's one-video call was the unet's call itself, and its static file was exported twice)."""
+    import torch.utils._pytree as pytree
+
+    def shapes(call):
+        leaves, spec = pytree.tree_flatten(call)
+        return spec, [tuple(t.shape) if isinstance(t, torch.Tensor) else None for t in leaves]
+
+    return shapes(a) == shapes(b)
 
 
 def _union(*axes: dict) -> dict[str, list[int]]:

@@ -21,6 +21,9 @@ other than its component's own (a PAG pipeline's perturbed layers, pipeline/reco
 runtime runs that file while the pipeline has set those processors on the component, the slot
 without it while the component holds its own; several slots may so share a component and method.
 
+`text_padding` (pipeline/padding.py): the inputs of a text axis the file fixes, the mask over it and
+the file's text length; the runtime pads shorter texts with masked rows and cuts the outputs back.
+
 `arguments` (the method's parameters its recorded call gave a tensor): a component the pipeline
 calls with several sets of arguments has a slot per set (pipeline/recording.py); the runtime runs
 the file whose set the call gives.
@@ -162,9 +165,41 @@ def _problem(folder: Path, manifest: dict) -> str | None:
         outputs = e.get("outputs")
         if not isinstance(outputs, list) or not all(isinstance(o, str) for o in outputs):
             return f"{where} has no list of output names"
+        bad = _padding_problem(e.get("text_padding", []), inputs, len(outputs))
+        if bad:
+            return f"{where} text_padding {bad}"
         bad = _structure_problem(e.get("structure"), len(outputs))
         if bad:
             return f"{where} output structure {bad}"
+    return None
+
+
+def _padding_problem(plans, inputs: dict, n_outputs: int) -> str | None:
+    """What is wrong in a slot's text_padding (pipeline/padding.py), or None: each plan pads inputs of
+    the file on an axis within their rank to a positive length, with a mask input of the file."""
+    def whole(v, low=0):
+        return isinstance(v, int) and not isinstance(v, bool) and v >= low
+
+    if not isinstance(plans, list):
+        return "is not a list"
+    for p in plans:
+        if not isinstance(p, dict) or not isinstance(p.get("inputs"), dict) or not p["inputs"]:
+            return "has a plan without inputs"
+        for name, axis in p["inputs"].items():
+            if name not in inputs or not whole(axis) or axis >= len(inputs[name].get("shape", [])):
+                return f"pads {name!r} on axis {axis!r}, which the file's inputs do not have"
+        mask = p.get("mask")
+        if mask not in inputs or not whole(p.get("mask_axis")) or p["mask_axis"] >= len(inputs[mask]["shape"]):
+            return f"names a mask {mask!r} (axis {p.get('mask_axis')!r}) the file's inputs do not have"
+        if p.get("mask_dtype") not in INPUT_DTYPES or not isinstance(p.get("mask_made"), bool) or \
+                not isinstance(p.get("mask_pad", 0), (int, float)) or not isinstance(p.get("mask_from"), str):
+            return "has a mask without a dtype, a pad value or its source"
+        if not whole(p.get("length"), 1):
+            return f"has length {p.get('length')!r}"
+        outs = p.get("outputs", {})
+        if not isinstance(outs, dict) or not all(
+                isinstance(k, str) and k.isdigit() and int(k) < n_outputs and whole(a) for k, a in outs.items()):
+            return "cuts outputs the file does not have"
     return None
 
 

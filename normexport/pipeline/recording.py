@@ -294,6 +294,7 @@ class Recording:
     side: int
     skipped: list[str]  # module components the pipeline never called
     seconds: float
+    text_limit: int | None = None  # the pipeline's max_sequence_length default: a padded text axis's length (padding.py)
 
 
 def record(path: Path, index: dict) -> Recording:
@@ -328,9 +329,11 @@ def record(path: Path, index: dict) -> Recording:
     slots = {n: first.slots[n] for n in first.order if n in first.slots}
     called = {s.component for s in slots.values()}
     skipped = [n for n in modules if n not in called]
+    limit = inspect.signature(pipe.__call__).parameters.get("max_sequence_length")
+    limit = limit.default if limit is not None and type(limit.default) is int and limit.default > 0 else None
     del pipe, modules, first, runs
     gc.collect()
-    return Recording(cls, slots, side, skipped, time.perf_counter() - start)
+    return Recording(cls, slots, side, skipped, time.perf_counter() - start, limit)
 
 
 def _runs(pipe, kwargs: dict, modules: dict, cls: str, path: Path) -> list:
@@ -404,7 +407,8 @@ def _larger(pipe, kwargs: dict, modules: dict) -> dict:
 
 
 def _batched(pipe, kwargs: dict, modules: dict) -> dict:
-    """Two prompts (or two images per prompt; a class-conditional pipeline: two class labels)."""
+    """Two prompts (or two images / videos per prompt: SVD takes no prompt; a class-conditional pipeline: two class
+    labels)."""
     params = inspect.signature(pipe.__call__).parameters
     call = _call(kwargs, output_type="np")
     if isinstance(call.get("prompt"), str):  # two prompts: the text encoders' batch is 2 as well
@@ -416,6 +420,8 @@ def _batched(pipe, kwargs: dict, modules: dict) -> dict:
                 call[k] = [call[k], call[k]]
     elif "num_images_per_prompt" in params:
         call["num_images_per_prompt"] = 2
+    elif "num_videos_per_prompt" in params:  # an image-to-video pipeline without text (SVD): else no batch varies
+        call["num_videos_per_prompt"] = 2
     else:
         for n, p in params.items():
             if p.default is p.empty and isinstance(call.get(n), list):

@@ -37,7 +37,7 @@ import torch.utils._pytree as pytree
 from torch import nn
 
 from ..errors import UsageError, first_line
-from . import batching, buffers
+from . import batching, buffers, padding
 from . import manifest as manifest_mod
 from .recording import LATENT_PARAMETERS, arguments_given, bind_call, changed_processors, is_pag, key_text, \
     processor_classes
@@ -418,14 +418,18 @@ class _Session:
         return_dict = bound.pop("return_dict", True)
         bound.pop("generator", None)  # the VAE's decode takes and ignores it
         bound = {self.renames.get(k, k): v for k, v in bound.items()}
+        cuts = {}
+        if self.entry.get("text_padding"):  # a text axis the file fixes: padded with masked rows (pipeline/padding.py)
+            bound, cuts = padding.pad(bound, self.entry["text_padding"], f"{component}.{method}")
         pieces = batching.split(self.entry, bound, self.renames)
         if pieces is not None:  # a batch the file does not hold: run in pieces of its batch (pipeline/batching.py)
             calls, sizes = pieces
-            return batching.merge([self._call_file(component, method, c, return_dict) for c in calls], sizes)
-        return self._call_file(component, method, bound, return_dict)
+            return batching.merge([self._call_file(component, method, c, return_dict, cuts) for c in calls], sizes)
+        return self._call_file(component, method, bound, return_dict, cuts)
 
-    def _call_file(self, component: str, method: str, bound: dict, return_dict):
-        """One run of the file on a call of the batch it holds, its outputs as the component gives them."""
+    def _call_file(self, component: str, method: str, bound: dict, return_dict, cuts=None):
+        """One run of the file on a call of the batch it holds, its outputs as the component gives them
+        (`cuts`: the padded text axes cut back, padding.cut)."""
         feeds = {}
         for path, leaf in pytree.tree_flatten_with_path(bound)[0]:
             name = ".".join(key_text(k) for k in path)
@@ -461,7 +465,7 @@ class _Session:
             raise RuntimeError(f"{component}.{method} called with {', '.join(fixed[:3])}: {self.entry['file']} keeps "
                                "those sizes static; generate at the size the pipeline was converted at, or convert it "
                                "at this size")
-        tensors = self._run(feeds)
+        tensors = padding.cut(self._run(feeds), cuts or {})
         if method == "encode" and self.outputs == [LATENT_PARAMETERS]:  # the distribution, rebuilt as diffusers has it
             from diffusers.models.autoencoders.vae import DiagonalGaussianDistribution
             from diffusers.models.modeling_outputs import AutoencoderKLOutput
