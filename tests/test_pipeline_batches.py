@@ -68,7 +68,9 @@ def zimage(tmp_path_factory):
     d = tmp_path_factory.mktemp("zimage")
     folder = _zimage(d)
     out = d / "out"
-    assert main(["convert", str(folder), "-o", f"{out}/"]) == 0
+    # --no-check: each component's parity is not this test's concern (the pipelines are compared with eager below;
+    # per-component checks of pipeline files: test_pipeline_out.py; docs/design.md §16)
+    assert main(["convert", str(folder), "-o", f"{out}/", "--no-check"]) == 0
     return folder, out
 
 
@@ -115,7 +117,7 @@ def dit_static_vae(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(rungs, "dynamo", refusing(rungs.dynamo))
         mp.setattr(rungs, "torchscript", refusing(rungs.torchscript))
-        assert main(["convert", str(folder), "-o", f"{out}/"]) == 0
+        assert main(["convert", str(folder), "-o", f"{out}/", "--no-check"]) == 0  # compared with eager below
     return folder, out
 
 

@@ -251,7 +251,8 @@ def test_a_component_in_two_slots_is_written_once(tmp_path):
 
     folder = build("sd3_shared", tmp_path)
     out = tmp_path / "out"
-    assert main(["convert", str(folder), "-o", f"{out}/"]) == 0
+    # --no-check: the components' parity is test_check_end_to_end's concern; this one's is the layout and eager
+    assert main(["convert", str(folder), "-o", f"{out}/", "--no-check"]) == 0
     manifest = json.loads((out / "normexport_pipeline.json").read_text())
     slots = manifest["slots"]
     assert slots["text_encoder_2"]["shared_with"] == "text_encoder", slots["text_encoder_2"]
