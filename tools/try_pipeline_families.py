@@ -644,14 +644,14 @@ REASONS["consistency"] = (
     "the exported image is 144 dB from eager")
 _LATE = ("not run", None, None, None, "builds here; not reached before the sweep's deadline (one class at a time on "
          "the loaded VM)")
-REASONS["wan_i2v"] = ("diffusers' WanImageToVideoPipeline cleans prompts with ftfy, not installed here (NameError: "
-                      "name 'ftfy' is not defined in its own one-step run); with it, its default 81 frames meet issue 46 "
-                      "item 8 (the Wan VAE's frame loop traced unrolled: convert > 13 min), not run")
+REASONS["wan_i2v"] = ("ftfy (which diffusers' WanImageToVideoPipeline cleans prompts with: NameError before) is now "
+                      "installed with the test extras (5ab4326); not rerun: at its default 81 frames it meets issue 46 "
+                      "item 8 (the Wan VAE's frame loop traced unrolled: convert > 13 min, over this tool's stage limit)")
 REASONS["cogvideox"] = "PASS with the tiny transformer's max_text_seq_length=226 (the pipeline pads prompts to 226)"
 REASONS["qwenimage"] = (
-    "text encoder fixed: nested use_cache (44a1322); text length now dynamic in the text encoder (7560139), but "
-    "the transformer's RoPE takes int(text length) (QwenEmbedRope.forward), which torch.export specialises: its file "
-    "fixes the text length, and a prompt of another length is refused in one line")
+    "PASS after a text axis the model fixes is served padded (5ab4326): the transformer's RoPE takes int(text length), "
+    "so its file holds one length; padding with masked rows (its encoder_hidden_states_mask, made where the pipeline "
+    "passes None) was proven exact on eager, the file exported at max_sequence_length 512 and the runtime pads each call")
 REASONS["zimage"] = (
     "each sample's text length is a python value of the transformer's call (lists of per-prompt embeddings): its "
     "file fixes them per position and load() serves prompts of the recorded lengths only (tests/test_pipeline_batches"
@@ -660,9 +660,10 @@ REASONS["lumina2"] = ("its transformer reads the text mask's values in python (t
                       "recorded mask only, and the loaded pipeline refuses another prompt's in one line")
 REASONS["controlnet"] = "PASS after the loaded component answers isinstance for its class (check_inputs: assert False)"
 REASONS["longcat_audio"] = "PASS after the one-prompt run's longer prompt (text length dynamic; before: refused)"
-REASONS["svd"] = ("converted at 128x128 (PIL image in convert's call, 78ad526; the image encoder's parameters and "
-                  "vae.decode's signature, f43e2b5): check --steps 2 PASSED there (115.9 dB), but the unet file is "
-                  "static (no exporter kept its sizes), so this tool's 64x64 generate is refused in one line")
+REASONS["svd"] = ("PASS at 64x64 after 5ab4326: the image unit no longer counts the CLIP image encoder's patch size "
+                  "(recorded at 64 and 128, not 128 and 256), the batch of two videos recorded (num_videos_per_prompt), "
+                  "the unet's batch and latent size asked together (before: static, and 64x64 refused); convert "
+                  "425 -> 192 s")
 REASONS["flux2_klein"] = ("PASS by 2x eager (133.9 dB) after attention rows with every key masked are 0 as in torch "
                           "(70fa03c: an all-padding negative prompt through its Qwen3 encoder; before: 33.6 dB from "
                           "eager, passed by the plain-export rule only); PIL image in convert's call (78ad526) and "
