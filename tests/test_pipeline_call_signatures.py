@@ -96,3 +96,27 @@ def test_generic_image_is_pil_where_the_pipeline_takes_one():
         assert kwargs["image"].size == (kwargs.get("height", 64), kwargs.get("width", 64))
         if "prompt" in inspect.signature(cls.__call__).parameters:
             assert _batched(pipe, kwargs, modules)["image"] == [kwargs["image"]] * 2
+
+
+def test_svd_sizes_and_batch_follow_the_pipeline_not_its_image_encoder():
+    """SVD's image encoder is a transformers CLIP vision model with patch 32: it sees the image its own
+    processor resized to 224 x 224, so its patch size is not a step of the pipeline's image sizes (counted,
+    the unit was 128: recorded at 128 and 256, the unet exported static, a 64 x 64 call refused); and a
+    pipeline without a prompt records its batch run with two videos per image."""
+    import transformers
+
+    from normexport.load.pipeline import call_arguments, image_unit
+    from normexport.pipeline.recording import _batched
+
+    clip = transformers.CLIPVisionModelWithProjection(transformers.CLIPVisionConfig(
+        hidden_size=16, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2, image_size=224,
+        patch_size=32, projection_dim=8))
+    cls = diffusers.StableVideoDiffusionPipeline
+    pipe = cls.__new__(cls)
+    pipe.vae_scale_factor = 8
+    assert image_unit(pipe, {"image_encoder": clip}) == 16
+    dit = diffusers.DiTTransformer2DModel(num_attention_heads=1, attention_head_dim=8, in_channels=4, num_layers=1,
+                                          sample_size=8, patch_size=2, norm_num_groups=1)
+    assert image_unit(pipe, {"image_encoder": clip, "transformer": dit}) == 32  # a diffusers denoiser's patch counts
+    kwargs, _ = call_arguments(pipe, {}, None, None)
+    assert _batched(pipe, kwargs, {})["num_videos_per_prompt"] == 2
