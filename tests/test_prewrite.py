@@ -92,13 +92,15 @@ def test_weights_written_ahead_once_and_checked_by_generation(tmp_path, by_path)
 
 
 def test_refused_grown_file_closes_its_prewrite(tmp_path, monkeypatch, by_path):
-    """The grown file wrong (a planted weight mapping): the first file's prewrite goes with its folder,
-    the file exported whole gets its own, and the file written is eager's."""
+    """The grown file wrong (a planted weight mapping): the local check's eager comparison fails, convert
+    says so and exports the whole decoder (test_depth's case, merged here: one convert); the first file's
+    prewrite goes with its folder, the file exported whole gets its own, and the file written is eager's."""
     folder = _folder(tmp_path)
     plant_wrong_mapping(monkeypatch)
     code, text = _convert(folder, tmp_path / "out")
     assert code == 0, text
-    assert "depth: the grown file FAILED against eager" in text, text
+    assert "depth: the grown file FAILED against eager" in text and "exporting the whole decoder instead" in text, text
+    assert "8 com.microsoft.GroupQueryAttention" in text, text
     assert len(by_path["ahead"]) == 2, by_path
     assert all(not wd.dir.exists() and wd._pending is None for wd in by_path["workdirs"])
     assert _file_vs_eager(folder, tmp_path / "out" / "model.onnx") < 1e-4
