@@ -69,6 +69,19 @@ def _perturb(m):
     return m
 
 
+def converted_unchecked(make, tmp_path_factory, name: str):
+    """(pipeline folder, OUT) of `make(d)` (a pipeline saved under d) converted with --no-check: for tests that
+    compare the loaded pipeline with eager themselves (each component's parity is test_pipeline_out.py's concern;
+    docs/design.md §16)."""
+    from normexport.cli import main
+
+    d = tmp_path_factory.mktemp(name)
+    folder = make(d)
+    out = d / "out"
+    assert main(["convert", str(folder), "-o", f"{out}/", "--no-check"]) == 0
+    return folder, out
+
+
 def build(kind, d):
     torch.manual_seed(0)
     if kind == "pixart":

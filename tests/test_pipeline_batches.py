@@ -31,7 +31,7 @@ import numpy as np
 import pytest
 import torch
 
-from _pipelines import _perturb, vae, word_tokenizer
+from _pipelines import _perturb, converted_unchecked, vae, word_tokenizer
 
 diffusers = pytest.importorskip("diffusers")
 transformers = pytest.importorskip("transformers")
@@ -63,15 +63,7 @@ PROMPT = "a photo"
 
 @pytest.fixture(scope="module")
 def zimage(tmp_path_factory):
-    from normexport.cli import main
-
-    d = tmp_path_factory.mktemp("zimage")
-    folder = _zimage(d)
-    out = d / "out"
-    # --no-check: each component's parity is not this test's concern (the pipelines are compared with eager below;
-    # per-component checks of pipeline files: test_pipeline_out.py; docs/design.md §16)
-    assert main(["convert", str(folder), "-o", f"{out}/", "--no-check"]) == 0
-    return folder, out
+    return converted_unchecked(_zimage, tmp_path_factory, "zimage")
 
 
 def test_list_inputs_whose_length_follows_the_batch(zimage):

@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 import torch
 
-from _pipelines import _perturb, word_tokenizer
+from _pipelines import _perturb, converted_unchecked, word_tokenizer
 
 diffusers = pytest.importorskip("diffusers")
 transformers = pytest.importorskip("transformers")
@@ -64,14 +64,7 @@ def _qwenimage(d):
 
 @pytest.fixture(scope="module")
 def qwenimage(tmp_path_factory):
-    from normexport.cli import main
-
-    d = tmp_path_factory.mktemp("qwenimage")
-    folder = _qwenimage(d)
-    out = d / "out"
-    # --no-check: each component's parity is not this test's concern (the pipelines below are compared with eager)
-    assert main(["convert", str(folder), "-o", f"{out}/", "--no-check"]) == 0
-    return folder, out
+    return converted_unchecked(_qwenimage, tmp_path_factory, "qwenimage")
 
 
 def test_the_file_is_padded_to_the_pipelines_text_length(qwenimage):

@@ -58,9 +58,7 @@ def run(module, unswapped, args: tuple, *, names: list[str], output_names, dynam
                 raise
             except Exception:  # noqa: BLE001 - torch.export cannot say which axes it keeps: none, as its rung would
                 keep = {}
-        asked = {"dynamic": wanted, "static axes": keep, "fewer axes": _minus(subset or {}, fixed),
-                 "torchscript": wanted}.get(rung) or {}
-        _give_up(required, asked, attempts, fixed)
+        _give_up(required, _asked(rung, wanted, keep, _minus(subset or {}, fixed)), attempts, fixed)
         try:
             if rung == "dynamic":
                 model = rungs.dynamo(module, args, names, output_names, dynamic_axes, opset, target=target,
@@ -131,6 +129,16 @@ def run(module, unswapped, args: tuple, *, names: list[str], output_names, dynam
 
     causes += "".join(f"; {why}" for why in not_lowered(report.get("prepare")))
     raise ExportError(f"torch.onnx cannot export the model: {causes}") from None
+
+
+def _asked(rung: str, wanted: dict, keep: dict | None, fewer: dict) -> dict:
+    """The axes `rung` asks the exporter to keep: every wanted axis (the dynamic and TorchScript rungs), the
+    keepable ones (static axes), the narrower set (fewer axes), none (the static rungs)."""
+    if rung == "static axes":
+        return keep or {}
+    if rung == "fewer axes":
+        return fewer
+    return wanted if rung in ("dynamic", "torchscript") else {}
 
 
 def _give_up(required, asked: dict, attempts: list[dict], fixed: dict) -> None:
