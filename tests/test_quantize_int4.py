@@ -282,3 +282,24 @@ def test_a_float_file_with_external_data_gives_a_self_contained_int4_file(float_
     kept = [t for t in q.graph.initializer if t.name in want]
     assert kept and all(np.array_equal(numpy_helper.to_array(t), want[t.name]) for t in kept)
     ort.InferenceSession(q.SerializeToString(), providers=["CPUExecutionProvider"])
+
+
+def test_weight_check_unmaps_each_float_weight(float_file, tmp_path):
+    """onnx-ir maps the whole data file for each external tensor it reads and keeps the map: the weights
+    check lets each float weight go once compared, or the convert's RSS grew by the whole float file at its
+    end (TinyLlama int4: the float file's 4.4 GB). Planted (weights._unmap a no-op): every weight stays mapped."""
+    import onnx_ir as ir
+
+    from normexport.quantize import int4, weights
+
+    path, _ = float_file
+    ext = tmp_path / "model.onnx"
+    onnx.save_model(onnx.load(str(path)), str(ext), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location="model.onnx.data", size_threshold=0)
+    float_ir = ir.load(str(ext))
+    q = int4.quantize(ext, _opts(), [])
+    found = weights.check(q, float_ir, _opts())
+    assert found.passed and found.matrices >= 7, found.line()
+    mapped = [v.name for v in float_ir.graph.initializers.values() if getattr(v.const_value, "raw", None) is not None]
+    assert not mapped, mapped
+    assert weights.check(q, float_ir, _opts()).worst_steps == found.worst_steps  # read again after the unmap

@@ -130,6 +130,18 @@ def worst_steps(want: np.ndarray, b: np.ndarray, scales: np.ndarray, zero_points
     return worst
 
 
+def _unmap(tensor) -> None:
+    """A float weight read from the file (onnx-ir maps the whole data file for each tensor it reads, and
+    keeps the map): unmapped once compared, so that the check does not hold every weight's pages
+    resident at its end (the process's RSS grew by the whole float file, docs/design.md §8)."""
+    release = getattr(tensor, "release", None)
+    if callable(release) and getattr(tensor, "raw", None) is not None:
+        try:
+            release()
+        except BufferError:  # (a view of it still alive elsewhere: left mapped)
+            pass
+
+
 def check(model: onnx.ModelProto, float_ir, opts: dict) -> WeightCheck:
     """Every MatMulNBits of `model` against the float weight (in `float_ir`, the file before it was
     quantized) it replaced; the matrices compared on every core (numpy releases the GIL), the worst
@@ -147,15 +159,20 @@ def check(model: onnx.ModelProto, float_ir, opts: dict) -> WeightCheck:
         name = node.input[1]
         base = name[:-3] if name.endswith("_Q4") else name
         tied = ".transposed_for_"
-        if base not in floats and tied in base and base.split(tied)[0] in floats:  # a tied head (int4.transposed_weights)
-            table = floats[base.split(tied)[0]].const_value.numpy()
+        source = floats[base.split(tied)[0]] if base not in floats and tied in base else floats[base]
+        if source is not floats.get(base):  # a tied head (int4.transposed_weights): the embedding table
+            table = source.const_value.numpy()
             want = table if table.shape == (n, k) else table.reshape(k, n).T
         else:
-            want = floats[base].const_value.numpy().reshape(k, n).T  # [N, K], a view: read ROWS rows at a time
+            want = source.const_value.numpy().reshape(k, n).T  # [N, K], a view: read ROWS rows at a time
         b = numpy_helper.to_array(inits[name])
         scales = numpy_helper.to_array(inits[node.input[2]])
         zp = numpy_helper.to_array(inits[node.input[3]]) if len(node.input) > 3 and node.input[3] else None
-        return worst_steps(want, b, scales, zp, k, n, block), n * ((k + block - 1) // block)
+        worst = worst_steps(want, b, scales, zp, k, n, block)
+        del want
+        table = None
+        _unmap(source.const_value)
+        return worst, n * ((k + block - 1) // block)
 
     nodes = []
     for node in model.graph.node:
