@@ -53,7 +53,7 @@ def run(module, unswapped, args: tuple, *, names: list[str], output_names, dynam
         keep = None  # the axes this rung asks torch.export to keep
         if required and rung == "static axes":
             try:
-                keep = _minus(wanted, fixed) if fixed else rungs.keepable_axes(module, args, names, wanted)
+                keep = _keepable(module, args, names, wanted, fixed)
             except UsageError:
                 raise
             except Exception:  # noqa: BLE001 - torch.export cannot say which axes it keeps: none, as its rung would
@@ -66,7 +66,7 @@ def run(module, unswapped, args: tuple, *, names: list[str], output_names, dynam
             elif rung == "static axes":
                 # the axes the first rung's failure named as fixed by the model, else torch.export's Dim.AUTO trace
                 if keep is None:
-                    keep = _minus(wanted, fixed) if fixed else rungs.keepable_axes(module, args, names, wanted)
+                    keep = _keepable(module, args, names, wanted, fixed)
                 if keep == wanted:  # torch.export keeps them all: the first rung's file again
                     attempts.append({"rung": rung, "skipped": "torch.export keeps every dynamic axis"})
                     continue
@@ -129,6 +129,12 @@ def run(module, unswapped, args: tuple, *, names: list[str], output_names, dynam
 
     causes += "".join(f"; {why}" for why in not_lowered(report.get("prepare")))
     raise ExportError(f"torch.onnx cannot export the model: {causes}") from None
+
+
+def _keepable(module, args, names, wanted: dict, fixed: dict) -> dict:
+    """The axes the static-axes rung asks for: the wanted ones but those the first rung's failure named as fixed
+    by the model, else torch.export's Dim.AUTO trace of which it keeps."""
+    return _minus(wanted, fixed) if fixed else rungs.keepable_axes(module, args, names, wanted)
 
 
 def _asked(rung: str, wanted: dict, keep: dict | None, fewer: dict) -> dict:

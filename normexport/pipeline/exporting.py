@@ -268,7 +268,6 @@ def _padded(ns, slot: Slot, module, loaded, fixed: AxesFixed, file: Path, source
         print(f"  {slot.name}: the model fixes its text length ({names}): {why} (checked on eager): exported at "
               f"length {length}, shorter texts padded by the loaded pipeline")
         plans.append(plan)
-    unpadded = loaded.dynamic_axes
     loaded.required_axes = {}
     if plans:
         bound, _ = padding.pad(padding.bind(module, tuple(args), dict(kwargs)), plans, slot.name)
@@ -291,7 +290,6 @@ def _padded(ns, slot: Slot, module, loaded, fixed: AxesFixed, file: Path, source
             print(f"  {slot.name}: the padded file failed ({first_line(e, 200)}): exported from the recorded call "
                   "instead")
         save(tuple(args), dict(kwargs), file)
-    loaded.dynamic_axes = unpadded
     return convert_stages.convert(ns, loaded), []
 
 

@@ -130,6 +130,16 @@ def worst_steps(want: np.ndarray, b: np.ndarray, scales: np.ndarray, zero_points
     return worst
 
 
+def _float_source(floats, quantized: str):
+    """(the float initializer the MatMulNBits weight `quantized` replaced, whether it is a tied head's
+    embedding table: int4.transposed_weights); (None, False) where the float file has neither."""
+    base = quantized[:-3] if quantized.endswith("_Q4") else quantized
+    if base in floats:
+        return floats[base], False
+    head, tied, _ = base.partition(".transposed_for_")
+    return (floats[head], True) if tied and head in floats else (None, False)
+
+
 def _unmap(tensor) -> None:
     """A float weight read from the file (onnx-ir maps the whole data file for each tensor it reads, and
     keeps the map): unmapped once compared, so that the check does not hold every weight's pages
@@ -157,20 +167,15 @@ def check(model: onnx.ModelProto, float_ir, opts: dict) -> WeightCheck:
         attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
         k, n, block = attrs["K"], attrs["N"], attrs["block_size"]
         name = node.input[1]
-        base = name[:-3] if name.endswith("_Q4") else name
-        tied = ".transposed_for_"
-        source = floats[base.split(tied)[0]] if base not in floats and tied in base else floats[base]
-        if source is not floats.get(base):  # a tied head (int4.transposed_weights): the embedding table
-            table = source.const_value.numpy()
-            want = table if table.shape == (n, k) else table.reshape(k, n).T
-        else:
-            want = source.const_value.numpy().reshape(k, n).T  # [N, K], a view: read ROWS rows at a time
+        source, tied = _float_source(floats, name)
+        array = source.const_value.numpy()
+        # [N, K], a view: read ROWS rows at a time (a tied head's embedding table may be [N, K] already)
+        want = array if tied and array.shape == (n, k) else array.reshape(k, n).T
         b = numpy_helper.to_array(inits[name])
         scales = numpy_helper.to_array(inits[node.input[2]])
         zp = numpy_helper.to_array(inits[node.input[3]]) if len(node.input) > 3 and node.input[3] else None
         worst = worst_steps(want, b, scales, zp, k, n, block)
-        del want
-        table = None
+        del want, array
         _unmap(source.const_value)
         return worst, n * ((k + block - 1) // block)
 
@@ -178,10 +183,8 @@ def check(model: onnx.ModelProto, float_ir, opts: dict) -> WeightCheck:
     for node in model.graph.node:
         if node.op_type != "MatMulNBits":
             continue
-        base = node.input[1][:-3] if node.input[1].endswith("_Q4") else node.input[1]
-        tied = ".transposed_for_"
-        if not (base not in floats and tied in base and base.split(tied)[0] in floats) and (
-                base not in floats or floats[base].const_value is None):
+        source, _ = _float_source(floats, node.input[1])
+        if source is None or source.const_value is None:
             result.missing.append(node.name)
         else:
             nodes.append(node)
