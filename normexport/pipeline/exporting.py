@@ -37,7 +37,7 @@ from ..load import pipeline as folder_pipeline
 from ..load.call import CallAdapter
 from ..load.examples import MASK_READ_AS_VALUES
 from ..load.pretrained import batched_axes, load_module
-from . import buffers, padding
+from . import buffers, padding, stepped_export, stepping
 from . import manifest as manifest_mod
 from . import optimum_names
 from .recording import LATENT_PARAMETERS, METHODS, Slot, record, save_call, slot_name
@@ -147,6 +147,19 @@ def _export_slot(args, src: Path, slot: Slot, tmp: Path, text_limit: int | None 
               f"{_processors_text(slot.processors)}")
         module.set_attn_processor({**module.attn_processors, **slot.processors})
     component = module
+    if slot.method != "forward" and stepping.may_loop(component):
+        # a method that runs a child in a python loop over a state list (a video VAE's frame loop): cut at its
+        # children, a file per kind of call, the loop run at load (pipeline/stepping.py)
+        cut = stepping.plan(component, slot.method, slot.args, _method_kwargs(slot, slot.kwargs), _other_calls(slot))
+        if isinstance(cut, stepping.Plan):
+            print(f"  {slot.name}: {slot.component}.{slot.method} runs {', '.join(cut.children)} in a python loop "
+                  f"over {cut.loop_axis[0]} axis {cut.loop_axis[1]} with a state list: a file per kind of call "
+                  f"({len(cut.kinds)}), the loop run at load")
+            return stepped_export.export_slot(args, src, slot, tmp, component, cut, _module_dtype(component),
+                                              _method_kwargs(slot, slot.kwargs))
+        if cut is not None:
+            print(f"  {slot.name}: {slot.component}.{slot.method} runs a child in a loop over a state list that "
+                  f"cannot be cut ({cut}): exported whole (the loop unrolled, its length fixed)")
     if slot.method != "forward":
         module = MethodCall(module, slot.method, METHODS[slot.method][1])
     constants = CallAdapter(module, slot.args, {k: v for k, v in slot.kwargs.items() if k != "return_dict"}).constants()
@@ -245,6 +258,33 @@ def _export_slot(args, src: Path, slot: Slot, tmp: Path, text_limit: int | None 
     del module, loaded, rec
     gc.collect()
     return entry
+
+
+def _method_kwargs(slot: Slot, kwargs: dict) -> dict:
+    """A recorded call's kwargs by the method's own parameter names (the slot keeps optimum's:
+    `latent_sample` for the VAE's `z`), return_dict left out."""
+    back = {v: k for k, v in slot.renames.items()}
+    return {back.get(k, k): v for k, v in kwargs.items() if k != "return_dict"}
+
+
+def _other_calls(slot: Slot) -> list[tuple]:
+    """The slot's recorded calls of other shapes as (args, kwargs): the one-prompt call, and each recorded
+    shape set of its top-level tensors that differs from the call's (the size-up run: its shapes only were
+    kept, so its float tensors are drawn like the call's)."""
+    out = []
+    if slot.single is not None:
+        out.append((tuple(slot.single[0]), _method_kwargs(slot, slot.single[1])))
+    for shapes in slot.shapes[1:]:  # by the file's input names, as the slot's kwargs
+        made, changed = dict(slot.kwargs), False
+        for name, t in slot.kwargs.items():
+            shape = shapes.get(name)
+            if isinstance(t, torch.Tensor) and t.is_floating_point() and shape and list(t.shape) != list(shape):
+                made[name] = torch.randn(shape, dtype=t.dtype, generator=torch.Generator().manual_seed(0)) * \
+                    t.float().std().to(t.dtype) + t.float().mean().to(t.dtype)
+                changed = True
+        if changed and not slot.args:
+            out.append(((), _method_kwargs(slot, made)))
+    return out
 
 
 def _padded(ns, slot: Slot, module, loaded, fixed: AxesFixed, file: Path, source: str, text_limit: int | None):

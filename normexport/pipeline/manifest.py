@@ -80,6 +80,14 @@ def output_class(path: str):
     return obj
 
 
+def files(entry: dict) -> list[dict]:
+    """The file entries of a slot: its own, or each step's of a method cut at its children
+    (pipeline/stepping.py)."""
+    if "steps" in entry:
+        return [k for kinds in entry["steps"].values() for k in kinds]
+    return [entry]
+
+
 def write(out: Path, manifest: dict) -> None:
     from ..io import write_json
 
@@ -120,37 +128,16 @@ def _problem(folder: Path, manifest: dict) -> str | None:
         where = f"slot {slot!r}"
         if not isinstance(e, dict):
             return f"{where} is not an object"
-        comp, method, file = e.get("component"), e.get("method"), e.get("file")
+        comp, method = e.get("component"), e.get("method")
         if not isinstance(comp, str) or not comp.isidentifier():
             return f"{where} names no component folder"
         if method not in SLOT_METHODS:
             return f"{where} has method {method!r} (one of {', '.join(SLOT_METHODS)})"
-        if not isinstance(file, str) or not file:
-            return f"{where} names no file"
-        target = (folder / file).resolve()
-        if not target.is_relative_to(root):
-            return f"{where} file {file!r} points outside the folder"
-        if not target.is_file():
-            return f"{where} file {file!r} is missing"
-        if e.get("dtype") is not None and e.get("dtype") not in INPUT_DTYPES:
-            return f"{where} has dtype {e.get('dtype')!r}"
-        inputs = e.get("inputs")
-        if not isinstance(inputs, dict):
-            return f"{where} has no inputs table"
-        for name, i in inputs.items():
-            shape = i.get("shape") if isinstance(i, dict) else None
-            if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
-                                                      for d in shape):
-                return f"{where} input {name!r} has no shape of sizes"
-            if i.get("dtype") not in INPUT_DTYPES:
-                return f"{where} input {name!r} has dtype {i.get('dtype')!r}"
-            dyn = i.get("dynamic", [])
-            if not isinstance(dyn, list) or not all(isinstance(a, int) and 0 <= a < len(shape) for a in dyn):
-                return f"{where} input {name!r} has dynamic axes {dyn!r} outside its rank {len(shape)}"
-            values = i.get("values")
-            if values is not None and (not isinstance(values, list) or dyn or len(values) != _size(shape) or not all(
-                    isinstance(v, int) and not isinstance(v, bool) for v in values)):
-                return f"{where} input {name!r} has values that are not its static shape's integers"
+        # a method cut at its children (pipeline/stepping.py): a file per kind of call; else one file
+        bad = _steps_problem(folder, root, where, e["steps"], e.get("dynamic")) if "steps" in e else \
+            _file_problem(folder, root, where, e)
+        if bad:
+            return bad
         for key in ("constants", "renames", "attn_processors"):
             table = e.get(key) or {}
             if not isinstance(table, dict) or not all(isinstance(v, str) for v in table.values()):
@@ -162,16 +149,84 @@ def _problem(folder: Path, manifest: dict) -> str | None:
         if not isinstance(batch, dict) or not all(k in ("inputs", "lists") and isinstance(v, list) and all(
                 isinstance(n, str) for n in v) for k, v in batch.items()):
             return f"{where} batch is not lists of input names"
-        outputs = e.get("outputs")
-        if not isinstance(outputs, list) or not all(isinstance(o, str) for o in outputs):
-            return f"{where} has no list of output names"
-        bad = _padding_problem(e.get("text_padding", []), inputs, len(outputs))
-        if bad:
-            return f"{where} text_padding {bad}"
-        bad = _structure_problem(e.get("structure"), len(outputs))
-        if bad:
-            return f"{where} output structure {bad}"
     return None
+
+
+def _file_problem(folder: Path, root: Path, where: str, e: dict) -> str | None:
+    """What is wrong in one file's entry (a slot's, or a step's of a cut method), or None."""
+    file = e.get("file")
+    if not isinstance(file, str) or not file:
+        return f"{where} names no file"
+    target = (folder / file).resolve()
+    if not target.is_relative_to(root):
+        return f"{where} file {file!r} points outside the folder"
+    if not target.is_file():
+        return f"{where} file {file!r} is missing"
+    if e.get("dtype") is not None and e.get("dtype") not in INPUT_DTYPES:
+        return f"{where} has dtype {e.get('dtype')!r}"
+    inputs = e.get("inputs")
+    if not isinstance(inputs, dict):
+        return f"{where} has no inputs table"
+    for name, i in inputs.items():
+        shape = i.get("shape") if isinstance(i, dict) else None
+        if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
+                                                  for d in shape):
+            return f"{where} input {name!r} has no shape of sizes"
+        if i.get("dtype") not in INPUT_DTYPES:
+            return f"{where} input {name!r} has dtype {i.get('dtype')!r}"
+        dyn = i.get("dynamic", [])
+        if not isinstance(dyn, list) or not all(isinstance(a, int) and 0 <= a < len(shape) for a in dyn):
+            return f"{where} input {name!r} has dynamic axes {dyn!r} outside its rank {len(shape)}"
+        values = i.get("values")
+        if values is not None and (not isinstance(values, list) or dyn or len(values) != _size(shape) or not all(
+                isinstance(v, int) and not isinstance(v, bool) for v in values)):
+            return f"{where} input {name!r} has values that are not its static shape's integers"
+    outputs = e.get("outputs")
+    if not isinstance(outputs, list) or not all(isinstance(o, str) for o in outputs):
+        return f"{where} has no list of output names"
+    bad = _padding_problem(e.get("text_padding", []), inputs, len(outputs))
+    if bad:
+        return f"{where} text_padding {bad}"
+    bad = _structure_problem(e.get("structure"), len(outputs))
+    if bad:
+        return f"{where} output structure {bad}"
+    return None
+
+
+def _steps_problem(folder: Path, root: Path, where: str, steps, dynamic) -> str | None:
+    """What is wrong in a cut method's steps ({child: [step entry]}, pipeline/stepping.py), or None: each
+    child names its kinds of call (a key, a file entry, the lists after the call) and the dims its calls
+    vary in are a table of axes."""
+    if not isinstance(steps, dict) or not steps or not all(isinstance(k, str) and k.isidentifier() and
+                                                           isinstance(v, list) and v for k, v in steps.items()):
+        return f"{where} steps are not a table of children and their files"
+    if not isinstance(dynamic, dict) or not all(isinstance(v, dict) and all(
+            isinstance(a, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in a) for a in v.values())
+            for v in dynamic.values()):
+        return f"{where} has no table of dynamic dims"
+    for child, kinds in steps.items():
+        for n, k in enumerate(kinds):
+            at = f"{where} step {child}.{n}"
+            if not isinstance(k, dict) or not isinstance(k.get("key"), str):
+                return f"{at} has no key"
+            bad = _file_problem(folder, root, at, k)
+            if bad:
+                return bad
+            after = k.get("after")
+            if not isinstance(after, dict) or not all(isinstance(v, list) for v in after.values()):
+                return f"{at} has no lists after the call"
+            names = set(_structure_keys(k.get("structure")))
+            for values in after.values():
+                for v in values:
+                    if isinstance(v, dict) and v.get("tensor") not in names:
+                        return f"{at} keeps a list entry {v!r} that its outputs do not have"
+                    if not isinstance(v, (dict, str, int, type(None))) or isinstance(v, bool):
+                        return f"{at} keeps a list entry {v!r}"
+    return None
+
+
+def _structure_keys(node) -> list[str]:
+    return list(node.get("keys") or []) if isinstance(node, dict) and "mapping" in node else []
 
 
 def _padding_problem(plans, inputs: dict, n_outputs: int) -> str | None:

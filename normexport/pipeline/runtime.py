@@ -37,7 +37,7 @@ import torch.utils._pytree as pytree
 from torch import nn
 
 from ..errors import UsageError, first_line
-from . import batching, buffers, padding
+from . import batching, buffers, padding, stepping
 from . import manifest as manifest_mod
 from .recording import LATENT_PARAMETERS, arguments_given, bind_call, changed_processors, is_pag, key_text, \
     processor_classes
@@ -158,7 +158,8 @@ def _backend(folder: Path, manifest: dict, backend: str | None) -> str:
     """The backend the components run on (module doc); a UsageError for one asked for that cannot run."""
     from ..parity.runners import RUNNERS
 
-    missing = [slot for slot, e in manifest["slots"].items() if not (folder / e["file"]).with_suffix(".engine").is_file()]
+    missing = [slot for slot, e in manifest["slots"].items()
+               if not all((folder / f["file"]).with_suffix(".engine").is_file() for f in manifest_mod.files(e))]
     if backend is None:
         if manifest.get("target") != "trt":
             return "ort"
@@ -252,13 +253,19 @@ class OrtComponent(nn.Module):
         # the processors the component's class has ({layer path: class name}): a file with "attn_processors" in
         # its entry runs while the meta module holds those instead (module doc of pipeline/recording.py)
         self._own = processor_classes(meta) if meta is not None else {}
+        def opened(slot, entry):  # one file's runner
+            return _EngineSession(folder, slot, entry, plugin) if engines else _Session(folder, slot, entry, providers)
+
+        # a method cut at its children (a video VAE's frame loop, pipeline/stepping.py): its files behind the
+        # children of the meta-device component, the library's method run around them
         self._slots = {method: [(entry.get("attn_processors") or {},
-                                 _EngineSession(folder, slot, entry, plugin) if engines else
-                                 _Session(folder, slot, entry, providers)) for slot, entry in files]
+                                 _stepped(meta, method, slot, entry, opened) if "steps" in entry else
+                                 opened(slot, entry)) for slot, entry in files]
                        for method, files in slots.items()}
         first = next(iter(slots.values()))[0][1]
         # the component's own dtype (the manifest's; a folder written before it had one: its first float input's)
-        dtypes = [TORCH_DTYPES.get(first.get("dtype"))] + [TORCH_DTYPES.get(i["dtype"]) for i in first["inputs"].values()]
+        dtypes = [TORCH_DTYPES.get(first.get("dtype"))] + [TORCH_DTYPES.get(i["dtype"])
+                                                            for i in first.get("inputs", {}).values()]
         self._dtype = next((d for d in dtypes if d is not None), torch.float32)
         # an empty parameter of that dtype on the CPU: a pipeline that reads a component's dtype from its
         # parameters (SVD's `next(self.image_encoder.parameters()).dtype`) gets the exported one
@@ -557,6 +564,21 @@ def _numpy(t: torch.Tensor) -> np.ndarray:
 
         return t.contiguous().view(torch.uint16).numpy().view(BF16)
     return t.contiguous().numpy()
+
+
+def _stepped(meta, method: str, slot: str, entry: dict, opened) -> stepping.Stepped:
+    if meta is None:
+        raise UsageError(f"{slot}: its class could not be built on the meta device, and its {method} runs the "
+                         "library's own loop around its files: install the diffusers it was converted with")
+    return stepping.Stepped(meta, slot, method, entry, {child: [(e, opened(f"{slot}/{child}", e)) for e in kinds]
+                                                  for child, kinds in entry["steps"].items()})
+
+
+def stepped_method(folder: Path, slot: str, entry: dict, library_class: list, providers=None) -> stepping.Stepped:
+    """A method cut at its children, from `folder`'s files of `slot` (convert's check of the composed method,
+    pipeline/stepped_export.py, runs it as load() does)."""
+    meta = _meta_module(folder, library_class, {entry["method"]: (slot, entry)})
+    return _stepped(meta, entry["method"], slot, entry, lambda s, e: _Session(folder, s, e, providers))
 
 
 def _meta_module(folder: Path, library_class: list, slots: dict):
