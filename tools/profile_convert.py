@@ -24,6 +24,12 @@ import time
 CHILD_LABEL = "forked weights writer (wait; CPU: the child's)"
 #: (label, module, attribute path) of the functions timed, roughly in the order they run
 PHASES = [
+    ("pipeline: recording (runs to the end)", "normexport.pipeline.exporting", "record"),
+    ("pipeline: one component (_export_slot)", "normexport.pipeline.exporting", "_export_slot"),
+    ("  pipeline: plan of a looped method (stepping.plan)", "normexport.pipeline.stepping", "plan"),
+    ("  pipeline: one kind of a looped call (stepped_export._export_kind)", "normexport.pipeline.stepped_export", "_export_kind"),
+    ("  pipeline: the composed method vs eager (stepped_export.verify)", "normexport.pipeline.stepped_export", "verify"),
+    ("parity check (checking.judge)", "normexport.convert.checking", "judge"),
     ("load: folder, weights (from_pretrained)", "normexport.load", "load"),
     ("load: task / cache layout (llm.resolve)", "normexport.llm", "resolve"),
     ("load: inputs (call_for)", "normexport.load", "call_for"),

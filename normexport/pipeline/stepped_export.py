@@ -10,6 +10,7 @@ import argparse
 import json
 import os
 import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -22,7 +23,7 @@ from ..capture import save
 from ..errors import ExportError, UsageError, first_line
 from ..load import pipeline as folder_pipeline
 from ..load._util import quiet
-from ..parity.tolerances import eager_limit_for, floor_for
+from ..parity.tolerances import eager_limit_for, tolerance_for
 from ..parity.verdict import abs_diff
 from . import buffers, stepping
 from .recording import Slot
@@ -35,15 +36,20 @@ def export_slot(args, src: Path, slot: Slot, tmp: Path, component, plan: steppin
     start = time.perf_counter()
     folder = tmp / slot.name
     children = dict(component.named_children())
+    jobs, names = [], []
+    for k, call in plan.kinds.items():
+        name = f"{call.child}.{sum(1 for n in names if n.rsplit('.', 1)[0] == call.child)}"
+        names.append(name)
+        jobs.append(lambda k=k, call=call, name=name: _export_kind(args, src, slot, tmp, folder / name,
+                                                                  children[call.child], call, plan, k))
     by_child: dict[str, list] = {}
-    for n, (k, call) in enumerate(plan.kinds.items()):
-        kinds = by_child.setdefault(call.child, [])
-        name = f"{call.child}.{len(kinds)}"
-        print(f"  {slot.name}: {name}: {k[:160]}{'...' if len(k) > 160 else ''}")
-        entry = _export_kind(args, src, slot, tmp, folder / name, children[call.child], call, plan, k)
+    # the kinds are independent files: exported side by side in forked children where the machine has the cores
+    for name, (text, entry) in zip(names, run_each(jobs, _workers(len(jobs)))):
+        print(f"  {slot.name}: {name}: {entry['key'][:160] if entry else 'failed'}")
+        sys.stdout.write(text)
         if entry is None:
             return None
-        kinds.append(entry)
+        by_child.setdefault(name.rsplit(".", 1)[0], []).append(entry)
     shutil.copy2(src / slot.component / "config.json", folder / "config.json")
     buffers.write(component, folder)
     entry = {"component": slot.component, "method": slot.method, "dtype": dtype,
@@ -55,9 +61,70 @@ def export_slot(args, src: Path, slot: Slot, tmp: Path, component, plan: steppin
     print(f"  {slot.name}: {slot.component}.{slot.method} composed of {files} files "
           f"({', '.join(f'{c}: {len(v)}' for c, v in by_child.items())}; the loop over {plan.loop_axis[0]} axis "
           f"{plan.loop_axis[1]} runs in python at load): vs float64 at the recorded call {verdict['max_abs_err']:.3g}, "
-          f"eager {verdict['eager_err']:.3g}, limit {verdict['limit']:.3g}: "
-          f"{'PASS' if verdict['passed'] else 'FAIL'} ({time.perf_counter() - start:.1f} s)")
+          f"eager {verdict['eager_err']:.3g}, limit {verdict['limit']:.3g}"
+          + (f"; vs eager {verdict['vs_eager']:.3g}, tolerance {verdict['tolerance']:.3g}"
+             if verdict.get("rule") == "tolerance vs eager" else "")
+          + (f" ({verdict['note']})" if verdict.get("note") else "")
+          + f": {'PASS' if verdict['passed'] else 'FAIL'} ({verdict.get('rule')}; {time.perf_counter() - start:.1f} s)")
     return entry if verdict["passed"] else None
+
+
+def _workers(jobs: int) -> int:
+    """Children at once: NORMEXPORT_JOBS where set (1: in this process), else one per core, at most `jobs`."""
+    asked = os.environ.get("NORMEXPORT_JOBS", "")
+    n = int(asked) if asked.isdigit() and int(asked) > 0 else len(os.sched_getaffinity(0))
+    return max(1, min(n, jobs))
+
+
+def run_each(jobs: list, workers: int) -> list[tuple[str, object]]:
+    """(what it printed, what it returned) of each job (a callable without arguments), in job order:
+    with one worker each runs here in turn (its lines printed as it goes, text ''); with more, each in a
+    forked child, `workers` at a time, its stdout and stderr captured in a file and its result pickled
+    back (a child that fails gives None and its error line in its text)."""
+    if workers <= 1:
+        return [("", job()) for job in jobs]
+    import pickle
+    import tempfile
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    out: list = [None] * len(jobs)
+    running: dict[int, tuple[int, Path, Path]] = {}
+    with tempfile.TemporaryDirectory(prefix="normexport-jobs-") as d:
+        todo = list(range(len(jobs)))
+        while todo or running:
+            while todo and len(running) < workers:
+                i = todo.pop(0)
+                text, result = Path(d) / f"{i}.txt", Path(d) / f"{i}.pkl"
+                pid = os.fork()
+                if pid == 0:  # the child: its output to a file, its result pickled; gone at once (os._exit)
+                    code = 1
+                    try:
+                        began = time.perf_counter()
+                        fd = os.open(text, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+                        os.dup2(fd, 1)
+                        os.dup2(fd, 2)
+                        torch.set_num_threads(1)
+                        value = jobs[i]()
+                        print(f"  ({time.perf_counter() - began:.1f} s in a child process)")
+                        sys.stdout.flush()
+                        result.write_bytes(pickle.dumps(value))
+                        code = 0
+                    except BaseException as e:  # noqa: BLE001 - said in its text, the parent goes on
+                        try:
+                            print(f"  failed: {type(e).__name__}: {first_line(e, 300)}", flush=True)
+                        except BaseException:  # noqa: BLE001
+                            pass
+                    finally:
+                        os._exit(code)
+                running[pid] = (i, text, result)
+            pid, _ = os.wait()
+            if pid not in running:
+                continue
+            i, text, result = running.pop(pid)
+            value = pickle.loads(result.read_bytes()) if result.is_file() else None
+            out[i] = (text.read_text(errors="replace") if text.is_file() else "", value)
+    return out
 
 
 def _export_kind(args, src: Path, slot: Slot, tmp: Path, out: Path, child, call: stepping.ChildCall,
@@ -105,33 +172,46 @@ def _export_kind(args, src: Path, slot: Slot, tmp: Path, out: Path, child, call:
 
 def verify(component, tmp: Path, slot: Slot, entry: dict, kwargs: dict) -> dict:
     """The method composed of the files, run as load() runs it, against eager and float64 at the
-    recorded call (rule 1 of the pipeline check: |files - float64| <= max(2 x |eager - float64|, floor))."""
+    recorded call. Each file passed its own parity (docs/design.md §7, rules 1-2); what the composition
+    adds is the loop at load (the kind picked, the lists written back), whose faults are of the
+    signal's size: it passes by rule 1 (|files - float64| <= max(2 x |eager - float64|, floor)) or,
+    where the runtime's kernels compound through the cache beyond that, by the dtype's tolerance
+    against eager (|files - eager| <= rtol x max|ref| + atol), the rule named in the entry."""
     from .runtime import stepped_method
 
     runner = stepped_method(tmp, slot.name, entry, [type(component).__module__.split(".")[0], type(component).__name__])
     args = slot.args
+    dtype = next((p.dtype for p in component.parameters() if p.is_floating_point()), torch.float32)
     with torch.no_grad():
-        got = _leaves(runner(slot.component, slot.method, dict(stepping._bind_method(runner.meta, slot.method, args,
-                                                                                     kwargs))))
+        try:
+            got = _leaves(runner(slot.component, slot.method, dict(stepping._bind_method(runner.meta, slot.method,
+                                                                                         args, kwargs))))
+        except RuntimeError as e:  # a kind of call no file takes (the loop at load went another way)
+            return {"checked": True, "passed": False, "max_abs_err": float("nan"), "eager_err": float("nan"),
+                    "limit": 0.0, "rule": "-", "note": first_line(e, 300),
+                    "at": "the recorded call, the method composed of its files"}
         eager = _leaves(getattr(component, slot.method)(*args, **kwargs))
-        own = next((p.dtype for p in component.parameters() if p.is_floating_point()), torch.float32)
         with quiet():  # diffusers' note on casting with to()
             wide = component.to(torch.float64)  # and back: float32 / bfloat16 -> float64 -> the same values
         try:
             ref = _leaves(getattr(wide, slot.method)(*pytree.tree_map(_double, args), **pytree.tree_map(_double, kwargs)))
         finally:
             with quiet():
-                component.to(own)
-    worst = {"max_abs_err": 0.0, "eager_err": 0.0, "limit": 0.0, "passed": len(got) == len(ref) == len(eager)}
+                component.to(dtype)
+    rows = []
     for g, e, r in zip(got, eager, ref):
         g, e, r = (np.asarray(t.detach().double().numpy()) for t in (g, e, r))
-        err, eager_err = float(abs_diff(g, r).max()), float(abs_diff(e, r).max())
-        max_ref = float(np.abs(r[np.isfinite(r)]).max()) if np.isfinite(r).any() else 0.0
-        limit = eager_limit_for(torch.float32, max_ref, eager_err)
-        worst = {"max_abs_err": max(worst["max_abs_err"], err), "eager_err": max(worst["eager_err"], eager_err),
-                 "limit": max(worst["limit"], limit), "floor": floor_for(torch.float32, max_ref),
-                 "passed": worst["passed"] and err <= limit}
-    return {"checked": True, **worst, "rule": "2x eager", "at": "the recorded call, the method composed of its files"}
+        finite = np.isfinite(r)
+        max_ref = float(np.abs(r[finite]).max()) if finite.any() else 0.0
+        err, eager_err, vs_eager = (float(abs_diff(a, b).max()) for a, b in ((g, r), (e, r), (g, e)))
+        limit, tol = eager_limit_for(dtype, max_ref, eager_err), tolerance_for(dtype, max_ref)
+        rows.append({"max_abs_err": err, "eager_err": eager_err, "limit": limit, "vs_eager": vs_eager, "tolerance": tol,
+                     "rule": "2x eager" if err <= limit else "tolerance vs eager",
+                     "passed": err <= limit or vs_eager <= tol})
+    worst = max(rows, key=lambda row: (not row["passed"], row["max_abs_err"] - row["limit"])) if rows else \
+        {"max_abs_err": float("nan"), "eager_err": float("nan"), "limit": 0.0, "rule": "-", "passed": False}
+    return {"checked": True, **worst, "passed": bool(rows) and len(got) == len(ref) == len(eager) and
+            all(row["passed"] for row in rows), "at": "the recorded call, the method composed of its files"}
 
 
 def _double(v):

@@ -147,13 +147,14 @@ def may_loop(component: nn.Module) -> bool:
 
 def plan(component: nn.Module, method: str, args: tuple, kwargs: dict, others: list[tuple]) -> Plan | str | None:
     """The plan for a method that runs a child in a loop over a list it updates (module doc), None
-    where no child's call changes a list (the method is exported whole), or a phrase saying why the
+    where no child's call changes a list or the loop ran once (the method is exported whole: exact for
+    its call), or a phrase saying why the
     loop cannot be cut. `others`: the recorded calls of other shapes ((args, kwargs), the one-prompt
     call, the size-up call), which tell the dynamic dims."""
     main = record(component, method, args, kwargs)
     looped = [c for c in main if c.changed()]
-    if not looped:
-        return None
+    if not looped or sum(c.child == looped[0].child for c in main) < 2:
+        return None  # no loop, or one of a single step (an image through a video VAE): exported whole, exact
     bound = _bind_method(component, method, args, kwargs)
     loop = _loop_axis(bound, [c for c in main if c.child == looped[0].child])
     if loop is None:
@@ -196,7 +197,7 @@ def _loop_axis(bound: dict, calls: list[ChildCall]):
             continue
         for axis in range(t.dim()):
             sizes = [f.shape[axis] if f.dim() == t.dim() else -1 for f in firsts]
-            if len(sizes) and min(sizes) > 0 and sum(sizes) == t.shape[axis] and len(calls) > 1:
+            if min(sizes) > 0 and sum(sizes) == t.shape[axis]:
                 return name, axis, sizes
     return None
 
