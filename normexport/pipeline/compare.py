@@ -311,6 +311,7 @@ def _plain_rule(out: Path, ref: Path, index: dict, manifest: dict, side: int, st
 
     from ..export import convert_module
     from ..io import save_onnx
+    from . import stepped_export
     from .exporting import MethodCall, _copy_rest
     from .runtime import load
     from .recording import slot_name
@@ -334,6 +335,9 @@ def _plain_rule(out: Path, ref: Path, index: dict, manifest: dict, side: int, st
             buffers.write(eager.components[entry["component"]], tmp / "out" / slot)
             args, kwargs, _, processors = calls[slot]
             module = eager.components[entry["component"]]
+            if "steps" in entry:  # a method cut at its children: each kind of the run's call, plain (stepping.py)
+                plain_manifest["slots"][slot] = stepped_export.plain_twin(module, slot, entry, args, kwargs, tmp / "out")
+                continue
             if entry["method"] != "forward":
                 module = MethodCall(module, entry["method"], entry.get("renames") or {})
                 kwargs = {(entry.get("renames") or {}).get(k, k): v for k, v in

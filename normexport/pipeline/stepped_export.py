@@ -229,3 +229,43 @@ def _file_parity(report: dict) -> dict:
         return {"checked": False, "note": report.get("parity")}
     return {"checked": True, "passed": all(r.get("passed") for r in rows),
             "max_abs_err": max((r.get("max_abs_err") or 0.0) for r in rows), "rows": len(rows)}
+
+
+def plain_twin(component, slot: str, entry: dict, args: tuple, kwargs: dict, out: Path) -> dict:
+    """The plain-export twin of a cut method's slot for the pipeline check's rule 2 (pipeline/compare.py):
+    the kinds of the check run's call, each exported by torch.onnx alone (no normexport stage), written
+    under `out` / `slot` as convert lays them out; its entry."""
+    from ..export import convert_module
+    from ..io import save_onnx
+    from ..load.call import CallAdapter, describe, output_names
+
+    method = entry["method"]
+    kwargs = {k: v for k, v in stepping._bind_method(component, method, args, kwargs).items()
+              if not isinstance(v, torch.Generator) and k != "return_dict"}
+    plan = stepping.plan(component, method, (), kwargs, [])
+    if not isinstance(plan, stepping.Plan):
+        raise RuntimeError(f"{slot}: the check run's {method} call is not a loop to cut ({plan})")
+    children = dict(component.named_children())
+    steps: dict[str, list] = {}
+    for key, call in plan.kinds.items():
+        tensors = {stepping.input_name(n): t for n, t in call.tensors().items()}
+        module = stepping.StepCall(children[call.child], call)
+        adapter = CallAdapter(module, (), tensors)
+        with torch.no_grad():
+            result = module(**tensors)
+        names = output_names(result)
+        dynamic = {stepping.input_name(n): a for n, a in plan.dynamic.get(call.child, {}).items()
+                   if stepping.input_name(n) in tensors}
+        with quiet():
+            model = convert_module(adapter, adapter.example_inputs, target="onnx", input_names=adapter.input_names,
+                                   output_names=names, dynamic_axes=dynamic or None, fold_bn=False, swap_norms=False,
+                                   rewrite=False)
+        kinds = steps.setdefault(call.child, [])
+        file = f"{slot}/{call.child}.{len(kinds)}/model.onnx"
+        (out / file).parent.mkdir(parents=True, exist_ok=True)
+        save_onnx(model, out / file)
+        kinds.append({"key": key, "file": file, "outputs": names, "structure": describe(result),
+                      "inputs": {n: {"shape": list(t.shape), "dtype": str(t.dtype).replace("torch.", ""),
+                                     "dynamic": dynamic.get(n, [])} for n, t in tensors.items()},
+                      "after": stepping.after_values(call)})
+    return {**entry, "steps": steps, "dynamic": plan.dynamic}
