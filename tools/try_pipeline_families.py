@@ -716,11 +716,16 @@ def _fused(out: Path) -> dict:
     """{slot: {op: count}} of the norm ops in each exported file (its normexport_report.json's op counts)."""
     manifest = json.loads((out / "normexport_pipeline.json").read_text())
     fused = {}
+    from normexport.pipeline.manifest import files
+
     for slot, entry in manifest["slots"].items():
-        rep = out / Path(entry["file"]).parent / "normexport_report.json"
-        counts = json.loads(rep.read_text()).get("op_counts", {}) if rep.is_file() else {}
-        fused[slot] = {k.split("::")[-1]: v for k, v in counts.items()
-                       if k.startswith("normexport::") or k in ("LayerNormalization", "GroupNormalization")}
+        fused[slot] = {}
+        for file in files(entry):  # a method cut at its children (a video VAE's frame loop): each step's file
+            rep = out / Path(file["file"]).parent / "normexport_report.json"
+            counts = json.loads(rep.read_text()).get("op_counts", {}) if rep.is_file() else {}
+            for k, v in counts.items():
+                if k.startswith("normexport::") or k in ("LayerNormalization", "GroupNormalization"):
+                    fused[slot][k.split("::")[-1]] = fused[slot].get(k.split("::")[-1], 0) + v
     return fused
 
 

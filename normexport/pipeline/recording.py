@@ -342,11 +342,21 @@ def _runs(pipe, kwargs: dict, modules: dict, cls: str, path: Path) -> list:
     runs = [(_Run(modules, signatures), _batched(pipe, kwargs, modules), True),
             (_Run(modules, signatures), _longer(kwargs), True),
             (_Run(modules, signatures), _larger(pipe, kwargs, modules), False)]
-    for run, call, saved in runs:
+    for i, (run, call, saved) in enumerate(runs):
         try:
-            with run.hooks(pipe, first=saved), torch.no_grad(), quiet():
-                for one in [call, *_switched(pipe, call)]:
-                    pipe(**one)
+            try:
+                with run.hooks(pipe, first=saved), torch.no_grad(), quiet():
+                    for one in [call, *_switched(pipe, call)]:
+                        pipe(**one)
+            except (ValueError, TypeError):  # a pipeline that takes one image for its prompts (Wan image-to-video
+                one_image = _one_image(call)  # checks `image` is a tensor or one PIL image): the prompts' batch alone
+                if one_image is None:
+                    raise
+                run = _Run(modules, signatures)
+                with run.hooks(pipe, first=saved), torch.no_grad(), quiet():
+                    for one in [one_image, *_switched(pipe, one_image)]:
+                        pipe(**one)
+                runs[i] = (run, one_image, saved)
         except Exception as e:  # noqa: BLE001 - the pipeline's own error
             steps = call.get("num_inference_steps")
             raise UsageError(f"{cls} from '{path}' failed in its {'one' if steps == 1 else steps}-step run with "
@@ -427,6 +437,13 @@ def _batched(pipe, kwargs: dict, modules: dict) -> dict:
             if p.default is p.empty and isinstance(call.get(n), list):
                 call[n] = folder_pipeline.required_value(p, modules, count=2)
     return call
+
+
+def _one_image(call: dict) -> dict | None:
+    """The two-prompt call with each image that _batched listed per prompt given once (None: none was)."""
+    listed = {k: v[0] for k, v in call.items() if k in ("image", "mask_image", "control_image") and isinstance(v, list)
+              and v and type(v[0]).__module__.startswith("PIL.")}
+    return {**call, **listed} if listed and isinstance(call.get("prompt"), list) else None
 
 
 def _show(kwargs: dict) -> str:

@@ -219,8 +219,16 @@ def _double(v):
 
 
 def _leaves(out) -> list[torch.Tensor]:
-    return [t for t in pytree.tree_leaves(out if not hasattr(out, "to_tuple") else out.to_tuple())
-            if isinstance(t, torch.Tensor)]
+    """The tensors of a method's output; an encode's distribution by its parameters (mean, logvar), as
+    its file gives them (exporting.MethodCall)."""
+    out = out.to_tuple() if hasattr(out, "to_tuple") else out
+    leaves = []
+    for leaf in pytree.tree_leaves(out):
+        if isinstance(getattr(leaf, "parameters", None), torch.Tensor):
+            leaf = leaf.parameters
+        if isinstance(leaf, torch.Tensor):
+            leaves.append(leaf)
+    return leaves
 
 
 def _file_parity(report: dict) -> dict:
