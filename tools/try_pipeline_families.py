@@ -644,9 +644,12 @@ REASONS["consistency"] = (
     "the exported image is 144 dB from eager")
 _LATE = ("not run", None, None, None, "builds here; not reached before the sweep's deadline (one class at a time on "
          "the loaded VM)")
-REASONS["wan_i2v"] = ("ftfy (which diffusers' WanImageToVideoPipeline cleans prompts with: NameError before) is now "
-                      "installed with the test extras (5ab4326); not rerun: at its default 81 frames it meets issue 46 "
-                      "item 8 (the Wan VAE's frame loop traced unrolled: convert > 13 min, over this tool's stage limit)")
+REASONS["wan_i2v"] = ("recorded with its one image for the two prompts (the pipeline refuses an image list: before, "
+                      "convert stopped in its batch run); its VAE's encode and decode cut at their frame loops "
+                      "(issue 46 item 8, pipeline/stepping.py)")
+REASONS["wan"] = ("PASS at its default 81 frames after issue 46 item 8: the VAE's frame loop cut at its children "
+                  "(a file per kind of decoder call, diffusers' loop at load; convert was > 13 min, the VAE's unrolled "
+                  "export never finished)")
 REASONS["cogvideox"] = "PASS with the tiny transformer's max_text_seq_length=226 (the pipeline pads prompts to 226)"
 REASONS["qwenimage"] = (
     "PASS after a text axis the model fixes is served padded (5ab4326): the transformer's RoPE takes int(text length), "
@@ -689,8 +692,6 @@ EARLIER = {
                      "203 s, check 20 s"),
 
     "pixart_sigma_pag": _PAG, "sd3_pag": _PAG, "sdxl_pag": _PAG, "sana_pag": _PAG,
-    "wan": ("not run", None, None, None, "WanPipeline at its default 81 frames: issue 46 item 8 (the Wan VAE's frame "
-            "loop traced unrolled; convert > 13 min, benchmarks/results/video_pipeline_time_2026-11-28_vm.txt)"),
     "hidream": ("not run", None, None, None, "builds, but the pipeline rescales every image to 1024x1024: too slow for "
                 "this sweep on the loaded VM (issue 46 item 6's parts are tested in tests/test_pipeline_components_found.py)"),
 }
