@@ -254,7 +254,7 @@ def _export_slot(args, src: Path, slot: Slot, tmp: Path, text_limit: int | None 
              # the parameters its call gave a tensor: load() runs the file of the arguments a call gives, where
              # the pipeline calls the component with several sets (pipeline/recording.py)
              "arguments": list(slot.arguments),
-             "parity": _parity_summary(report)}
+             "parity": manifest_mod.parity_summary(report)}
     del module, loaded, rec
     gc.collect()
     return entry
@@ -391,14 +391,6 @@ def _digest(folder: Path) -> str:
             for block in iter(lambda: f.read(1 << 24), b""):
                 digest.update(block)
     return digest.hexdigest()
-
-
-def _parity_summary(report: dict) -> dict:
-    rows = [r for per in (report.get("results") or {}).get("ort", {}).values() for r in per]
-    if not rows:
-        return {"checked": False, "note": report.get("parity")}
-    return {"checked": True, "passed": all(r.get("passed") for r in rows),
-            "max_abs_err": max((r.get("max_abs_err") or 0.0) for r in rows), "rows": len(rows)}
 
 
 def _copy_rest(src: Path, index: dict, tmp: Path, exported: set[str]) -> None:

@@ -88,6 +88,15 @@ def files(entry: dict) -> list[dict]:
     return [entry]
 
 
+def parity_summary(report: dict) -> dict:
+    """A file's parity in its entry: whether its convert report's onnxruntime rows ran and passed, the worst error."""
+    rows = [r for per in (report.get("results") or {}).get("ort", {}).values() for r in per]
+    if not rows:
+        return {"checked": False, "note": report.get("parity")}
+    return {"checked": True, "passed": all(r.get("passed") for r in rows),
+            "max_abs_err": max((r.get("max_abs_err") or 0.0) for r in rows), "rows": len(rows)}
+
+
 def write(out: Path, manifest: dict) -> None:
     from ..io import write_json
 

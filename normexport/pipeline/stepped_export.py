@@ -26,6 +26,7 @@ from ..load._util import quiet
 from ..parity.tolerances import eager_limit_for, tolerance_for
 from ..parity.verdict import abs_diff
 from . import buffers, stepping
+from . import manifest as manifest_mod
 from .recording import Slot
 
 
@@ -167,7 +168,7 @@ def _export_kind(args, src: Path, slot: Slot, tmp: Path, out: Path, child, call:
                            "dynamic": list((rec.kept or {}).get(n, []))} for n, t in zip(rec.names, rec.inputs)},
             "outputs": list(rec.output_names or []), "structure": rec.output_structure,
             "after": stepping.after_values(call), "op_counts": report.get("op_counts", {}),
-            "parity": _file_parity(report)}
+            "parity": manifest_mod.parity_summary(report)}
 
 
 def verify(component, tmp: Path, slot: Slot, entry: dict, kwargs: dict) -> dict:
@@ -230,13 +231,6 @@ def _leaves(out) -> list[torch.Tensor]:
             leaves.append(leaf)
     return leaves
 
-
-def _file_parity(report: dict) -> dict:
-    rows = [r for per in (report.get("results") or {}).get("ort", {}).values() for r in per]
-    if not rows:
-        return {"checked": False, "note": report.get("parity")}
-    return {"checked": True, "passed": all(r.get("passed") for r in rows),
-            "max_abs_err": max((r.get("max_abs_err") or 0.0) for r in rows), "rows": len(rows)}
 
 
 def plain_twin(component, slot: str, entry: dict, args: tuple, kwargs: dict, out: Path) -> dict:
