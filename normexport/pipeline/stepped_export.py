@@ -82,49 +82,59 @@ def run_each(jobs: list, workers: int) -> list[tuple[str, object]]:
     with one worker each runs here in turn (its lines printed as it goes, text ''); with more, each in a
     forked child, `workers` at a time, its stdout and stderr captured in a file and its result pickled
     back (a child that fails gives None and its error line in its text)."""
-    if workers <= 1:
+    import threading
+
+    if workers <= 1 or threading.active_count() > 1:
+        # another thread (a test runner's, a writer's) may hold a lock the child would wait on forever: in turn
         return [("", job()) for job in jobs]
+    import gc
     import pickle
     import tempfile
 
     sys.stdout.flush()
     sys.stderr.flush()
-    out: list = [None] * len(jobs)
-    running: dict[int, tuple[int, Path, Path]] = {}
-    with tempfile.TemporaryDirectory(prefix="normexport-jobs-") as d:
-        todo = list(range(len(jobs)))
-        while todo or running:
-            while todo and len(running) < workers:
-                i = todo.pop(0)
-                text, result = Path(d) / f"{i}.txt", Path(d) / f"{i}.pkl"
-                pid = os.fork()
-                if pid == 0:  # the child: its output to a file, its result pickled; gone at once (os._exit)
-                    code = 1
-                    try:
-                        began = time.perf_counter()
-                        fd = os.open(text, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-                        os.dup2(fd, 1)
-                        os.dup2(fd, 2)
-                        torch.set_num_threads(1)
-                        value = jobs[i]()
-                        print(f"  ({time.perf_counter() - began:.1f} s in a child process)")
-                        sys.stdout.flush()
-                        result.write_bytes(pickle.dumps(value))
-                        code = 0
-                    except BaseException as e:  # noqa: BLE001 - said in its text, the parent goes on
+    # the parent's objects out of the children's collections (Python's advice for fork): a child's gc.collect()
+    # would run their finalizers (an onnxruntime session's joins threads the child does not have: it hung)
+    gc.freeze()
+    try:
+        out: list = [None] * len(jobs)
+        running: dict[int, tuple[int, Path, Path]] = {}
+        with tempfile.TemporaryDirectory(prefix="normexport-jobs-") as d:
+            todo = list(range(len(jobs)))
+            while todo or running:
+                while todo and len(running) < workers:
+                    i = todo.pop(0)
+                    text, result = Path(d) / f"{i}.txt", Path(d) / f"{i}.pkl"
+                    pid = os.fork()
+                    if pid == 0:  # the child: its output to a file, its result pickled; gone at once (os._exit)
+                        code = 1
                         try:
-                            print(f"  failed: {type(e).__name__}: {first_line(e, 300)}", flush=True)
-                        except BaseException:  # noqa: BLE001
-                            pass
-                    finally:
-                        os._exit(code)
-                running[pid] = (i, text, result)
-            pid, _ = os.wait()
-            if pid not in running:
-                continue
-            i, text, result = running.pop(pid)
-            value = pickle.loads(result.read_bytes()) if result.is_file() else None
-            out[i] = (text.read_text(errors="replace") if text.is_file() else "", value)
+                            began = time.perf_counter()
+                            fd = os.open(text, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+                            os.dup2(fd, 1)
+                            os.dup2(fd, 2)
+                            torch.set_num_threads(1)
+                            value = jobs[i]()
+                            print(f"  ({time.perf_counter() - began:.1f} s in a child process)")
+                            sys.stdout.flush()
+                            result.write_bytes(pickle.dumps(value))
+                            code = 0
+                        except BaseException as e:  # noqa: BLE001 - said in its text, the parent goes on
+                            try:
+                                print(f"  failed: {type(e).__name__}: {first_line(e, 300)}", flush=True)
+                            except BaseException:  # noqa: BLE001
+                                pass
+                        finally:
+                            os._exit(code)
+                    running[pid] = (i, text, result)
+                pid, _ = os.wait()
+                if pid not in running:
+                    continue
+                i, text, result = running.pop(pid)
+                value = pickle.loads(result.read_bytes()) if result.is_file() else None
+                out[i] = (text.read_text(errors="replace") if text.is_file() else "", value)
+    finally:
+        gc.unfreeze()
     return out
 
 
