@@ -84,7 +84,9 @@ def run_each(jobs: list, workers: int) -> list[tuple[str, object]]:
     back (a child that fails gives None and its error line in its text)."""
     import threading
 
-    if workers <= 1 or threading.active_count() > 1:
+    others = [t for t in threading.enumerate() if t is not threading.current_thread()
+              and type(t).__name__ != "TMonitor"]  # tqdm's progress-bar monitor (a load's bars leave it) sleeps
+    if workers <= 1 or others:
         # another thread (a test runner's, a writer's) may hold a lock the child would wait on forever: in turn
         return [("", job()) for job in jobs]
     import gc
