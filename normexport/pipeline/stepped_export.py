@@ -108,26 +108,8 @@ def run_each(jobs: list, workers: int) -> list[tuple[str, object]]:
                     i = todo.pop(0)
                     text, result = Path(d) / f"{i}.txt", Path(d) / f"{i}.pkl"
                     pid = os.fork()
-                    if pid == 0:  # the child: its output to a file, its result pickled; gone at once (os._exit)
-                        code = 1
-                        try:
-                            began = time.perf_counter()
-                            fd = os.open(text, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-                            os.dup2(fd, 1)
-                            os.dup2(fd, 2)
-                            torch.set_num_threads(1)
-                            value = jobs[i]()
-                            print(f"  ({time.perf_counter() - began:.1f} s in a child process)")
-                            sys.stdout.flush()
-                            result.write_bytes(pickle.dumps(value))
-                            code = 0
-                        except BaseException as e:  # noqa: BLE001 - said in its text, the parent goes on
-                            try:
-                                print(f"  failed: {type(e).__name__}: {first_line(e, 300)}", flush=True)
-                            except BaseException:  # noqa: BLE001
-                                pass
-                        finally:
-                            os._exit(code)
+                    if pid == 0:
+                        _child(jobs[i], text, result)
                     running[pid] = (i, text, result)
                 pid, _ = os.wait()
                 if pid not in running:
@@ -138,6 +120,32 @@ def run_each(jobs: list, workers: int) -> list[tuple[str, object]]:
     finally:
         gc.unfreeze()
     return out
+
+
+def _child(job, text: Path, result: Path) -> None:
+    """A forked child of run_each: its output to `text`, its result pickled to `result`; gone at once
+    (os._exit: nothing of the parent's flushed or finalized twice)."""
+    import pickle
+
+    code = 1
+    try:
+        began = time.perf_counter()
+        fd = os.open(text, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        torch.set_num_threads(1)
+        value = job()
+        print(f"  ({time.perf_counter() - began:.1f} s in a child process)")
+        sys.stdout.flush()
+        result.write_bytes(pickle.dumps(value))
+        code = 0
+    except BaseException as e:  # noqa: BLE001 - said in its text, the parent goes on
+        try:
+            print(f"  failed: {type(e).__name__}: {first_line(e, 300)}", flush=True)
+        except BaseException:  # noqa: BLE001
+            pass
+    finally:
+        os._exit(code)
 
 
 def _export_kind(args, src: Path, slot: Slot, tmp: Path, out: Path, child, call: stepping.ChildCall,

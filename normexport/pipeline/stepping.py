@@ -126,9 +126,7 @@ def key(call: ChildCall, dynamic: dict) -> str:
 
 @dataclasses.dataclass
 class Plan:
-    """What `plan` found: the calls of the recorded run, the dynamic dims, the kinds to export."""
-    method: str
-    calls: list[ChildCall]  # the recorded run's
+    """What `plan` found: the dynamic dims, the kinds to export."""
     dynamic: dict  # {child: {input name: [axes]}}
     kinds: dict  # key -> the first call of that kind (the file's example)
     loop_axis: tuple  # (method input name, axis) the loop walks
@@ -177,7 +175,7 @@ def plan(component: nn.Module, method: str, args: tuple, kwargs: dict, others: l
     if unknown:
         return f"a call of another shape is of a kind the recorded run does not make ({unknown[0][:120]})"
     children = list(dict.fromkeys(c.child for c in main))
-    return Plan(method, main, dynamic, kinds, (name, axis), children)
+    return Plan(dynamic, kinds, (name, axis), children)
 
 
 def _bind_method(component, method, args, kwargs) -> dict:
