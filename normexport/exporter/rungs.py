@@ -206,7 +206,7 @@ def _torch_onnx_export(module, args, names, output_names, dynamic_axes, opset, a
     if shapes is not None and isinstance(module, CallAdapter):
         shapes = (shapes,)  # forward(*tensors): one entry, the tuple of the tensors' shapes
     with warnings.catch_warnings(), gc_paused(), math_attention(), exact_no_op_rules(), promoted_einsum(), \
-            indexed_diagonal_fill():
+            indexed_diagonal_fill(), no_strict_retry_of_inconsistent_guards():
         warnings.simplefilter("ignore")
         logging.getLogger("torch.onnx").setLevel(logging.ERROR)
         export = functools.partial(torch.onnx.export, dynamo=True, opset_version=opset, input_names=names,
@@ -225,6 +225,40 @@ def _torch_onnx_export(module, args, names, output_names, dynamic_axes, opset, a
             # example then specialise, which the parity check's other shapes would show)
             program = export(torch.export.export(module, args, dynamic_shapes=shapes, strict=False))
     return program.model
+
+
+@contextlib.contextmanager
+def no_strict_retry_of_inconsistent_guards():
+    """torch.onnx captures with torch.export non-strict, then strict where that fails. Where non-strict failed
+    because torch's dim-constraint solver found the dynamic shapes' guards inconsistent, strict capture meets the
+    same guards (the model's own arithmetic on the same symbolic sizes) and fails the same way, in as long again
+    (PixArt's transformer: 8.4 s of a 72 s pipeline convert): that failure is raised again at once, and the caller's
+    retry (_torch_onnx_export) follows. A non-strict failure of any other kind still gets its strict capture."""
+    from torch.onnx._internal.exporter import _capture_strategies as cs
+
+    saved = cs.CAPTURE_STRATEGIES
+    failures: list[BaseException] = []
+
+    class NonStrict(cs.TorchExportNonStrictStrategy):
+        def _capture(self, *args, **kwargs):
+            try:
+                return super()._capture(*args, **kwargs)
+            except Exception as e:
+                failures.append(e)
+                raise
+
+    class Strict(cs.TorchExportStrictStrategy):
+        def _capture(self, *args, **kwargs):
+            if failures and _oblivious_inconsistency(failures[-1]):
+                raise failures[-1]
+            return super()._capture(*args, **kwargs)
+
+    swap = {cs.TorchExportNonStrictStrategy: NonStrict, cs.TorchExportStrictStrategy: Strict}
+    cs.CAPTURE_STRATEGIES = tuple(swap.get(s, s) for s in saved)
+    try:
+        yield
+    finally:
+        cs.CAPTURE_STRATEGIES = saved
 
 
 def _oblivious_inconsistency(e: BaseException) -> bool:
