@@ -44,3 +44,22 @@ def test_a_disabled_collector_stays_disabled():
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_the_exit_collects_the_youngest_generation_alone():
+    """With the collector off nothing is promoted: the youngest generation holds everything the trace made, and
+    collecting it alone frees the trace's cycles without walking the process's older objects (a full collection
+    after every export cost a test run 500 of its 3,900 CPU seconds). Planted: gc.collect() -> [2]."""
+    generations = []
+
+    def seen(phase, info):
+        if phase == "start":
+            generations.append(info["generation"])
+
+    gc.callbacks.append(seen)
+    try:
+        with gc_paused():
+            ref = _cycle()
+    finally:
+        gc.callbacks.remove(seen)
+    assert generations == [0] and ref() is None, generations
