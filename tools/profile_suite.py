@@ -2,6 +2,7 @@
 and by test file, with every process the run starts (xdist workers, CLI subprocesses, TensorRT build
 workers) in it.
 
+    pip install py-spy   # once, into the venv (not a dependency of the package)
     py-spy record -r 7 --subprocesses --nonblocking -f raw -o RUN.raw -- \
         .venv/bin/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder tests
     python tools/profile_suite.py RUN.raw --rate 7
