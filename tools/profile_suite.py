@@ -32,7 +32,6 @@ PHASES = [
     ("TorchScript exporter", "torch/onnx/utils.py"),
     ("onnxruntime session", "_create_inference_session ("),
     ("TensorRT build", "build_in_process ("),
-    ("gc.collect", "collect ("),
 ]
 #: a frame of a gc.collect() call site (the innermost Python frame is the caller: C functions are not frames)
 GC_CALL = re.compile(r"gc\.collect|collect_harder")
@@ -46,12 +45,12 @@ def _parse(line: str):
         return None, 0
 
 
-def _phase(frames: list[str], gc_sites: set[str]) -> str:
+def _phase(frames: list[str], is_gc_site) -> str:
     for frame in frames:
         for label, needle in PHASES:
             if needle in frame:
                 return label
-    return "gc.collect" if frames and frames[-1] in gc_sites else "other"
+    return "gc.collect" if frames and is_gc_site(frames[-1]) else "other"
 
 
 def _test_file(frames: list[str]) -> str:
@@ -63,25 +62,24 @@ def _test_file(frames: list[str]) -> str:
     return ("subprocess: " + procs[-1].split(":", 1)[1][:90]) if len(procs) > 2 else "(outside a test)"
 
 
-def _gc_sites(path: str) -> set[str]:
-    """The frames that call gc.collect(): the source line of the innermost frame says so."""
+def _gc_site_test():
+    """frame -> whether its line calls gc.collect() (C functions are not frames: the caller's line is the innermost
+    frame of a sample taken in a collection), read from the source once per distinct frame."""
+    import functools
     import linecache
 
-    sites = set()
-    with open(path, errors="replace") as f:
-        for line in f:
-            frames, _ = _parse(line)
-            if not frames:
-                continue
-            m = re.search(r"\((.+):(\d+)\)$", frames[-1])
-            if m:
-                for root in ("", ".venv/lib/python3.11/site-packages/"):
-                    text = linecache.getline(root + m.group(1), int(m.group(2)))
-                    if text:
-                        if GC_CALL.search(text):
-                            sites.add(frames[-1])
-                        break
-    return sites
+    @functools.cache
+    def is_gc_site(frame: str) -> bool:
+        m = re.search(r"\((.+):(\d+)\)$", frame)
+        if not m:
+            return False
+        for root in ("", ".venv/lib/python3.11/site-packages/"):
+            text = linecache.getline(root + m.group(1), int(m.group(2)))
+            if text:
+                return bool(GC_CALL.search(text))
+        return False
+
+    return is_gc_site
 
 
 def main(argv=None) -> None:
@@ -90,7 +88,7 @@ def main(argv=None) -> None:
     ap.add_argument("--rate", type=float, default=7.0, help="py-spy's -r (samples per second)")
     ap.add_argument("--files", type=int, default=40, help="test files shown")
     args = ap.parse_args(argv)
-    gc_sites = _gc_sites(args.raw)
+    is_gc_site = _gc_site_test()
     by_phase: collections.Counter = collections.Counter()
     by_file: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     with open(args.raw, errors="replace") as f:
@@ -98,7 +96,7 @@ def main(argv=None) -> None:
             frames, n = _parse(line)
             if not frames:
                 continue
-            phase = _phase(frames, gc_sites)
+            phase = _phase(frames, is_gc_site)
             by_phase[phase] += n
             by_file[_test_file(frames)][phase] += n
     total = sum(by_phase.values())
