@@ -1,6 +1,8 @@
-"""convert.prewrite (issue 31 item 3): a causal LM checked by path has its projections packed and its
-weights written into the check's data file from the ladder's judge on, by a forked process, while
-the norm rewrite and the fusion passes run. The file must be the one convert wrote before: the same
+"""convert.prewrite (issue 31 item 3, issue 47 item 2): a causal LM checked by path has its weights
+written into the check's data file by a forked process from before the export (the layout predicted
+from the eager model, llm.weight_plan, taken by the file the ladder judges where its tensors are the
+plan's), else from the ladder's judge on (its projections packed), while the export, the norm
+rewrite and the fusion passes run. The file must be the one convert wrote before: the same
 checks passing, eager's numbers, every weight written once (no second copy appended), no temp
 folder or writer process left, also when the grown file is refused and exported again."""
 
@@ -14,17 +16,36 @@ import pytest
 pytest.importorskip("transformers")
 
 from normexport.convert import record  # noqa: E402
-from normexport.llm import files  # noqa: E402
+from normexport.llm import files, weight_plan  # noqa: E402
 
 from test_depth import _convert, _file_vs_eager, _folder, plant_wrong_mapping  # noqa: E402
 
 
 @pytest.fixture
 def by_path(monkeypatch):
-    """The tiny LLaMA checked from files, as a model over 2 GiB is; the prewrites and Workdirs made."""
+    """The tiny LLaMA checked from files, as a model over 2 GiB is, its weights planned as a large
+    model's are (llm.weight_plan); the plans, prewrites and Workdirs made, the plans' outcomes."""
     monkeypatch.setattr(record, "PARITY_LIMIT", 1 << 10)
-    made = {"ahead": [], "workdirs": [], "first_writes_here": 0}
+    monkeypatch.setattr(weight_plan, "PLAN_MIN_BYTES", files._INLINE_BYTES)
+    made = {"ahead": [], "workdirs": [], "first_writes_here": 0, "planned": [], "adopted": []}
     real_init, real_ahead, real_first = files.Workdir.__init__, files.Workdir.write_data_behind, files.Workdir._write_first
+    real_planned, real_adopt, real_fork = files.Workdir.write_planned, files.Workdir.adopt, files._fork_call
+
+    def planned(self, entries):
+        made["planned"].append(self)
+        return real_planned(self, entries)
+
+    def adopt(self, model):
+        why = real_adopt(self, model)
+        made["adopted"].append(why)
+        return why
+
+    def fork(fn):  # a writer slower than the export and the passes (as on a large model): the files wait for it
+        return real_fork(lambda: (time.sleep(1.0), fn())[1])
+
+    monkeypatch.setattr(files.Workdir, "write_planned", planned)
+    monkeypatch.setattr(files.Workdir, "adopt", adopt)
+    monkeypatch.setattr(files, "_fork_call", fork)
 
     def first(self, *a, **k):  # in this process: a forked writer's call is not counted
         made["first_writes_here"] += 1
@@ -74,11 +95,15 @@ def test_weights_written_ahead_once_and_checked_by_generation(tmp_path, by_path)
         code = main(["convert", str(folder), "-o", f"{out}/", "--target", "ort"])
     text = buf.getvalue()
     assert code == 0, text
-    assert len(by_path["ahead"]) == 1 and by_path["workdirs"] == by_path["ahead"], by_path
-    wd = by_path["ahead"][0]
+    # the weights' write started before the export from the eager model's layout (llm.weight_plan) and taken
+    # by the file the ladder judged: no write from the file
+    assert by_path["adopted"] == [None] and by_path["ahead"] == [], by_path
+    assert len(by_path["planned"]) == 1 and by_path["workdirs"] == by_path["planned"], by_path
+    wd = by_path["planned"][0]
     assert wd._pending is None and not wd.dir.exists()  # waited for, folder removed
     assert by_path["first_writes_here"] == 0  # the weights written by the forked writer alone, once
-    assert wd.appended <= 2  # the rotary's cos / sin caches the fusion made (inline before), no weight
+    # appended: the norms' weights (64 floats: under PLAN_MIN_BYTES), the rotary's cos / sin caches the fusion made
+    assert 0 < wd.appended <= 2 * 2 + 1 + 2, wd.appended
     assert "projections: 16 group(s) of MatMuls" in text and "8 com.microsoft.GroupQueryAttention" in text, text
     assert "local check PASSED (the fused file in onnxruntime against eager" in text, text
     assert "generation check PASSED on the fused file" in text and "PASSED: 16/16 steps" in text, text
@@ -87,7 +112,8 @@ def test_weights_written_ahead_once_and_checked_by_generation(tmp_path, by_path)
     # (the rotary caches, appended), no second copy of a weight
     weights = _weight_bytes(folder)
     data = (out / "model.onnx.data").stat().st_size
-    assert _external_bytes(out / "model.onnx") <= data < 1.2 * weights, (data, weights)
+    assert _external_bytes(out / "model.onnx") == data < 1.2 * weights, (data, weights)  # (no tensor over 1 MiB:
+    # none aligned; every byte of the data file is an initializer's)
     assert not list(out.glob(".normexport-*")) and not list(tmp_path.glob("**/.weights.onnx"))
 
 
@@ -101,20 +127,31 @@ def test_refused_grown_file_closes_its_prewrite(tmp_path, monkeypatch, by_path):
     assert code == 0, text
     assert "depth: the grown file FAILED against eager" in text and "exporting the whole decoder instead" in text, text
     assert "8 com.microsoft.GroupQueryAttention" in text, text
-    assert len(by_path["ahead"]) == 2, by_path
+    # the grown file reads other blocks' weights (planted): the write planned before the export is not its own
+    # (refused, dropped); it and the file exported whole each have their own, written from the file
+    assert len(by_path["adopted"]) == 1 and "are not the file's" in by_path["adopted"][0], by_path
+    assert len(by_path["planned"]) == 1 and len(by_path["ahead"]) == 2 and len(by_path["workdirs"]) == 3, by_path
     assert all(not wd.dir.exists() and wd._pending is None for wd in by_path["workdirs"])
     assert _file_vs_eager(folder, tmp_path / "out" / "model.onnx") < 1e-4
 
 
 def test_a_file_whose_weights_a_pass_rebuilt_is_written_again(tmp_path, monkeypatch, by_path):
-    """Where the file the attention stage gets does not hold the tensors written ahead (a pass rebuilt
-    them), the folder is dropped and the weights are written from that file: never half shared."""
+    """Where the plan's layout is not the file's (planted: the Linear weights predicted untransposed), the
+    write started before the export is dropped, said on the terminal, and the weights are written from
+    the file; where the file the attention stage then gets does not hold those tensors either (planted:
+    a pass rebuilt them), that folder is dropped too and the weights are written from the final file:
+    never half shared, every byte of the data file an initializer's."""
     from normexport.llm.files import Workdir
 
+    monkeypatch.setattr(weight_plan, "_transposed", lambda w: weight_plan._array(w))
     monkeypatch.setattr(Workdir, "covers", lambda self, model: False)
     folder = _folder(tmp_path)
     code, text = _convert(folder, tmp_path / "out")
     assert code == 0, text
-    assert len(by_path["ahead"]) == 1 and len(by_path["workdirs"]) == 2, by_path
+    assert len(by_path["adopted"]) == 1 and "are not the file's" in by_path["adopted"][0], by_path
+    assert "weights: the write started before the export is not this file's" in text, text
+    assert len(by_path["planned"]) == 1 and len(by_path["ahead"]) == 1 and len(by_path["workdirs"]) == 3, by_path
     assert all(not wd.dir.exists() for wd in by_path["workdirs"])
-    assert _file_vs_eager(folder, tmp_path / "out" / "model.onnx") < 1e-4
+    out = tmp_path / "out" / "model.onnx"
+    assert _file_vs_eager(folder, out) < 1e-4
+    assert _external_bytes(out) == (tmp_path / "out" / "model.onnx.data").stat().st_size

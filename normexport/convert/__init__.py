@@ -13,7 +13,8 @@ takes the record and returns it, none calling back up:
                put in its place only when it passes
 
 prewrite.py is not a stage: the weights of a causal LM checked by path written ahead, one owner the
-run opens around the stages from exporting on (rec.prewrite), started by the rewrite stage, taken by
+run opens around the stages from inputs on (rec.prewrite), started before the export from the eager
+model's layout where predicted (llm.weight_plan), else by the rewrite stage, taken by
 the attention stage, dropped for a file the ladder refused, closed when the run leaves it.
 """
 
@@ -83,11 +84,12 @@ def _convert(args, loaded=None, source=None) -> Record:
     rec.quant = quantizing.refuse_early(args)  # a --quantize the target cannot serve: one line, nothing loaded
     if source is not None:
         rec.quant = prequantized.options(source, rec.quant)
-    for stage in (loading.run, inputs.run, preparing.run):
-        rec = stage(rec)
+    rec = loading.run(rec)
     # the ladder's judge: each exported file rewritten, then (where convert checks it) its parity
     judge = lambda candidate: checking.judge(rewriting.run(candidate))  # noqa: E731
     with prewrite.Prewrite() as rec.prewrite:  # the weights written ahead: one owner, closed on leaving
+        rec = preparing.run(inputs.run(rec))  # (inputs: the eager call's nn.Linear calls seen, for the plan)
+        prewrite.plan(rec)  # a causal LM checked by path: its weights' write started from the eager model
         before = rec  # the record as the exporting stage finds it: each attempt works on a copy of its own
         rec = exporting.run(before.copy(), judge=judge)
         try:

@@ -10,7 +10,7 @@ from .. import load
 from ..errors import UsageError, first_line
 from ..load import call
 from ..prepare.implementations import exportable_implementations
-from . import record
+from . import prewrite, record
 from .record import Record
 
 
@@ -25,7 +25,8 @@ def run(rec: Record) -> Record:
     # docs/design.md §9: transformers MoE experts / attention the exporters take, switched in place (so eager,
     # the float64 reference and the file agree)
     exportable_implementations(rec.module, rec.inputs, rec.sections.setdefault("implementations", []))
-    outputs = run_eager(rec.module, rec.inputs)
+    with prewrite.observing(rec):  # (the nn.Linear calls, where the weights' write starts before the export)
+        outputs = run_eager(rec.module, rec.inputs)
     names = loaded.output_names if loaded.output_names and not args.module else call.output_names(outputs)
     rec.output_structure = call.describe(outputs)  # the eager output's shape (a pipeline's runtime rebuilds it)
     # an output named like an input (UNet's `sample` in and out) would make the graph invalid (SSA)

@@ -16,6 +16,7 @@ weights the same bytes (shared with the data file; a tensor a later pass made is
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
 from .. import llm
@@ -39,6 +40,36 @@ class Prewrite:
 
     def __init__(self) -> None:
         self._ahead: Ahead | None = None  # the folder of the file judged last (taken or not)
+        self.calls = None  # the eager call's nn.Linear calls (llm.weight_plan.observe), where planned
+        self._planned = None  # the folder whose data file is written from the plan, until a file takes it
+
+    @contextlib.contextmanager
+    def observing(self, rec: Record):
+        """Around the eager call (convert.inputs): its nn.Linear calls recorded where the weights will be
+        written ahead (`wanted_early`), for `plan`."""
+        if not wanted_early(rec):
+            yield
+            return
+        from ..llm import weight_plan
+
+        with weight_plan.observe(rec.module) as calls:
+            yield
+        self.calls = calls
+
+    def plan(self, rec: Record) -> None:
+        """Before the export: the tensors the file will hold, predicted from the eager model and the
+        calls `observing` saw (llm.weight_plan), start being written into the data file of the
+        folder the attention stage will check in; `start` takes it for the file where they match."""
+        calls, self.calls = self.calls, None
+        if calls is None or not calls.order or not wanted_early(rec):
+            return
+        from ..llm import weight_plan
+        from ..llm.files import Workdir
+
+        entries = weight_plan.predict(rec.module, calls)
+        if entries:
+            self._planned = Workdir(rec.out)
+            self._planned.write_planned(entries)
 
     def __enter__(self) -> "Prewrite":
         return self
@@ -53,8 +84,16 @@ class Prewrite:
         from ..llm import packing
         from ..llm.files import Workdir
 
+        planned, self._planned = self._planned, None
         self.close()  # (one folder at a time: the file judged before was refused or replaced)
         groups = packing.pack_siblings(rec.model_ir)
+        if planned is not None:  # written since before the export: taken where its tensors are this file's
+            why = planned.adopt(rec.model_ir)
+            if why is None:
+                self._ahead = Ahead(planned, rec.model_ir, groups)
+                return
+            planned.close()
+            print(f"  weights: the write started before the export is not this file's ({why}): written from the file")
         self._ahead = Ahead(Workdir(rec.out), rec.model_ir, groups)
         self._ahead.workdir.write_data_behind(rec.model_ir)
 
@@ -78,9 +117,13 @@ class Prewrite:
             self.close()
 
     def close(self) -> None:
+        """The folder written ahead closed (its writer stopped), and one written from the plan not taken yet."""
         ahead, self._ahead = self._ahead, None
         if ahead is not None:
             ahead.workdir.close()
+        planned, self._planned = self._planned, None
+        if planned is not None:
+            planned.close()
 
 
 def wanted(rec: Record) -> bool:
@@ -90,6 +133,24 @@ def wanted(rec: Record) -> bool:
     args = rec.args
     return (rec.task == llm.WITH_PAST and args.target == "ort" and "attention" not in rec.off
             and weight_bytes(rec.model_ir) > record.PARITY_LIMIT and fits_by_path(rec.model_ir))
+
+
+def wanted_early(rec: Record) -> bool:
+    """`wanted`, told before the export from the eager model's parameters (their bytes are the file's)."""
+    import torch
+
+    args = rec.args
+    if rec.task != llm.WITH_PAST or args.target != "ort" or "attention" in rec.off or rec.module is None:
+        return False
+    try:
+        params = {id(p): p for p in rec.module.parameters()}.values()
+    except Exception:  # noqa: BLE001 - a module without parameters()
+        return False
+    size = sum(p.numel() * p.element_size() for p in params)
+    free = record.available_memory()
+    widened = any(p.dtype == torch.bfloat16 for p in params)
+    return (size > record.PARITY_LIMIT and free is not None
+            and size * (2 if widened else 1) <= record.BYPATH_MEMORY_SHARE * free)
 
 
 def fits_by_path(model_ir) -> bool:
@@ -110,6 +171,17 @@ def start(rec: Record) -> None:
     """Where the run has an owner (rec.prewrite): rec.model_ir's weights written ahead where `wanted`."""
     if rec.prewrite is not None:
         rec.prewrite.start(rec)
+
+
+def observing(rec: Record):
+    """Around the eager call: what `Prewrite.plan` needs recorded, where the run has an owner."""
+    return rec.prewrite.observing(rec) if rec.prewrite is not None else contextlib.nullcontext()
+
+
+def plan(rec: Record) -> None:
+    """Before the export, where the run has an owner: the weights' write started from the plan."""
+    if rec.prewrite is not None:
+        rec.prewrite.plan(rec)
 
 
 def take(rec: Record) -> Ahead | None:

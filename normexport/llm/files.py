@@ -47,6 +47,7 @@ class Workdir:
         #: large tensors a later write found outside the data file and appended to it (normally none)
         self.appended = 0
         self._ahead: set[int] = set()  # id() of the tensors `write_data_behind` writes
+        self._planned: list = []  # (weight_plan.Entry, offset) written by `write_planned`
 
     def __enter__(self) -> "Workdir":
         return self
@@ -77,6 +78,92 @@ class Workdir:
             raise RuntimeError("the data file is written already")
         self._ahead = {id(v.const_value) for v in model.graph.initializers.values() if v.const_value is not None}
         self._pending = self.write_behind(model, _WEIGHTS)
+
+    def write_planned(self, entries: list) -> None:
+        """Start writing the tensors a plan predicts (normexport.llm.weight_plan: before the export, the
+        file unknown) into the data file now, by a forked process (`write_behind`'s way), each at an
+        offset fixed here (64 KiB aligned, as the first write aligns its large tensors); `adopt` then
+        matches them with the file's initializers."""
+        if self._written or self._pending is not None:
+            raise RuntimeError("the data file is written already")
+        from concurrent.futures import Future
+
+        offsets, end = [], 0
+        for e in entries:
+            end = _aligned(end, e.nbytes)
+            offsets.append(end)
+            end += e.nbytes
+        self._planned = list(zip(entries, offsets))
+        path = self.data_path
+
+        def write():
+            from ..io import _write_rows
+
+            with open(path, "wb") as f:
+                for e, offset in self._planned:
+                    f.seek(offset)
+                    if len(e.parts) == 1 and e.parts[0].flags.c_contiguous:
+                        f.write(memoryview(e.parts[0].reshape(-1)).cast("B"))
+                    else:
+                        _write_rows(f, e.parts)
+                f.truncate(end)
+
+        future: Future = Future()
+        try:
+            pid, err = _fork_call(write) if _FORK and sys.platform.startswith("linux") else (None, None)
+        except OSError:
+            pid = None
+        if pid is None:  # no fork: a thread (numpy's copies release the GIL between tiles)
+            from concurrent.futures import ThreadPoolExecutor
+
+            pool = ThreadPoolExecutor(1, thread_name_prefix="normexport-write")
+            try:
+                self._pending = pool.submit(write)
+            finally:
+                pool.shutdown(wait=False)
+            return
+        future.forked = True
+        self._child = pid
+
+        def wait():
+            try:
+                _wait_child(pid, err)
+                future.set_result(path)
+            except BaseException as e:  # noqa: BLE001 - the caller's future carries it
+                future.set_exception(e)
+
+        import threading
+
+        threading.Thread(target=wait, name="normexport-write-wait", daemon=True).start()
+        self._pending = future
+
+    def adopt(self, model: ir.Model) -> str | None:
+        """The planned write (`write_planned`) taken for `model`: each large initializer whose bytes
+        are a planned tensor's (weight_plan.recipe) shares its place in the data file; those the
+        plan missed are appended when a file is written. None where taken, else why not (a planned
+        tensor no initializer is: the plan is not the file's, and its write is of no use)."""
+        from .weight_plan import recipe
+
+        planned = {e.key: (e, offset) for e, offset in self._planned}
+        used: set = set()
+        written = {}
+        for v in model.graph.initializers.values():
+            t = v.const_value
+            if t is None or t.nbytes <= _INLINE_BYTES:
+                continue
+            key = recipe(t)
+            hit = planned.get(key) if key is not None else None
+            if hit is None:
+                continue
+            e, offset = hit
+            used.add(key)
+            written[id(t)] = (t, {"location": self.data_name, "offset": str(offset), "length": str(e.nbytes)})
+        missed = [e.name for e, _ in self._planned if e.key not in used]
+        if missed:
+            return f"{len(missed)} of {len(planned)} tensors written ahead are not the file's (first: {missed[0]})"
+        self._written.update(written)
+        self._ahead = set(written)
+        return None
 
     def covers(self, model: ir.Model) -> bool:
         """Every large initializer of `model` is a tensor the data file holds or is being written
@@ -208,8 +295,7 @@ class Workdir:
 
         data = np.ascontiguousarray(t.numpy())
         with open(self.data_path, "r+b") as f:
-            end = f.seek(0, os.SEEK_END)
-            offset = -(-end // _ALIGN) * _ALIGN
+            offset = _aligned(f.seek(0, os.SEEK_END), data.nbytes)
             f.seek(offset)
             f.write(memoryview(data.reshape(-1).view(np.uint8)))
         info = {"location": self.data_name, "offset": str(offset), "length": str(data.nbytes)}
@@ -253,6 +339,16 @@ _INLINE_BYTES = 1024
 #: `covers` counts tensors over this size (a pass's new constants, the rotary caches, may be appended)
 _APPEND_CHECK_BYTES = 64 << 20
 _ALIGN = 65536
+
+
+def _aligned(offset: int, nbytes: int) -> int:
+    """Where a tensor of `nbytes` starts after `offset`: 64 KiB aligned over 1 MiB (onnx-ir's save rule
+    with alignment=_ALIGN: mapped in place), packed below."""
+    return -(-offset // _ALIGN) * _ALIGN if nbytes > _ALIGN_FROM_BYTES else offset
+
+
+#: tensors over this many bytes start at a multiple of _ALIGN (onnx-ir's default align_threshold)
+_ALIGN_FROM_BYTES = 1 << 20
 
 
 def _fork_call(fn) -> tuple[int, int]:
