@@ -112,9 +112,17 @@ def test_fused_file_written_once_and_flag_only_where_verified(exported, tmp_path
     writes = []
     real_write = files.Workdir.write
     monkeypatch.setattr(files.Workdir, "write", lambda self, m, name: writes.append(name) or real_write(self, m, name))
-    ahead = []
-    real_ahead = verify.eager_ahead
-    monkeypatch.setattr(attention, "eager_ahead", lambda *a, **k: ahead.append(1) or real_ahead(*a, **k))
+    ahead = []  # the eager outputs from the forked child (verify.EagerForked), not made again here
+    real_forked = verify.EagerForked
+
+    class Forked(real_forked):
+        def result(self, *a, **k):
+            out = super().result(*a, **k)
+            ahead.append(out is not None)
+            return out
+
+    monkeypatch.setattr(attention, "EagerForked", Forked)
+    monkeypatch.setattr(attention, "eager_ahead", lambda *a, **k: pytest.fail("eager steps run here"))
 
     def flag(p):
         return {e.key: e.value for e in onnx.load(str(p), load_external_data=False).metadata_props}.get(SHARE_BUFFER_KEY)
@@ -122,7 +130,7 @@ def test_fused_file_written_once_and_flag_only_where_verified(exported, tmp_path
     with files.Workdir(tmp_path / "model.onnx") as wd:
         f = attention.fuse(model_ir, max_positions=COMMON["max_position_embeddings"], workdir=wd, reference=lm)
         assert f.model is not None and f.share_buffer and f.local["against"] == "eager", (f.reason, f.local)
-        assert writes.count("model.onnx") == 1 and ahead == [1] and flag(f.path) == "true", writes  # (the
+        assert writes.count("model.onnx") == 1 and ahead == [True] and flag(f.path) == "true", writes  # (the
         # decomposed file: by a forked writer, not Workdir.write)
     mem = attention.fuse(model_ir, max_positions=COMMON["max_position_embeddings"], reference=lm)
     assert mem.local["max_abs_err"] == f.local["max_abs_err"]
@@ -133,6 +141,29 @@ def test_fused_file_written_once_and_flag_only_where_verified(exported, tmp_path
         assert f.model is not None and not f.share_buffer and f.share_buffer_reason == "planted"
         assert writes.count("model.onnx") == 2 and flag(f.path) is None, writes
         assert SHARE_BUFFER_KEY not in f.model.metadata_props
+
+
+def test_eager_steps_forked_are_eager_steps_here(exported, monkeypatch):
+    """verify.EagerForked (the local check's eager steps in a forked copy of the process, beside the fusion
+    passes) gives eager_ahead's outputs in this process (one torch thread there: equal to float rounding);
+    a child that fails gives None (the steps then run here), said by the planted failure."""
+    from normexport.llm import verify
+
+    folder, path = exported
+    model_ir = ir.load(str(path))
+    lm = _lm(folder)
+    here = verify.eager_ahead(model_ir, lm)
+    there = verify.EagerForked(model_ir, lm).result()
+    assert there is not None and len(there) == len(here) == 1 + verify.LOCAL_DECODE
+    for a_step, b_step in zip(here, there, strict=True):
+        assert len(a_step) == len(b_step) > 1
+        for a, b in zip(a_step, b_step, strict=True):
+            assert a.dtype == b.dtype == np.float64 and a.shape == b.shape
+            np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-6 * float(np.abs(a).max()))
+    other = verify.eager_ahead(model_ir, lm, seed=1)  # other feeds: not what the check compares with
+    assert float(np.abs(other[0][0] - there[0][0]).max()) > 1e-3
+    monkeypatch.setattr(verify.np, "savez", lambda *a, **k: 1 / 0)  # planted: the child fails
+    assert verify.EagerForked(model_ir, lm).result() is None
 
 
 def real_bytes(model: ir.Model) -> bytes:

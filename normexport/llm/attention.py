@@ -49,7 +49,7 @@ import onnx_ir as ir
 from .gqa_rule import FUSION_DOMAIN as _FUSION
 from .gqa_rule import MS, packed_qkv, rule_class
 from .share_buffer import SHARE_BUFFER_KEY, share_buffer_check
-from .verify import compare, eager_ahead, why as _why
+from .verify import EagerForked, compare, eager_ahead, why as _why
 
 #: onnxscript optimize's iterations before the fusions (it stops early at a fixed point: one more than its
 #: default, so that the shape rules finding nothing leave a fixed point, not an iteration cap)
@@ -154,18 +154,26 @@ def fuse(model_ir: ir.Model, *, max_positions: int, local_check: bool = True, wo
     onnxruntime session as "fused" where the fusion is kept, for the generation check to run on
     (one session of the file made, not two)."""
     copy = _copy(model_ir)  # before the write below swaps model_ir's initializers for streaming ones
+    # the local check's eager outputs (the same feeds as compare's: its defaults), made by a forked copy of this
+    # process beside the passes (forked first: no thread of this process is writing then); where that gives
+    # nothing, here after the passes, while the decomposed file may still be written
+    forked = EagerForked(model_ir, reference) if local_check and _float32(reference) is not None else None
     behind = None  # the decomposed file written while the passes run
     if workdir is not None and local_check and workdir.decomposed not in workdir.files:
         behind = workdir.write_behind(model_ir, workdir.decomposed)
-    eager = None  # the local check's eager outputs, made while the decomposed file is still being written
-    try:  # (eager's steps are not run beside the passes: on 2 cores they and the write each slowed the other,
-        result = _fused_copy(model_ir, copy, max_positions)  # ~no gain; after them the process only waits)
-        if result.model is not None and local_check and _float32(reference) is not None:
-            # (the same feeds as compare's: its defaults), a step on one thread while the weights are still being
-            # written: the writer has the other core, and the process waits for it after these steps (1.1B LLaMA's
-            # 3 steps beside a forked writer, busy 2-core VM: two torch threads 4.9 CPU s / 15 s, one 2.3 / 9-10 s)
+    eager = None
+    try:
+        result = _fused_copy(model_ir, copy, max_positions)
+        if forked is not None:
+            eager = forked.result() if result.model is not None else forked.stop()
+        if eager is None and result.model is not None and local_check and _float32(reference) is not None:
+            # a step on one thread while the weights are still being written: the writer has the other core
+            # (1.1B LLaMA's 3 steps beside a forked writer, busy 2-core VM: two torch threads 4.9 CPU s / 15 s,
+            # one 2.3 / 9-10 s)
             eager = eager_ahead(model_ir, reference, one_thread=lambda: _writing(behind))
     finally:
+        if forked is not None:
+            forked.stop()
         write_error = behind.exception() if behind is not None else None  # waits for the write
     model = result.model
     if model is None or not local_check:
