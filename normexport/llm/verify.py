@@ -109,91 +109,72 @@ RESULT_TIMEOUT_S = 600.0
 
 
 class EagerForked:
-    """`eager_ahead` in a forked copy of this process (Linux), started now on one torch thread: it runs
-    beside the caller's Python work (the fusion passes) on the other core without sharing its GIL (in a
-    thread, each of eager's ~2000 op calls waits for it: 1.1B LLaMA's 3 steps 26.8 s beside a busy
-    Python thread, 2.6 s alone); the weights are shared copy-on-write. Its outputs (the local check's
-    small batch: logits and caches, a few MB) come back through a pipe as .npz bytes. `result()` waits;
-    None where the child failed or there is no fork (compare then runs the steps here)."""
+    """`eager_ahead` in a forked copy of this process (Linux; llm.files._fork_call), started now on one
+    torch thread: it runs beside the caller's Python work (the fusion passes) on the other core without
+    sharing its GIL (in a thread, each of eager's ~2000 op calls waits for it: 1.1B LLaMA's 3 steps
+    26.8 s beside a busy Python thread, 2.6 s alone); the weights are shared copy-on-write. Its outputs
+    (the local check's small batch: logits and caches, a few MB) come back in a temp .npz file.
+    `result()` waits; None where the child failed or there is no fork (compare then runs the steps here)."""
 
     def __init__(self, unfused: ir.Model, reference, *, batch: int = LOCAL_BATCH, prompt: int = 5,
                  decode: int = LOCAL_DECODE, seed: int = 0):
         import os
         import sys
+        import tempfile
         import threading
 
-        self._data: list = []
-        self._thread = None
-        self._pid = None
+        from .files import _fork_call, _wait_child
+
+        self._thread = self._pid = self._path = None
+        self._ok = False
         if not sys.platform.startswith("linux"):
             return
         dims, feeds = cache_dims(unfused), local_feeds(unfused, batch, prompt, decode, seed)
-        r, w = os.pipe()
+        fd, path = tempfile.mkstemp(prefix="normexport-eager-", suffix=".npz")
+        os.close(fd)
+
+        def child() -> None:
+            import torch
+
+            torch.set_num_threads(1)
+            outs = _eager_steps(reference, dims, feeds, batch)
+            np.savez(path, **{f"{k}_{j}": a for k, step in enumerate(outs) for j, a in enumerate(step)},
+                     shape=np.array([len(outs), len(outs[0])]))
+
         try:
-            pid = os.fork()
+            pid, err = _fork_call(child)
         except OSError:
-            os.close(r)
-            os.close(w)
+            os.unlink(path)
             return
-        if pid == 0:  # the child: never returns
-            code = 1
+        self._pid, self._path = pid, path
+
+        def wait() -> None:
             try:
-                os.close(r)
-                import gc
-                import io
-
-                import torch
-
-                gc.disable()  # (a collection would touch every object's page: copies of the parent's memory)
-                torch.set_num_threads(1)
-                outs = _eager_steps(reference, dims, feeds, batch)
-                buf = io.BytesIO()
-                np.savez(buf, **{f"{k}_{j}": a for k, step in enumerate(outs) for j, a in enumerate(step)},
-                         shape=np.array([len(outs), len(outs[0])]))
-                view = memoryview(buf.getbuffer())
-                while view:
-                    view = view[os.write(w, view):]
-                code = 0
-            except BaseException:  # noqa: BLE001 - the parent gets no data and runs the steps itself
+                _wait_child(pid, err)
+                self._ok = True
+            except OSError:
                 pass
-            finally:
-                os._exit(code)
-        os.close(w)
-        self._pid = pid
 
-        def read():
-            try:
-                while True:
-                    b = os.read(r, 1 << 20)
-                    if not b:
-                        break
-                    self._data.append(b)
-            finally:
-                os.close(r)
-                _, status = os.waitpid(pid, 0)
-                if os.waitstatus_to_exitcode(status) != 0:
-                    self._data = []
-
-        self._thread = threading.Thread(target=read, name="normexport-eager-read", daemon=True)
+        self._thread = threading.Thread(target=wait, name="normexport-eager-wait", daemon=True)
         self._thread.start()
 
     def result(self, timeout: float = RESULT_TIMEOUT_S) -> list | None:
-        import io
-
         if self._thread is None:
             return None
         self._thread.join(timeout)
         if self._thread.is_alive():  # (a child that never ends: stopped, the steps run here)
+            return self.stop()
+        try:
+            if not self._ok:
+                return None
+            with np.load(self._path, allow_pickle=False) as z:
+                steps, outs = (int(x) for x in z["shape"])
+                return [[z[f"{k}_{j}"] for j in range(outs)] for k in range(steps)]
+        finally:
             self.stop()
-            return None
-        if not self._data:
-            return None
-        with np.load(io.BytesIO(b"".join(self._data)), allow_pickle=False) as z:
-            steps, outs = (int(x) for x in z["shape"])
-            return [[z[f"{k}_{j}"] for j in range(outs)] for k in range(steps)]
 
     def stop(self) -> None:
-        """The child stopped where it still runs, and reaped (by the reading thread). Returns None."""
+        """The child stopped where it still runs (reaped by the waiting thread), its file removed. Returns None."""
         import os
         import signal
 
@@ -203,7 +184,13 @@ class EagerForked:
             except OSError:
                 pass
             self._thread.join()
-        self._data = [] if self._thread is None or self._thread.is_alive() else self._data
+            self._ok = False
+        if self._path is not None:
+            try:
+                os.unlink(self._path)
+            except OSError:
+                pass
+            self._path = None
         return None
 
 
