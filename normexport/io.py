@@ -433,6 +433,16 @@ def _write_rows(file, parts: list[np.ndarray]) -> None:
         file.write(memoryview(slab).cast("B"))
 
 
+def write_parts(file, parts: list[np.ndarray]) -> None:
+    """Write the C-order bytes of `parts` concatenated along axis 1 (one part: its own C-order bytes),
+    without building the concatenation: a C-contiguous part or one of another rank in one write, 2-D
+    parts by row slabs (`_write_rows`)."""
+    if len(parts) == 1 and (parts[0].ndim != 2 or parts[0].flags.c_contiguous):
+        file.write(memoryview(np.ascontiguousarray(parts[0]).reshape(-1)).cast("B"))
+    else:
+        _write_rows(file, parts)
+
+
 def _streaming_class():
     import onnx_ir as ir
 
@@ -449,10 +459,7 @@ def _streaming_class():
             self.parts = parts
 
         def tofile(self, file) -> None:
-            if len(self.parts) == 1 and self.parts[0].ndim != 2:
-                file.write(memoryview(np.ascontiguousarray(self.parts[0])).cast("B"))
-            else:
-                _write_rows(file, self.parts)
+            write_parts(file, self.parts)
 
     return Streamed
 

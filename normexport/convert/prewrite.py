@@ -60,8 +60,8 @@ class Prewrite:
         """Before the export: the tensors the file will hold, predicted from the eager model and the
         calls `observing` saw (llm.weight_plan), start being written into the data file of the
         folder the attention stage will check in; `start` takes it for the file where they match."""
-        calls, self.calls = self.calls, None
-        if calls is None or not calls.order or not wanted_early(rec):
+        calls, self.calls = self.calls, None  # (recorded only where `wanted_early`)
+        if calls is None or not calls.order:
             return
         from ..llm import weight_plan
         from ..llm.files import Workdir
@@ -147,10 +147,7 @@ def wanted_early(rec: Record) -> bool:
     except Exception:  # noqa: BLE001 - a module without parameters()
         return False
     size = sum(p.numel() * p.element_size() for p in params)
-    free = record.available_memory()
-    widened = any(p.dtype == torch.bfloat16 for p in params)
-    return (size > record.PARITY_LIMIT and free is not None
-            and size * (2 if widened else 1) <= record.BYPATH_MEMORY_SHARE * free)
+    return size > record.PARITY_LIMIT and _fits(size, any(p.dtype == torch.bfloat16 for p in params))
 
 
 def fits_by_path(model_ir) -> bool:
@@ -161,10 +158,15 @@ def fits_by_path(model_ir) -> bool:
 
     from ..rewriter.driver import weight_bytes
 
+    return _fits(weight_bytes(model_ir), any(v.const_value is not None and v.const_value.dtype == ir.DataType.BFLOAT16
+                                             for v in model_ir.graph.initializers.values()))
+
+
+def _fits(size: int, widened: bool) -> bool:
+    """`size` bytes of weights (twice that where bfloat16 is widened) within BYPATH_MEMORY_SHARE of the
+    memory available now."""
     free = record.available_memory()
-    widened = any(v.const_value is not None and v.const_value.dtype == ir.DataType.BFLOAT16
-                  for v in model_ir.graph.initializers.values())
-    return free is not None and weight_bytes(model_ir) * (2 if widened else 1) <= record.BYPATH_MEMORY_SHARE * free
+    return free is not None and size * (2 if widened else 1) <= record.BYPATH_MEMORY_SHARE * free
 
 
 def start(rec: Record) -> None:

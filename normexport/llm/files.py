@@ -97,15 +97,12 @@ class Workdir:
         path = self.data_path
 
         def write():
-            from ..io import _write_rows
+            from ..io import write_parts
 
             with open(path, "wb") as f:
                 for e, offset in self._planned:
                     f.seek(offset)
-                    if len(e.parts) == 1 and e.parts[0].flags.c_contiguous:
-                        f.write(memoryview(e.parts[0].reshape(-1)).cast("B"))
-                    else:
-                        _write_rows(f, e.parts)
+                    write_parts(f, e.parts)
                 f.truncate(end)
 
         future: Future = Future()

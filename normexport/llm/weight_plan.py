@@ -29,7 +29,7 @@ import contextlib
 import dataclasses
 from collections import defaultdict
 
-import numpy as np
+from ..io import _uint_view
 
 #: tensors planned from this many bytes on (onnx-ir's align threshold: these are 64 KiB aligned in the
 #: data file); smaller ones are appended to it when the file is written (llm.files.Workdir._append)
@@ -172,7 +172,7 @@ def _array(t):
         a = t.detach().view(kind).numpy()
     except (RuntimeError, TypeError):
         return None
-    return a.view({1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[a.dtype.itemsize])
+    return _uint_view(a)
 
 
 def _transposed(weight):
