@@ -200,6 +200,65 @@ def test_weight_check_catches_a_zero_point_shifted(float_file):
     assert not found.passed and found.worst_node == node.name, found.line()
 
 
+def _reference_steps(want, b, scales, zp, k, n, block) -> float:
+    """The largest |want - dequantized| / |scale| in float64, element by element, from the format's
+    reference rule (weights.dequantize): what worst_steps computes in fewer passes."""
+    from normexport.quantize import weights
+
+    w, step = weights.dequantize(b, scales, zp, k, n, block)
+    err = np.abs(np.asarray(want, dtype=np.float64) - w.astype(np.float64))
+    step = step.astype(np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        steps = np.where(step > 0, err / np.where(step > 0, step, 1), np.where(err > 0, np.inf, 0.0))
+    return float(np.inf if (np.isnan(err) | np.isnan(step)).any() else steps.max())  # NaN: no match
+
+
+@pytest.mark.parametrize("k,n,symmetric", [(64, 600, True), (80, 48, False), (96, 40, True)])
+def test_worst_steps_is_the_reference_rule_element_by_element(k, n, symmetric):
+    """worst_steps (one pass per operand, tiles of a transposed weight) against the reference rule in
+    float64 on onnxruntime's own quantization of random weights: negative scales (symmetric), packed zero
+    points, a last block shorter than the block (K 80), rows over ROWS (N 600), transposed and
+    contiguous weights, a float zero point (hqq's form), a block of scale 0 (all zero: 0 steps; one
+    weight not: inf), a NaN scale (inf), and an error planted in one element."""
+    from onnxruntime.quantization.matmul_nbits_quantizer import (DefaultWeightOnlyQuantConfig,
+                                                                 DefaultWeightOnlyQuantizer)
+
+    from normexport.quantize import weights
+
+    block = 32
+    rng = np.random.default_rng(k + n)
+    w = (rng.standard_normal((k, n)) * 0.05).astype(np.float32)
+    w[:block, 3] = 0  # column 3's first block all zero: the quantizer gives it scale 0
+    quantizer = DefaultWeightOnlyQuantizer(DefaultWeightOnlyQuantConfig(block_size=block, is_symmetric=symmetric))
+    b, scales, zp = quantizer.qbits_block_quant(w)
+    zp = None if symmetric else zp
+    blocks = (k + block - 1) // block
+    scales = scales.reshape(n, blocks)
+    assert scales[3, 0] == 0 and (not symmetric or (scales < 0).any())
+
+    def both(want, sc=scales, z=zp):
+        got = weights.worst_steps(want, b, sc, z, k, n, block)
+        ref = _reference_steps(want, b, sc, z, k, n, block)
+        assert got == pytest.approx(ref, rel=1e-4, abs=1e-5) or got == ref == np.inf, (got, ref)
+        return got
+
+    assert both(w.T) <= 1.0 + 1e-3  # a transposed view (the file's [K, N] weight)
+    assert both(np.ascontiguousarray(w.T)) <= 1.0 + 1e-3  # a tied head's [N, K] table
+    bad = w.T.copy()
+    bad[n - 1, k - 1] += 3 * abs(scales[n - 1, -1])  # one element 3 steps off, in the last row and block
+    assert 2.0 < both(bad) < 4.1
+    if zp is not None:  # the same zero points as floats (hqq's form)
+        unpacked = np.empty((n, zp.reshape(n, -1).shape[1] * 2), np.uint8)
+        unpacked[:, 0::2], unpacked[:, 1::2] = zp.reshape(n, -1) & 15, zp.reshape(n, -1) >> 4
+        assert both(w.T, z=unpacked[:, :blocks].astype(np.float32)) <= 1.0 + 1e-3
+    nonzero = w.T.copy()
+    nonzero[3, 1] = 1e-3  # a weight in the block of scale 0
+    assert both(nonzero) == np.inf
+    nan = scales.copy()
+    nan[n // 2, 0] = np.nan
+    assert both(w.T, sc=nan) == np.inf
+
+
 def _agreement(label="x", **kw):
     from normexport.quantize.verdict import Agreement
 

@@ -152,7 +152,8 @@ def test_gptq_folder_converts_to_repacked_matmulnbits(converted):
     assert q["prequantized"] == {"folder": str(FIXTURES / "gptq_asym"), "method": "gptq", "group_size": 32,
                                  "symmetric": False, "linears": 14} and report["model"] == str(FIXTURES / "gptq_asym")
     # the weight check: every MatMulNBits block against the float file's (the dequantized) weights: 0 steps
-    assert q["weights"]["passed"] and q["weights"]["worst_steps"] == 0.0 and q["weights"]["limit_steps"] == 0.0
+    # exact: the float file holds the packed weights' dequantization (1e-6 steps: float32 rounding of float / scale)
+    assert q["weights"]["passed"] and q["weights"]["worst_steps"] < 1e-5 and q["weights"]["limit_steps"] == 0.0
     model = onnx.load(str(out / "model.onnx"))
     ops = [n.op_type for n in model.graph.node]
     assert ops.count("MatMulNBits") == 8  # per layer: packed q/k/v, o, packed gate/up, down

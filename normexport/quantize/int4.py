@@ -8,6 +8,7 @@ genai_config.json and config files stay beside it, since the graph takes and giv
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import time
 from pathlib import Path
@@ -201,11 +202,16 @@ def run(rec):
           f"{'' if rec.prequantized is not None else '; LM head int4' if opts['lm_head'] else '; LM head float'}), "
           f"{counts['MatMul']} MatMul(s) left in float, {counts['normexport']} normexport / "
           f"{counts['norms']} norm node(s) kept; {seconds:.1f} s")
-    found = weights.check(proto, float_ir, opts)
-    print(found.line())
+    # the int4 blocks against the float weights on a thread while the file is written (numpy and the
+    # writes release the GIL; the check reads the proto, the writer the onnx-ir model made from it)
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="normexport-weights")
+    checking = pool.submit(weights.check, proto, float_ir, opts)
+    pool.shutdown(wait=False)
     judged = {}
 
     def judge(tmp: Path) -> None:  # the quantized file, written beside the output, judged before it replaces it
+        judged["weights"] = found = checking.result()
+        print(found.line())
         if not found.passed:
             raise _Failed(found.line())
         if getattr(rec.args, "no_check", False):
@@ -233,12 +239,12 @@ def run(rec):
     except _Failed as e:
         _drop(out)
         print(f"quantize int4: {e}; {out} not written (--no-check writes it without the check)")
-        rec.quantized = {"kind": "int4", "passed": False, "weights": found.to_dict(),
+        rec.quantized = {"kind": "int4", "passed": False, "weights": judged["weights"].to_dict(),
                          "verdict": judged.get("verdict").to_dict() if judged.get("verdict") else None}
         rec.exit_code = 1
         return rec
     v = judged.get("verdict")
-    rec.quantized = {"kind": "int4", "passed": True, "options": opts, "weights": found.to_dict(),
+    rec.quantized = {"kind": "int4", "passed": True, "options": opts, "weights": judged["weights"].to_dict(),
                      "verdict": v.to_dict() if v is not None else None, "seconds": round(seconds, 2)}
     _report(rec)
     print(f"wrote {getattr(rec.args, 'shown_output', None) or out} (int4)")
