@@ -49,6 +49,7 @@ PHASES = [
     ("validate (checker + ort, small files)", "normexport.exporter.rungs", "_validate_ir"),
     ("rewrite + local verification", "normexport.rewriter.driver", "rewrite_ir"),
     ("rewrite: canonicalisation", "normexport.rewriter.canonical", "canonicalize"),
+    ("rewrite: opset upgrade (bump, or onnx.version_converter)", "normexport.rewriter.driver", "upgrade_opset"),
     ("GroupQueryAttention fusion (+ mask, local, share-buffer checks)", "normexport.llm.attention", "fuse"),
     ("  fusion: onnxscript passes + GroupQueryAttention rule (_fused_copy)", "normexport.llm.attention", "_fused_copy"),
     ("  fusion: local check's eager steps ahead (while the file is written)", "normexport.llm.attention", "eager_ahead"),

@@ -364,3 +364,65 @@ def test_cli_nothing_verifiable_exits_1_and_writes_nothing(tmp_path, monkeypatch
     out = capsys.readouterr().out
     assert "NOT APPLIED: 1 fusion(s) failed local verification" in out and "not written" in out, out
     assert not (tmp_path / "o.onnx").exists()
+
+
+def _typed_ops_then_rms(opset: int) -> onnx.ModelProto:
+    """Reshape, Transpose, Cast, Cos (ops whose schemas changed between 20 and 23 by types only)
+    around an RMSNorm pattern."""
+    g = G.G(opset)
+    r = g.node("Reshape", "x", g.init(np.array([0, 0, G.H], np.int64), "shape"))
+    t = g.node("Transpose", g.node("Transpose", r, perm=[1, 0, 2]), perm=[1, 0, 2])
+    c = g.node("Cast", g.node("Cos", g.node("Cast", t, to=onnx.TensorProto.DOUBLE)), to=onnx.TensorProto.FLOAT)
+    y = g.node("Add", t, c)
+    ms = g.reduce_mean(g.node("Mul", y, y), [-1])
+    n = g.node("Div", y, g.node("Sqrt", g.node("Add", ms, g.init(np.array(1e-6, np.float32), "eps"))))
+    return g.model(g.node("Mul", n, g.init(G.WEIGHT, "scale")))
+
+
+def test_opset_raised_in_place_where_the_converter_only_relabels(monkeypatch):
+    """An opset-20 graph whose changed ops (Reshape, Transpose, Cast, Cos) the version converter
+    leaves as they are is bumped to 23 in place (the same model, its nodes' metadata kept: no
+    protobuf round trip), and the RMSNormalization it gets computes the float64 reference. An op
+    the converter rewrites (Split's attribute -> input, 12 -> 18) still goes through the converter,
+    and GroupNormalization 18 -> 21, which it relabels though its meaning changed, is refused."""
+    import onnx_ir as ir
+
+    from normexport.rewriter import opset
+
+    m = ir.serde.deserialize_model(_typed_ops_then_rms(20))
+    up, how = rw.upgrade_opset(m, 23)
+    assert up is m and up.opset_imports[""] == 23 and "leaves the ops that changed" in how, how
+    assert "Cast" in how and "Reshape" in how and "Transpose" in how
+    rep = RewriteReport()
+    out = rewrite(_typed_ops_then_rms(20), target="ort", report=rep)
+    assert G.count(out, "RMSNormalization") == 1 and out.opset_import[0].version >= 23, rep.summary()
+    x = G.xin(2, 3, G.H)
+    y = x.astype(np.float64) + np.cos(x.astype(np.float64))
+    G.assert_close(G.run(out, x=x)[0], G.rms_ref(y, G.WEIGHT))
+
+    g = G.G(12)
+    g.inputs[0] = onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [4, G.H])
+    s = g.name("split")
+    g.nodes.append(onnx.helper.make_node("Split", ["x"], [s + "a", s + "b"], axis=0, split=[1, 3]))
+    split = ir.serde.deserialize_model(g.model(s + "a", s + "b"))
+    up, how = rw.upgrade_opset(split, 18)
+    assert up is not split and "version_converter" in how, how
+    assert [len(n.inputs) for n in up.graph if n.op_type == "Split"] == [2]  # the sizes now an input
+
+    g = G.G(18)
+    g.inputs[0] = onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 4, 3])
+    gn = g.node("GroupNormalization", "x", g.init(np.ones(2, np.float32)), g.init(np.zeros(2, np.float32)), num_groups=2)
+    with pytest.raises(ValueError, match="GroupNormalization changed meaning at opset 21"):
+        rw.upgrade_opset(ir.serde.deserialize_model(g.model(gn)), 23)
+    # the probe decides: a converter that changes Reshape sends the model through it
+    real = onnx.version_converter.convert_version
+
+    def adds_identity(model, version):
+        out = real(model, version)
+        out.graph.node.append(onnx.helper.make_node("Identity", [out.graph.node[0].output[0]], ["extra"]))
+        return out
+
+    monkeypatch.setattr(opset.onnx.version_converter, "convert_version", adds_identity)
+    m = ir.serde.deserialize_model(_typed_ops_then_rms(20))
+    up, how = rw.upgrade_opset(m, 23)
+    assert up is not m and "converted" in how, how
