@@ -1,7 +1,9 @@
-"""exporter.depth: a decoder of identical blocks traced 3 blocks deep and grown to full depth
-(issue 31 item 3), on a real transformers LlamaForCausalLM (random weights, 8 layers): the grown
-file against a float64 eager reference, a planted wrong weight mapping caught, stacks whose blocks
-differ (Gemma 3's sliding / full layers) not grown, the module restored after the shallow trace."""
+"""exporter.depth: a decoder of identical blocks traced 2 blocks deep (3 where 2 do not grow) and
+grown to full depth (issue 31 item 3, issue 47 item 2), on a real transformers LlamaForCausalLM
+(random weights, 8 layers): the grown file against a float64 eager reference, traced 2 and 3 deep,
+a planted wrong weight mapping caught, a planted first-block-only step not grown from 2 blocks,
+stacks whose blocks differ (Gemma 3's sliding / full layers) not grown, the module restored after
+the shallow trace."""
 
 import copy
 
@@ -71,10 +73,8 @@ def grown():
     return lm, args, model, report
 
 
-def test_grown_file_matches_float64_eager(grown):
-    lm, args, model, report = grown
-    assert report["depth"] == {"grown": True, "stack": "inner.model.layers", "blocks": 8, "traced": 3}
-    # the optimizer's transposed MatMul weights, made again as views of blocks 3..7's weights
+def _matches_float64_eager(lm, args, model):
+    # the optimizer's transposed MatMul weights, made again as views of the grown blocks' weights
     views = [n for n in model.graph.initializers if n.endswith("__b7")]
     assert len(views) == 7, views  # q, k, v, o, gate, up, down
     assert [v.name for v in model.graph.inputs] == lm.input_names
@@ -85,6 +85,55 @@ def test_grown_file_matches_float64_eager(grown):
         assert g.shape == w.shape, name
         err = np.abs(g.astype(np.float64) - w).max()
         assert err < 1e-4 * max(1.0, np.abs(w).max()), (name, err)
+
+
+def test_grown_file_matches_float64_eager(grown):
+    lm, args, model, report = grown
+    assert report["depth"] == {"grown": True, "stack": "inner.model.layers", "blocks": 8, "traced": 2}
+    _matches_float64_eager(lm, args, model)
+
+
+def test_traced_three_deep_where_two_do_not_grow(monkeypatch):
+    """Where the 2-block file does not grow (here: refused by a planted check), the decoder is
+    traced 3 deep, block 2 checked node for node against block 1, and the file is eager's."""
+    real = depth._only_shared_extras
+
+    def refuse(*a):
+        raise depth.NotGrowable("planted")
+
+    monkeypatch.setattr(depth, "_only_shared_extras", refuse)
+    lm = _llama()
+    args = lm.example_inputs(batch=2, sequence=3, past=5)
+    report: dict = {}
+    model = _export(lm, args, shallow.plan(lm, args, lm.input_names, lm.output_names, lm.dynamic_axes()), report)
+    assert report["depth"] == {"grown": True, "stack": "inner.model.layers", "blocks": 8, "traced": 3,
+                               "shallow": "planted"}
+    _matches_float64_eager(lm, args, model)
+    monkeypatch.setattr(depth, "_only_shared_extras", real)
+
+
+def test_a_first_block_only_step_is_not_grown_from_two_blocks(monkeypatch):
+    """Block 0 with a step of its own (a node only it computes and reads: here its hidden state
+    doubled, as a model with a special first layer would) must not be grown from block 1: block 1
+    lacks the step, so the 2-block check refuses, and the 3-block file (blocks 1 and 2 alike) is
+    grown. The file is eager's with the planted step."""
+    from transformers.models.llama import modeling_llama
+
+    real = modeling_llama.LlamaDecoderLayer.forward
+
+    def forward(self, hidden_states, *a, **k):
+        if self.self_attn.layer_idx == 0:
+            hidden_states = hidden_states * 2.0
+        return real(self, hidden_states, *a, **k)
+
+    monkeypatch.setattr(modeling_llama.LlamaDecoderLayer, "forward", forward)
+    lm = _llama()
+    args = lm.example_inputs(batch=2, sequence=3, past=5)
+    report: dict = {}
+    model = _export(lm, args, shallow.plan(lm, args, lm.input_names, lm.output_names, lm.dynamic_axes()), report)
+    assert report["depth"]["traced"] == 3, report
+    assert "blocks 0 and 1 read different values" in report["depth"]["shallow"], report
+    _matches_float64_eager(lm, args, model)
 
 
 def test_grown_file_at_other_sizes(grown):
@@ -129,7 +178,7 @@ def test_shallow_restores_the_model_after_an_error():
     blocks = lm.inner.model.layers
     with pytest.raises(RuntimeError):
         with depth.shallow(stack):
-            assert len(lm.inner.model.layers) == 3 and lm.inner.config.num_hidden_layers == 3
+            assert len(lm.inner.model.layers) == depth.SHALLOW and lm.inner.config.num_hidden_layers == depth.SHALLOW
             raise RuntimeError("export failed")
     assert lm.inner.model.layers is blocks and lm.inner.config.num_hidden_layers == 8
 
@@ -171,7 +220,7 @@ def test_convert_checks_the_grown_file_against_eager(tmp_path):
     folder = _folder(tmp_path)
     code, out = _convert(folder, tmp_path / "out")
     assert code == 0, out
-    assert "depth: inner.model.layers traced 3 blocks deep, blocks 3-7 copied from block 2" in out
+    assert "depth: inner.model.layers traced 2 blocks deep, blocks 2-7 copied from block 1" in out
     assert "8 com.microsoft.GroupQueryAttention" in out
     assert "local check PASSED (the fused file in onnxruntime against eager, logits and cache" in out
     assert _file_vs_eager(folder, tmp_path / "out" / "model.onnx") < 1e-4

@@ -32,7 +32,7 @@ def run(rec: Record, judge: Callable[[Record], Record]) -> Record:
         return cand.passed, cand
 
     plan = None
-    if rec.task == llm.WITH_PAST and "depth" not in rec.off:  # identical blocks: traced 3 deep, grown (exporter.depth)
+    if rec.task == llm.WITH_PAST and "depth" not in rec.off:  # identical blocks: traced 2 deep, grown (exporter.depth)
         from ..llm import shallow
 
         plan = shallow.plan(rec.exportable, rec.inputs, rec.names, rec.output_names, rec.dynamic)

@@ -44,7 +44,8 @@ def _depth_lines(d: dict | None, check: str = "") -> list[str]:
         return []
     if d.get("grown"):
         return [f"  depth: {d['stack']} traced {d['traced']} blocks deep, blocks {d['traced']}-{d['blocks'] - 1} "
-                f"copied from block {d['traced'] - 1} with their own weights; {check}"]
+                f"copied from block {d['traced'] - 1} with their own weights"
+                + (f" ({d['traced'] - 1} blocks did not grow: {d['shallow']})" if d.get("shallow") else "") + f"; {check}"]
     return [f"  depth: {d['stack']} exported whole (not grown from a shallow trace: {d['reason']})"]
 
 

@@ -1,11 +1,11 @@
 """Export a deep stack of identical blocks once, shallow, and grow the file to full depth (issue 31
 item 3: torch.export's trace and decompositions grow with the number of layers; a 22-layer LLaMA
-spends ~35 s there on 2 cores, a 3-layer copy of it ~5 s).
+spends ~35 s there on 2 cores, a 2-layer copy of it ~5 s).
 
     stack = find_stack(module)               # the longest nn.ModuleList of identical blocks, or None
-    with shallow(stack, 3):                  # the list (and the config's layer count) cut to 3 blocks
+    with shallow(stack, 2):                  # the list (and the config's layer count) cut to 2 blocks
         small = export(...)                  # the dynamo exporter's file, not optimized
-    full = grow(small, stack, weights=..., io_layer=...)   # blocks 3 .. n-1 copied from block 2
+    full = grow(small, stack, weights=..., io_layer=...)   # blocks 2 .. n-1 copied from block 1
 
 What makes a stack growable (checked, else the caller exports the whole model):
 - torch side (`find_stack`): every block has the same class, the same parameter / buffer names,
@@ -13,11 +13,15 @@ What makes a stack growable (checked, else the caller exports the whole model):
   own index: `layer_idx`). A block whose behaviour depends on its index through anything
   else (a sliding-window layer every sixth block, `layer_types`) differs in an attribute and the
   stack is not grown.
-- file side (`grow`): the nodes of blocks 1 and 2 (by the exporter's name scopes; constants are
-  shared values) are the same ops with the same attributes in the same order, block 2 reading from
-  block 1 what block 1 reads from block 0 (an output of the same op); every other input is the same
-  value for both (shared) or the same per-block input / weight with the block's index in its name.
-  (Block 0 may differ: the exporter computes some shared sizes inside it.)
+- file side (`grow`): block 1, the template (its nodes by the exporter's name scopes; constants are
+  shared values), matches block 0 node for node in order (the same ops with the same attributes),
+  but for nodes of block 0 that the exporter put there as sizes shared by every block: those block 1
+  reads (or the graph after the stack), and nothing else (`_only_shared_extras`). Block 1 reads from
+  block 0 what block 0 reads from the stack's input, and every other input is the same value for
+  both (shared) or the same per-block input / weight with the block's index in its name. Where two
+  blocks do not match (issue 47 item 2: 1.3 s less trace on TinyLlama than three), the stack is
+  traced DEEPER (3) and block 2 must match block 1 exactly, reading from block 1 what block 1 reads
+  from block 0 (an output of the same op).
 Copies read the per-block weights from the full model by name (`weights`); a weight the optimizer
 folded into a view (a transposed MatMul weight) is the same view of the block's weight. Per-block
 graph inputs and outputs are named by `io_layer`. The shallow file is optimized as torch.onnx would
@@ -38,8 +42,12 @@ from torch import nn
 
 #: a stack is grown from a shallow export only from this many blocks (below: the whole trace is cheap)
 MIN_BLOCKS = 6
-#: blocks kept in the shallow export: block 0, block 1 (the template) and block 2 (checked against it)
-SHALLOW = 3
+#: blocks kept in the shallow export: block 0 and block 1, the template, checked against block 0 (whose
+#: extra nodes are the exporter's shared sizes, read by block 1: `_align`)
+SHALLOW = 2
+#: the deeper trace where the two blocks do not match: block 0, block 1, block 2 (the template, checked
+#: against block 1 node for node)
+DEEPER = 3
 
 _SKIP_ATTRS = {"_parameters", "_buffers", "_modules", "training", "_non_persistent_buffers_set"}
 _SCOPES = "pkg.torch.onnx.name_scopes"
@@ -166,13 +174,22 @@ def _block_of(node: ir.Node, pattern: re.Pattern) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def _signature_of(node: ir.Node) -> tuple:
+    return (node.op_type, node.domain, node.overload, len(node.inputs), len(node.outputs),
+            repr(sorted((k, repr(a.value)) for k, a in node.attributes.items())))
+
+
 def grow(model: ir.Model, stack: Stack, *, weights: Callable[[str], torch.Tensor],
-         io_layer: Callable[[str], tuple[int, Callable[[int], str]] | None]) -> int:
-    """Grow `model` (the dynamo exporter's file of the stack cut to SHALLOW blocks, in place) to
+         io_layer: Callable[[str], tuple[int, Callable[[int], str]] | None], keep: int = SHALLOW) -> int:
+    """Grow `model` (the dynamo exporter's file of the stack cut to `keep` blocks, in place) to
     `stack.depth` blocks; returns the number of blocks added. `weights(name)`: the full model's
     tensor of that qualified name; `io_layer(name)`: (block, name_of(block)) of a per-block graph
     input / output (the cache's past_key_values.i.key), None for the others. NotGrowable says why
-    the file is not grown (then `model` is unchanged)."""
+    the file is not grown (then `model` is unchanged).
+
+    The last block is the template; it is checked against the block before it, the reference: node
+    for node (DEEPER), or (SHALLOW: the reference is block 0) against the nodes of block 0 it matches
+    in order (`_align`), block 0's others being the exporter's shared sizes that block 1 reads."""
     from torch.onnx._internal.exporter._core import TorchTensor
 
     graph = model.graph
@@ -183,23 +200,29 @@ def grow(model: ir.Model, stack: Stack, *, weights: Callable[[str], torch.Tensor
         b = _block_of(n, pattern)
         if b is not None and not _is_constant(n):  # constants: shared values (the exporter reuses them across blocks)
             blocks.setdefault(b, []).append(n)
-    if sorted(blocks) != list(range(SHALLOW)):
-        raise NotGrowable(f"the file's blocks by name scope are {sorted(blocks)}, not 0..{SHALLOW - 1}")
+    if sorted(blocks) != list(range(keep)):
+        raise NotGrowable(f"the file's blocks by name scope are {sorted(blocks)}, not 0..{keep - 1}")
     _attach_readers(nodes, blocks, pattern, io_layer)
-    b0, b1, b2 = (blocks[i] for i in range(SHALLOW))
-    if len(b1) != len(b2):
-        raise NotGrowable(f"blocks 1 / 2 have {len(b1)} / {len(b2)} nodes")
+    prev, this = keep - 2, keep - 1  # the reference block and the template
+    ref, tmpl = blocks[prev], blocks[this]
+    before = set(blocks[prev - 1]) if prev >= 1 else set()  # the block the reference reads (DEEPER)
+    in_blocks = {n for b in blocks.values() for n in b}
+    exact = keep > SHALLOW
+    if exact and len(ref) != len(tmpl):
+        raise NotGrowable(f"blocks {prev} / {this} have {len(ref)} / {len(tmpl)} nodes")
     if any(any(isinstance(a.value, (ir.Graph, list)) and a.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS)
-               for a in n.attributes.values()) for n in b2):
+               for a in n.attributes.values()) for n in tmpl):
         raise NotGrowable("a block holds a subgraph (If / Loop)")
-    index = [{n: k for k, n in enumerate(b)} for b in (b0, b1, b2)]
-    views = _Views(stack, weights)
+    t_index = {n: k for k, n in enumerate(tmpl)}
+    r_index: dict[ir.Node, int] = {}  # a reference node -> the template index of the node it matches
+    ref_set = set(ref)
+    views = _Views(stack, weights, keep)
     weight_re = re.compile(re.escape(stack.path) + r"\.(\d+)\.")
     graph_inputs = {v.name: v for v in graph.inputs}
     initializers = graph.initializers
 
-    def role(v_prev, v_this, prev: int):
-        """How block prev+1 reads v_this where block prev reads v_prev (block 2 vs block 1)."""
+    def role(v_prev, v_this):
+        """How the template reads v_this where the reference reads v_prev."""
         if v_this is v_prev:
             return ("shared",)
         if v_this is None or v_prev is None:
@@ -208,70 +231,96 @@ def grow(model: ir.Model, stack: Stack, *, weights: Callable[[str], torch.Tensor
         if p_this is not None and p_prev is not None and _is_constant(p_this) and _is_constant(p_prev):
             if {k: repr(a.value) for k, a in p_this.attributes.items()} == \
                     {k: repr(a.value) for k, a in p_prev.attributes.items()}:
-                return ("shared",)  # equal constants: the copies read block 2's
-            raise NotGrowable(f"blocks {prev} and {prev + 1} read different constants")
-        if p_this is not None and p_prev is not None and p_this not in index[prev + 1] and p_this not in index[prev] \
-                and p_prev not in index[prev] and p_prev not in index[prev - 1] and p_this.op_type == p_prev.op_type \
+                return ("shared",)  # equal constants: the copies read the template's
+            raise NotGrowable(f"blocks {prev} and {this} read different constants")
+        if p_this is not None and p_prev is not None and p_this not in t_index and p_this not in r_index \
+                and p_prev not in r_index and p_prev not in before and p_this.op_type == p_prev.op_type \
                 and _sizes_only(v_this) and _sizes_only(v_prev):
             return ("shared",)  # a size read from each block's own cache input: the same in every call
         if p_this is not None and p_prev is not None:
-            if p_this in index[prev + 1] and p_prev in index[prev] and index[prev + 1][p_this] == index[prev][p_prev] \
+            if p_this in t_index and p_prev in r_index and t_index[p_this] == r_index[p_prev] \
                     and v_this.index() == v_prev.index():
-                return ("own", index[prev + 1][p_this], v_this.index())
-            if p_this in index[prev] and p_prev in index[prev - 1] and p_this.op_type == p_prev.op_type \
-                    and v_this.index() == v_prev.index():  # the block before's output (blocks 0 and 1 may
-                return ("previous", index[prev][p_this], v_this.index())  # differ in the exporter's shared sizes)
-            raise NotGrowable(f"{v_this.name} / {v_prev.name}: blocks {prev} and {prev + 1} read different values")
+                return ("own", t_index[p_this], v_this.index())
+            if p_this in ref_set and v_this.index() == v_prev.index() and (
+                    (p_prev in before and p_this.op_type == p_prev.op_type)  # the block before's output (blocks 0
+                    or (not exact and p_prev not in in_blocks  # and 1 may differ in the exporter's shared sizes);
+                        and not any(u in t_index for u, _ in v_prev.uses()))):  # block 0: the stack's input
+                return ("previous", p_this, v_this.index())  # its template index once aligned
+            raise NotGrowable(f"{v_this.name} / {v_prev.name}: blocks {prev} and {this} read different values")
+        if not exact and p_prev is None and p_this in ref_set and v_prev.name in graph_inputs \
+                and io_layer(v_prev.name) is None and not any(u in t_index for u, _ in v_prev.uses()):
+            return ("previous", p_this, v_this.index())  # block 0 reads the stack's input as a graph input
         if v_this.name in initializers and v_prev.name in initializers:
             m_this, m_prev = weight_re.match(v_this.name), weight_re.match(v_prev.name)
-            if m_this and m_prev and int(m_this.group(1)) == prev + 1 and int(m_prev.group(1)) == prev \
+            if m_this and m_prev and int(m_this.group(1)) == this and int(m_prev.group(1)) == prev \
                     and v_this.name[m_this.end():] == v_prev.name[m_prev.end():]:
                 return ("weight", v_this.name[m_this.end():])
             a, b = views.of(v_this), views.of(v_prev)  # folded by the optimizer: a view of one weight each
             if a and b and a[1:] == b[1:]:
                 m_this, m_prev = weight_re.match(a[0]), weight_re.match(b[0])
-                if m_this and m_prev and int(m_this.group(1)) == prev + 1 and int(m_prev.group(1)) == prev \
+                if m_this and m_prev and int(m_this.group(1)) == this and int(m_prev.group(1)) == prev \
                         and a[0][m_this.end():] == b[0][m_prev.end():]:
                     return ("view", a[0][m_this.end():], a[1:])
-            raise NotGrowable(f"initializers {v_prev.name} / {v_this.name} are not one weight of blocks {prev} / {prev + 1}")
+            raise NotGrowable(f"initializers {v_prev.name} / {v_this.name} are not one weight of blocks {prev} / {this}")
         if v_this.name in graph_inputs and v_prev.name in graph_inputs:
             a, b = io_layer(v_this.name), io_layer(v_prev.name)
-            if a and b and a[0] == prev + 1 and b[0] == prev and b[1](prev + 1) == v_this.name:
+            if a and b and a[0] == this and b[0] == prev and b[1](this) == v_this.name:
                 return ("input", a[1])
-        raise NotGrowable(f"{v_prev.name} / {v_this.name}: not one role in blocks {prev} and {prev + 1}")
+        raise NotGrowable(f"{v_prev.name} / {v_this.name}: not one role in blocks {prev} and {this}")
 
-    roles = []  # per node of block 2, per input: its role
-    for n1, n2 in zip(b1, b2):
-        if (n1.op_type, n1.domain, n1.overload, len(n1.inputs), len(n1.outputs)) != \
-                (n2.op_type, n2.domain, n2.overload, len(n2.inputs), len(n2.outputs)):
-            raise NotGrowable(f"blocks 1 and 2 differ at {n1.op_type} / {n2.op_type}")
-        if {k: repr(a.value) for k, a in n1.attributes.items()} != {k: repr(a.value) for k, a in n2.attributes.items()}:
-            raise NotGrowable(f"blocks 1 and 2 differ in the attributes of a {n2.op_type}")
-        roles.append([role(v1, v2, 1) for v1, v2 in zip(n1.inputs, n2.inputs)])
-    # block 2's values read outside the blocks: per-block graph outputs, and the stack's output
+    roles = []  # per node of the template, per input: its role
+    pos = 0  # the reference's nodes before it are matched or skipped
+    for k, n2 in enumerate(tmpl):
+        sig, why = _signature_of(n2), None
+        for j in range(pos, pos + 1 if exact else len(ref)):
+            n1 = ref[j]
+            if _signature_of(n1) != sig:
+                why = why or NotGrowable(f"blocks {prev} and {this} differ at {n1.op_type} / {n2.op_type}")
+                continue
+            try:
+                rs = [role(v1, v2) for v1, v2 in zip(n1.inputs, n2.inputs)]
+            except NotGrowable as e:
+                why = e
+                continue
+            r_index[n1] = k
+            roles.append(rs)
+            pos = j + 1
+            break
+        else:
+            raise why or NotGrowable(f"block {this}'s {n2.op_type} has no counterpart in block {prev}")
+    for rs in roles:  # the reference's outputs the template reads: by their template index
+        for i, r in enumerate(rs):
+            if r[0] == "previous":
+                if r[1] not in r_index:
+                    raise NotGrowable(f"block {this} reads a value of block {prev} that has no counterpart in it "
+                                      f"({r[1].op_type})")
+                rs[i] = ("previous", r_index[r[1]], r[2])
+    if not exact:
+        _only_shared_extras(ref, r_index, t_index, in_blocks)
+    # the template's values read outside the blocks: per-block graph outputs, and the stack's output
     outputs = {v.name: v for v in graph.outputs}
     tail = []  # (node index, output index, its consumers outside the blocks)
-    for k, n in enumerate(b2):
+    for k, n in enumerate(tmpl):
         for v in n.outputs:
-            users = [(u, i) for u, i in v.uses() if u not in index[2]]
+            users = [(u, i) for u, i in v.uses() if u not in t_index]
             out_pos = [i for i, o in enumerate(graph.outputs) if o is v]
             if out_pos and io_layer(v.name) is None:
-                raise NotGrowable(f"graph output {v.name} comes from block 2 and names no block")
+                raise NotGrowable(f"graph output {v.name} comes from block {this} and names no block")
             if users:
                 tail.append((k, v.index(), users))
-    per_block_outputs = [(k, v.index(), io_layer(v.name)[1]) for k, n in enumerate(b2) for v in n.outputs
+    per_block_outputs = [(k, v.index(), io_layer(v.name)[1]) for k, n in enumerate(tmpl) for v in n.outputs
                          if v.name in outputs and io_layer(v.name) is not None]
 
     # every weight the copies read, found (and its shape checked) before the graph changes
     tensors = {}
-    for n2, rs in zip(b2, roles):
+    for n2, rs in zip(tmpl, roles):
         for v, r in zip(n2.inputs, rs):
             if r[0] == "view":
-                for b in range(SHALLOW, stack.depth):
+                for b in range(keep, stack.depth):
                     tensors[(v.name, b)] = views.make(f"{stack.path}.{b}.{r[1]}", r[2])
             if r[0] != "weight":
                 continue
-            for b in range(SHALLOW, stack.depth):
+            for b in range(keep, stack.depth):
                 name = f"{stack.path}.{b}.{r[1]}"
                 try:
                     t = weights(name)
@@ -279,15 +328,15 @@ def grow(model: ir.Model, stack: Stack, *, weights: Callable[[str], torch.Tensor
                     raise NotGrowable(f"the model has no weight {name}") from None
                 if v.const_value is None or tuple(t.shape) != tuple(v.const_value.shape) or \
                         TorchTensor(t[:0]).dtype != v.const_value.dtype:
-                    raise NotGrowable(f"{name} is not shaped as block 2's {v.name}")
+                    raise NotGrowable(f"{name} is not shaped as block {this}'s {v.name}")
                 tensors[name] = t
-    # ---- grow: blocks 3 .. depth-1, each a copy of block 2 reading the block before it
-    prev_nodes = b2
+    # ---- grow: blocks keep .. depth-1, each a copy of the template reading the block before it
+    prev_nodes = tmpl
     new_inputs, new_outputs, new_inits = [], [], []
     added = 0
-    for b in range(SHALLOW, stack.depth):
+    for b in range(keep, stack.depth):
         copies: list[ir.Node] = []
-        for k, (n2, rs) in enumerate(zip(b2, roles)):
+        for k, (n2, rs) in enumerate(zip(tmpl, roles)):
             ins = []
             for v, r in zip(n2.inputs, rs):
                 if r[0] == "shared":
@@ -305,7 +354,7 @@ def grow(model: ir.Model, stack: Stack, *, weights: Callable[[str], torch.Tensor
                         new_inits.append(init)
                         initializers[name] = init
                     ins.append(init)
-                elif r[0] == "view":  # the same view of this block's weight (the optimizer folded block 2's)
+                elif r[0] == "view":  # the same view of this block's weight (the optimizer folded the template's)
                     name = f"{v.name}__b{b}"
                     init = ir.Value(name=name, shape=v.shape, type=v.type,
                                     const_value=ir.Tensor(tensors[(v.name, b)], dtype=v.const_value.dtype, name=name))
@@ -337,7 +386,7 @@ def grow(model: ir.Model, stack: Stack, *, weights: Callable[[str], torch.Tensor
             new_outputs.append(v)
         prev_nodes = copies
         added += 1
-    # the stack's output: what read block 2 outside the blocks now reads the last block
+    # the stack's output: what read the template outside the blocks now reads the last block
     for k, j, users in tail:
         v_last = prev_nodes[k].outputs[j]
         for u, i in users:
@@ -354,10 +403,10 @@ class _Views:
     of the parameter): which weight and how (shape, strides, offset, dtype), and the same view of
     another block's weight."""
 
-    def __init__(self, stack: Stack, weights):
+    def __init__(self, stack: Stack, weights, keep: int):
         self.weights = weights
         self.by_address = {}
-        for i, block in enumerate(stack.blocks[:SHALLOW]):
+        for i, block in enumerate(stack.blocks[:keep]):
             for name, p in block.named_parameters():
                 if p.numel():
                     self.by_address[p.data_ptr()] = (f"{stack.path}.{i}.{name}", p)
@@ -403,6 +452,21 @@ class _Views:
             raise NotGrowable(f"{name}: cannot make the view ({e})") from None
 
 
+def _only_shared_extras(ref: list[ir.Node], matched: dict, template: dict, in_blocks: set) -> None:
+    """Block 0's nodes that match none of block 1's must be the exporter's shared sizes: each one's
+    outputs read by block 1, by nodes outside the blocks, or by another such node that is; a node
+    block 0 computes for itself alone (a first-block-only step) is not grown from block 1."""
+    extras = [n for n in ref if n not in matched]
+    needed: set = set()
+    for n in reversed(extras):  # graph order: readers come after
+        if any(u in template or u not in in_blocks or u in needed for v in n.outputs for u, _ in v.uses()):
+            needed.add(n)
+    alone = [n for n in extras if n not in needed]
+    if alone:
+        raise NotGrowable(f"block 0 computes {len(alone)} node(s) that block 1 neither has nor reads "
+                          f"(first: {alone[0].op_type})")
+
+
 def _sizes_only(value: ir.Value, limit: int = 64) -> bool:
     """`value` depends on the graph inputs only through their shapes (Shape / Size nodes)."""
     stack, seen = [value], set()
@@ -430,7 +494,8 @@ def _is_constant(node: ir.Node) -> bool:
 
 def _attach_readers(nodes, blocks, pattern, io_layer) -> None:
     """Nodes outside every block's name scope that read only one block's per-block graph inputs and
-    feed only that block (the cache's Identity of past_key_values.i.*) join that block."""
+    feed only that block (the cache's Identity of past_key_values.i.*) join that block; so do nodes
+    without a name scope that read one block's values (and shared ones) and feed only that block."""
     where = {n: b for b, ns in blocks.items() for n in ns}
     for n in nodes:
         if n in where:
@@ -447,6 +512,15 @@ def _attach_readers(nodes, blocks, pattern, io_layer) -> None:
         users = {where.get(u) for v in n.outputs for u, _ in v.uses()}
         if len(layers) == 1 and None not in layers and users == layers:
             b = layers.pop()
+            blocks[b].append(n)
+            where[n] = b
+            continue
+        # a node the optimizer made (no name scope: a Split of a chunked projection) that reads one
+        # block's values and feeds only that block is that block's
+        made = {where.get(v.producer()) for v in n.inputs if v is not None and v.producer() is not None}
+        if len(users) == 1 and None not in users and made - {None} == users and not _is_constant(n) \
+                and not n.metadata_props.get(_SCOPES):
+            b = next(iter(users))
             blocks[b].append(n)
             where[n] = b
     order = {n: i for i, n in enumerate(nodes)}
@@ -466,24 +540,36 @@ class Plan:
     weights: Callable[[str], torch.Tensor]
     io_layer: Callable
 
+    #: the blocks traced in the file `export` returned (SHALLOW, or DEEPER where two did not grow: why)
+    traced: int = 0
+    shallow_reason: str = ""
+
     def export(self, module, exporter) -> ir.Model:
         """`exporter(module, args, names, output_names, dynamic_axes)`: the dynamo exporter's file,
         not optimized; returns it grown to full depth and optimized as torch.onnx does (its no-op
-        rules exact: optimizer_rules), or raises
-        NotGrowable (nothing of the shallow export is kept)."""
+        rules exact: optimizer_rules), or raises NotGrowable (nothing of the shallow export is kept).
+        Traced SHALLOW blocks deep first; where that file does not grow, DEEPER (a third block, the
+        template checked node for node against the second)."""
         from torch.onnx._internal._lazy_import import onnxscript_apis
 
         from .optimizer_rules import exact_no_op_rules
 
-        with shallow(self.stack), self.narrowed(SHALLOW) as (args, names, output_names, axes), exact_no_op_rules():
-            # optimized shallow (7x fewer nodes for the optimizer's rules), then grown: the weights it
-            # folded are views of block 2's, made again of each block's (_Views)
-            small = onnxscript_apis.optimize(exporter(module, args, names, output_names, axes))
-            try:
-                grow(small, self.stack, weights=self.weights, io_layer=self.io_layer)
-                return small
-            except NotGrowable:  # the optimized file does not grow: grown first, then optimized whole
-                small = exporter(module, args, names, output_names, axes)
-        grow(small, self.stack, weights=self.weights, io_layer=self.io_layer)
+        for keep in (SHALLOW, DEEPER):
+            with shallow(self.stack, keep), self.narrowed(keep) as (args, names, output_names, axes), \
+                    exact_no_op_rules():
+                # optimized shallow (7x fewer nodes for the optimizer's rules), then grown: the weights it
+                # folded are views of the template's, made again of each block's (_Views)
+                small = onnxscript_apis.optimize(exporter(module, args, names, output_names, axes))
+                try:
+                    grow(small, self.stack, weights=self.weights, io_layer=self.io_layer, keep=keep)
+                    self.traced = keep
+                    return small
+                except NotGrowable as e:
+                    if keep == SHALLOW:
+                        self.shallow_reason = str(e)
+                        continue
+                    small = exporter(module, args, names, output_names, axes)  # grown first, then optimized
+        grow(small, self.stack, weights=self.weights, io_layer=self.io_layer, keep=DEEPER)
+        self.traced = DEEPER
         with exact_no_op_rules():
             return onnxscript_apis.optimize(small)

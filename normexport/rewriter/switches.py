@@ -20,7 +20,7 @@ RESIDUAL_FUSION = ("skip_rms_norm_trt", "gated_adaln")
 FLAG = "--no-residual-fusion"
 #: fusions outside the rule modules that --no-fuse also names: `attention` (convert --target ort of an
 #: LLM with its KV cache: GroupQueryAttention, exact for unpadded batches only; normexport.llm.attention),
-#: `depth` (convert of an LLM with its KV cache: the decoder's identical blocks traced 3 deep and grown;
+#: `depth` (convert of an LLM with its KV cache: the decoder's identical blocks traced 2 deep and grown;
 #: normexport.exporter.depth)
 OTHER_FUSIONS = ("attention", "depth")
 #: deprecated: the variable that turned the residual fusion off before the flag
