@@ -91,6 +91,9 @@ def test_grown_file_matches_float64_eager(grown):
     lm, args, model, report = grown
     assert report["depth"] == {"grown": True, "stack": "inner.model.layers", "blocks": 8, "traced": 2}
     _matches_float64_eager(lm, args, model)
+    # the exporter's debugging metadata dropped (rungs.DEBUG_METADATA), the module path kept
+    assert not any(k in n.metadata_props for n in model.graph for k in rungs.DEBUG_METADATA)
+    assert any("pkg.torch.onnx.name_scopes" in n.metadata_props for n in model.graph)
 
 
 def test_traced_three_deep_where_two_do_not_grow(monkeypatch):
@@ -165,6 +168,18 @@ def test_blocks_that_differ_are_not_grown():
     lm = CacheLM(transformers.Gemma3ForCausalLM(cfg).eval())
     assert depth.find_stack(lm) is None
     assert depth.find_stack(_llama()) is not None  # the same check on a uniform stack
+
+
+def test_per_block_partials_are_equal_by_what_they_call():
+    """Gemma's MLP activation holds a functools.partial made per block (GELUTanh.act): equal
+    partials do not make the blocks differ; one with another argument does."""
+    import functools
+
+    torch.manual_seed(0)
+    lm = CacheLM(transformers.GemmaForCausalLM(transformers.GemmaConfig(**COMMON, head_dim=8)).eval())
+    assert depth.find_stack(lm) is not None
+    lm.inner.model.layers[5].mlp.act_fn.act = functools.partial(torch.nn.functional.gelu, approximate="none")
+    assert depth.find_stack(lm) is None
 
 
 def test_too_shallow_is_not_grown():

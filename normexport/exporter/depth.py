@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import re
 from typing import Callable
 
@@ -118,7 +119,7 @@ def _configs(module: nn.Module) -> list:
 def _signature(block: nn.Module):
     """What must be equal between two blocks: per submodule its class, tensors' names / shapes /
     dtypes and plain attributes (objects by identity: the shared config is equal, per-block
-    objects are not)."""
+    objects are not; a functools.partial by its function and arguments)."""
     sig = []
     for name, sub in block.named_modules():
         tensors = [(n, tuple(t.shape), t.dtype) for n, t in list(sub._parameters.items()) + list(sub._buffers.items())
@@ -128,7 +129,9 @@ def _signature(block: nn.Module):
             if k in _SKIP_ATTRS or k.startswith("_forward") or k.startswith("_backward") or k.startswith("_state_dict") \
                     or k.startswith("_load_state_dict") or isinstance(v, (nn.Module, torch.Tensor)):
                 continue
-            if not isinstance(v, (int, float, str, bool, type(None), tuple, list)):
+            if isinstance(v, functools.partial):  # made per block (transformers' GELUTanh.act): equal by what it calls
+                v = ("partial", id(v.func), repr(v.args), repr(sorted(v.keywords.items())))
+            elif not isinstance(v, (int, float, str, bool, type(None), tuple, list)):
                 v = ("object", id(v))
             sig.append((name, k, repr(v)))
     return sig
