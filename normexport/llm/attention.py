@@ -74,6 +74,7 @@ class Fusion:
     share_buffer_reason: str | None = None
     attributes: dict = dataclasses.field(default_factory=dict)
     packed_qkv: int = 0  # GroupQueryAttention nodes given the packed q / k / v projection
+    optimized_first: bool = False  # onnxscript's optimize ran before the fusions (_fused_copy's second try)
     #: with a workdir (fuse): the fused file and the decomposed one, written there and checked by path
     path: Path | None = None
     decomposed_path: Path | None = None
@@ -154,6 +155,7 @@ def fuse(model_ir: ir.Model, *, max_positions: int, local_check: bool = True, wo
     onnxruntime session as "fused" where the fusion is kept, for the generation check to run on
     (one session of the file made, not two)."""
     copy = _copy(model_ir)  # before the write below swaps model_ir's initializers for streaming ones
+    spare = _copy(model_ir)  # (the fusions' second try, with onnxscript's optimize first: _fused_copy)
     # the local check's eager outputs (the same feeds as compare's: its defaults), made by a forked copy of this
     # process beside the passes (forked first: no thread of this process is writing then); where that gives
     # nothing, here after the passes, while the decomposed file may still be written
@@ -163,7 +165,8 @@ def fuse(model_ir: ir.Model, *, max_positions: int, local_check: bool = True, wo
         behind = workdir.write_behind(model_ir, workdir.decomposed)
     eager = None
     try:
-        result = _fused_copy(model_ir, copy, max_positions)
+        result = _fused_copy(model_ir, copy, max_positions, spare)
+        del spare
         if forked is not None:
             eager = forked.result() if result.model is not None else forked.stop()
         if eager is None and result.model is not None and local_check and _float32(reference) is not None:
@@ -219,10 +222,25 @@ def _writing(behind) -> bool:
     return behind is not None and not behind.done()
 
 
-def _fused_copy(model_ir: ir.Model, model: ir.Model, max_positions: int) -> Fusion:
+def _fused_copy(model_ir: ir.Model, model: ir.Model, max_positions: int, spare: ir.Model | None = None) -> Fusion:
     """The fusion passes on `model`, a copy of `model_ir` (module docstring, items 1-4), reading of
     `model_ir` its interface alone: `Fusion.model` the fused copy, unchecked, or None and
-    `Fusion.reason`."""
+    `Fusion.reason`.
+
+    With `spare` (a second copy): first without onnxscript's optimize before the fusions. convert's
+    files are its fixed point already (the export ends with it, the grown blocks are copies of an
+    optimized one, the rewrite's fused norms are opaque to it), and on a 1.1B LLaMA it is 1.1-1.4 s
+    of the stage; where that does not fuse every layer, again on `spare` with it (the same graph on
+    the families tested: tests/test_llm_attention.py). Without: with it, once."""
+    if spare is not None:
+        fast = _fusions(model_ir, model, max_positions, optimize_first=False)
+        if fast.model is not None:
+            return fast
+        model = spare
+    return _fusions(model_ir, model, max_positions, optimize_first=True)
+
+
+def _fusions(model_ir: ir.Model, model: ir.Model, max_positions: int, *, optimize_first: bool) -> Fusion:
     import onnx_ir.passes.common as common_passes
     from onnxscript.optimizer import optimize
     from onnxscript.rewriter import pattern
@@ -233,14 +251,15 @@ def _fused_copy(model_ir: ir.Model, model: ir.Model, max_positions: int) -> Fusi
     from ..exporter.optimizer_rules import exact_no_op_rules
 
     layers = sum(1 for v in model_ir.graph.inputs if v.name.startswith("past_key_values.") and v.name.endswith(".key"))
-    result = Fusion(None, layers, nodes_before=_count(model_ir))
+    result = Fusion(None, layers, nodes_before=_count(model_ir), optimized_first=optimize_first)
     if not layers:
         result.reason = "no past_key_values.*.key input"
         return result
     try:
         common_passes.ShapeInferencePass()(model)
         with exact_no_op_rules():  # `x + 1e-15` is not `x` (exporter.optimizer_rules)
-            optimize(model, num_iterations=_ITERATIONS)
+            if optimize_first:
+                optimize(model, num_iterations=_ITERATIONS)
             if shape_optimization.rules.apply_to_model(model):  # else optimize's fixed point stands: not run again
                 optimize(model, num_iterations=_ITERATIONS)
         _canonical_dims(model)
