@@ -44,7 +44,7 @@ from torch import nn
 #: a stack is grown from a shallow export only from this many blocks (below: the whole trace is cheap)
 MIN_BLOCKS = 6
 #: blocks kept in the shallow export: block 0 and block 1, the template, checked against block 0 (whose
-#: extra nodes are the exporter's shared sizes, read by block 1: `_align`)
+#: extra nodes are the exporter's shared sizes, read by block 1: `_only_shared_extras`)
 SHALLOW = 2
 #: the deeper trace where the two blocks do not match: block 0, block 1, block 2 (the template, checked
 #: against block 1 node for node)
@@ -192,7 +192,8 @@ def grow(model: ir.Model, stack: Stack, *, weights: Callable[[str], torch.Tensor
 
     The last block is the template; it is checked against the block before it, the reference: node
     for node (DEEPER), or (SHALLOW: the reference is block 0) against the nodes of block 0 it matches
-    in order (`_align`), block 0's others being the exporter's shared sizes that block 1 reads."""
+    in order, block 0's others being the exporter's shared sizes that block 1 reads
+    (`_only_shared_extras`)."""
     from torch.onnx._internal.exporter._core import TorchTensor
 
     graph = model.graph
@@ -224,6 +225,13 @@ def grow(model: ir.Model, stack: Stack, *, weights: Callable[[str], torch.Tensor
     graph_inputs = {v.name: v for v in graph.inputs}
     initializers = graph.initializers
 
+    def stack_input(v_prev, p_prev) -> bool:
+        """SHALLOW: v_prev, read by block 0, is the stack's input (made outside the blocks, or a graph
+        input that is not a per-block one) and block 1 does not read it."""
+        outside = p_prev not in in_blocks if p_prev is not None else \
+            v_prev.name in graph_inputs and io_layer(v_prev.name) is None
+        return not exact and outside and not any(u in t_index for u, _ in v_prev.uses())
+
     def role(v_prev, v_this):
         """How the template reads v_this where the reference reads v_prev."""
         if v_this is v_prev:
@@ -246,12 +254,10 @@ def grow(model: ir.Model, stack: Stack, *, weights: Callable[[str], torch.Tensor
                 return ("own", t_index[p_this], v_this.index())
             if p_this in ref_set and v_this.index() == v_prev.index() and (
                     (p_prev in before and p_this.op_type == p_prev.op_type)  # the block before's output (blocks 0
-                    or (not exact and p_prev not in in_blocks  # and 1 may differ in the exporter's shared sizes);
-                        and not any(u in t_index for u, _ in v_prev.uses()))):  # block 0: the stack's input
+                    or stack_input(v_prev, p_prev)):  # and 1 may differ in the exporter's shared sizes)
                 return ("previous", p_this, v_this.index())  # its template index once aligned
             raise NotGrowable(f"{v_this.name} / {v_prev.name}: blocks {prev} and {this} read different values")
-        if not exact and p_prev is None and p_this in ref_set and v_prev.name in graph_inputs \
-                and io_layer(v_prev.name) is None and not any(u in t_index for u, _ in v_prev.uses()):
+        if p_prev is None and p_this in ref_set and stack_input(v_prev, p_prev):
             return ("previous", p_this, v_this.index())  # block 0 reads the stack's input as a graph input
         if v_this.name in initializers and v_prev.name in initializers:
             m_this, m_prev = weight_re.match(v_this.name), weight_re.match(v_prev.name)
