@@ -196,3 +196,28 @@ def test_write_behind_forked_equals_the_thread(tmp_path, monkeypatch):
         wd.close()
     assert got[True] == got[False]
     assert all(before[n] is v.const_value for n, v in m.graph.initializers.items())
+
+
+def test_fork_freezes_the_parents_objects_while_a_child_lives():
+    """files._fork_call freezes every object alive (gc.freeze) until its last child is reaped: the
+    parent's collections meanwhile leave the pages the child shares alone (copy-on-write), and after
+    it the objects are collectable again; two children overlapping keep them frozen until both end."""
+    import gc
+    import os
+
+    from normexport.llm import files
+
+    if not hasattr(os, "fork"):
+        pytest.skip("no fork here")
+    assert gc.get_freeze_count() == 0
+    r1, w1 = os.pipe()
+    first = files._fork_call(lambda: os.read(r1, 1))  # (waits until told to end)
+    assert gc.get_freeze_count() > 0
+    second = files._fork_call(lambda: None)
+    files._wait_child(*second)
+    assert gc.get_freeze_count() > 0  # the first child still shares the pages
+    os.write(w1, b"x")
+    files._wait_child(*first)
+    os.close(r1)
+    os.close(w1)
+    assert gc.get_freeze_count() == 0
