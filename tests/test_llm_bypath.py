@@ -162,6 +162,11 @@ def test_eager_steps_forked_are_eager_steps_here(exported, monkeypatch):
             np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-6 * float(np.abs(a).max()))
     other = verify.eager_ahead(model_ir, lm, seed=1)  # other feeds: not what the check compares with
     assert float(np.abs(other[0][0] - there[0][0]).max()) > 1e-3
+    # started earlier (convert.prewrite), it serves the local check of this file and eager model only
+    started = verify.EagerForked(model_ir, lm)
+    assert started.serves(model_ir, lm) and not started.serves(model_ir, _lm(folder))
+    assert not started.serves(model_ir, lm, seed=1)
+    started.stop()
     monkeypatch.setattr(verify.np, "savez", lambda *a, **k: 1 / 0)  # planted: the child fails
     assert verify.EagerForked(model_ir, lm).result() is None
 
@@ -326,8 +331,8 @@ def test_fuse_and_check_keeps_decomposed_when_generation_fails(exported, tmp_pat
 
     real = attention.for_convert
 
-    def planted(model_ir, lm, workdir=None, sessions=None):
-        f = real(model_ir, lm, workdir=workdir, sessions=sessions)
+    def planted(model_ir, lm, workdir=None, sessions=None, eager=None):
+        f = real(model_ir, lm, workdir=workdir, sessions=sessions, eager=eager)
         for node in f.model.graph:
             if node.op_type == "GroupQueryAttention":
                 node.attributes["scale"] = ir.AttrFloat32("scale", 0.5)

@@ -15,8 +15,8 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from normexport.convert import record  # noqa: E402
-from normexport.llm import files, weight_plan  # noqa: E402
+from normexport.convert import prewrite, record  # noqa: E402
+from normexport.llm import files, verify, weight_plan  # noqa: E402
 
 from test_depth import _convert, _file_vs_eager, _folder, plant_wrong_mapping  # noqa: E402
 
@@ -64,6 +64,25 @@ def by_path(monkeypatch):
 
     monkeypatch.setattr(files.Workdir, "__init__", init)
     monkeypatch.setattr(files.Workdir, "write_data_behind", ahead)
+    made["eager"] = []  # (started, whose result the local check took) per verify.EagerForked
+    real_eager_init, real_result = verify.EagerForked.__init__, verify.EagerForked.result
+
+    def eager_init(self, *a, **k):
+        real_eager_init(self, *a, **k)
+        made["eager"].append([self, False])
+
+    def result(self, *a, **k):
+        out = real_result(self, *a, **k)
+        for e in made["eager"]:
+            e[1] = e[1] or (e[0] is self and out is not None)
+        return out
+
+    monkeypatch.setattr(verify.EagerForked, "__init__", eager_init)
+    monkeypatch.setattr(verify.EagerForked, "result", result)
+    made["eager_ahead"] = []  # those prewrite started
+    real_eager_ahead = prewrite._eager_ahead
+    monkeypatch.setattr(prewrite, "_eager_ahead", lambda rec: made["eager_ahead"].append(real_eager_ahead(rec))
+                        or made["eager_ahead"][-1])
     return made
 
 
@@ -102,6 +121,9 @@ def test_weights_written_ahead_once_and_checked_by_generation(tmp_path, by_path)
     wd = by_path["planned"][0]
     assert wd._pending is None and not wd.dir.exists()  # waited for, folder removed
     assert by_path["first_writes_here"] == 0  # the weights written by the forked writer alone, once
+    # the local check's eager steps: started once, from the exported file at the judge (convert.prewrite), taken
+    assert [used for _, used in by_path["eager"]] == [True], by_path["eager"]
+    assert by_path["eager_ahead"] == [by_path["eager"][0][0]], by_path
     # appended: the norms' weights (64 floats: under PLAN_MIN_BYTES), the rotary's cos / sin caches the fusion made
     assert 0 < wd.appended <= 2 * 2 + 1 + 2, wd.appended
     assert "projections: 16 group(s) of MatMuls" in text and "8 com.microsoft.GroupQueryAttention" in text, text

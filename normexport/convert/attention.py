@@ -69,7 +69,8 @@ def _by_path(rec: Record) -> Record:
                                       reason="checked with the attention fusion (file over the in-memory limit)")
         print(packing.line_by_path(rec.packing))
     checked = rec.bypath = bypath.fuse_and_check(model_ir, rec.module, rec.out, fuse=fuse, check=not args.no_check,
-                                                 workdir=ahead.workdir if ahead is not None else None)
+                                                 workdir=ahead.workdir if ahead is not None else None,
+                                                 eager=ahead.eager if ahead is not None else None)
     if rec.packing is not None and checked.fusion is not None:
         rec.packing.packed_qkv = checked.fusion.packed_qkv
     rec.fused, rec.model_ir = checked.fusion, checked.model_ir

@@ -144,7 +144,7 @@ def _float32(lm):
 
 
 def fuse(model_ir: ir.Model, *, max_positions: int, local_check: bool = True, workdir=None,
-         sessions: dict | None = None, reference=None) -> Fusion:
+         sessions: dict | None = None, reference=None, eager=None) -> Fusion:
     """The fused copy of a KV-cache file (module docstring); `model_ir` itself is left as it is.
 
     `workdir` (normexport.llm.files.Workdir): the checks run from files, for a model of any size:
@@ -153,13 +153,20 @@ def fuse(model_ir: ir.Model, *, max_positions: int, local_check: bool = True, wo
     output's name sharing its data file (`Fusion.path`, `Fusion.decomposed_path`); one onnxruntime session at a time. Without it the
     files are serialised in memory (up to 2 GiB). `sessions` (a dict): receives the fused file's
     onnxruntime session as "fused" where the fusion is kept, for the generation check to run on
-    (one session of the file made, not two)."""
+    (one session of the file made, not two). `eager`: the local check's eager steps started earlier
+    (a verify.EagerForked), taken where they are this file's (`serves`), else stopped."""
     copy = _copy(model_ir)  # before the write below swaps model_ir's initializers for streaming ones
     spare = _copy(model_ir)  # (the fusions' second try, with onnxscript's optimize first: _fused_copy)
     # the local check's eager outputs (the same feeds as compare's: its defaults), made by a forked copy of this
     # process beside the passes (forked first: no thread of this process is writing then); where that gives
     # nothing, here after the passes, while the decomposed file may still be written
-    forked = EagerForked(model_ir, reference) if local_check and _float32(reference) is not None else None
+    forked = None
+    if eager is not None and local_check and eager.serves(model_ir, reference):
+        forked, eager = eager, None
+    if eager is not None:
+        eager.stop()
+    if forked is None and local_check and _float32(reference) is not None:
+        forked = EagerForked(model_ir, reference)
     behind = None  # the decomposed file written while the passes run
     if workdir is not None and local_check and workdir.decomposed not in workdir.files:
         behind = workdir.write_behind(model_ir, workdir.decomposed)
@@ -335,16 +342,19 @@ def context_length(lm) -> int | None:
     return None
 
 
-def for_convert(model_ir: ir.Model, lm, workdir=None, sessions: dict | None = None) -> Fusion:
+def for_convert(model_ir: ir.Model, lm, workdir=None, sessions: dict | None = None, eager=None) -> Fusion:
     """convert --target ort, KV-cache task: the fused copy of the exported file where it matches and
     passes the local check (`Fusion.model`), else why not (`Fusion.reason`). `workdir`
-    (normexport.llm.files.Workdir): checked from files there, for a model of any size (`fuse`)."""
+    (normexport.llm.files.Workdir): checked from files there, for a model of any size (`fuse`); `eager`:
+    the local check's eager steps started earlier (`fuse`)."""
     positions = context_length(lm)
     if positions is None:
+        if eager is not None:
+            eager.stop()
         layers = sum(1 for v in model_ir.graph.inputs if v.name.startswith("past_key_values.") and v.name.endswith(".key"))
         return Fusion(None, layers, nodes_before=_count(model_ir),
                       reason="no context length in the model's config (the cos / sin caches' size)")
-    return fuse(model_ir, max_positions=positions, workdir=workdir, sessions=sessions, reference=lm)
+    return fuse(model_ir, max_positions=positions, workdir=workdir, sessions=sessions, reference=lm, eager=eager)
 
 
 def line(f: Fusion, generation: str | None = None) -> str:

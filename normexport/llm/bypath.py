@@ -56,14 +56,15 @@ class Checked:
 
 
 def fuse_and_check(model_ir: ir.Model, lm, out, *, fuse: bool = True, check: bool = True,
-                   plain_export=None, workdir: Workdir | None = None) -> Checked:
+                   plain_export=None, workdir: Workdir | None = None, eager=None) -> Checked:
     """The attention fused (`fuse`: convert --target ort of a causal LM with its cache, the fusion
     not turned off) and verified, and the greedy generation check (`check`: not --no-check), run
     from files in a Workdir beside `out`. Prints convert's lines: the attention line and the
     generation table(s) (a failed check on the fused file: its table, then the decomposed file's).
     `lm`: the CacheLM the file was exported from (kept: the generation check's eager reference).
     `workdir`: a Workdir whose data file holds (or is being written with) `model_ir`'s weights
-    (Workdir.write_data_behind), taken over; else a new one."""
+    (Workdir.write_data_behind), taken over; else a new one. `eager`: the fusion's local check's eager
+    steps started earlier (verify.EagerForked: convert.prewrite), stopped where not used."""
     from ..parity.generate import check_generation_ir
 
     wd = workdir if workdir is not None else Workdir(out)
@@ -71,8 +72,11 @@ def fuse_and_check(model_ir: ir.Model, lm, out, *, fuse: bool = True, check: boo
         result = Checked(wd, model_ir, wd.decomposed)
         fused = None
         sessions: dict = {}  # the fused file's session from the local check, run again by the generation check
+        if not fuse and eager is not None:
+            eager.stop()
         if fuse:
-            fused = result.fusion = attention.for_convert(model_ir, lm, workdir=wd, sessions=sessions)
+            fused = result.fusion = attention.for_convert(model_ir, lm, workdir=wd, sessions=sessions, eager=eager)
+            eager = None
             if fused.local.get("eager_failed"):  # the decomposed file itself is not eager's: the caller exports again
                 print(attention.line(fused))
                 sessions.clear()
@@ -104,6 +108,8 @@ def fuse_and_check(model_ir: ir.Model, lm, out, *, fuse: bool = True, check: boo
         result.generation = gen
         return result
     except BaseException:
+        if eager is not None:
+            eager.stop()
         wd.close()
         raise
 

@@ -127,9 +127,10 @@ class EagerForked:
 
         self._thread = self._pid = self._path = None
         self._ok = False
+        dims, feeds = cache_dims(unfused), local_feeds(unfused, batch, prompt, decode, seed)
+        self.reference, self._dims, self._feeds = reference, dims, feeds
         if not sys.platform.startswith("linux"):
             return
-        dims, feeds = cache_dims(unfused), local_feeds(unfused, batch, prompt, decode, seed)
         fd, path = tempfile.mkstemp(prefix="normexport-eager-", suffix=".npz")
         os.close(fd)
 
@@ -157,6 +158,14 @@ class EagerForked:
 
         self._thread = threading.Thread(target=wait, name="normexport-eager-wait", daemon=True)
         self._thread.start()
+
+    def serves(self, unfused: ir.Model, reference, *, batch: int = LOCAL_BATCH, prompt: int = 5,
+               decode: int = LOCAL_DECODE, seed: int = 0) -> bool:
+        """The steps started are `compare`'s for `unfused` (started earlier, from the file before the
+        passes that keep its interface: convert.prewrite): the same eager model, cache and feeds."""
+        feeds = local_feeds(unfused, batch, prompt, decode, seed)
+        return (reference is self.reference and cache_dims(unfused) == self._dims and len(feeds) == len(self._feeds)
+                and all(np.array_equal(a, b) for a, b in zip(feeds, self._feeds)))
 
     def result(self, timeout: float = RESULT_TIMEOUT_S) -> list | None:
         if self._thread is None:
