@@ -247,6 +247,7 @@ def test_worst_steps_is_the_reference_rule_element_by_element(k, n, symmetric):
     bad = w.T.copy()
     bad[n - 1, k - 1] += 3 * abs(scales[n - 1, -1])  # one element 3 steps off, in the last row and block
     assert 2.0 < both(bad) < 4.1
+    assert 2.0 < both(np.ascontiguousarray(bad.T).T) < 4.1  # the same, read as the file stores it ([K, N])
     if zp is not None:  # the same zero points as floats (hqq's form)
         unpacked = np.empty((n, zp.reshape(n, -1).shape[1] * 2), np.uint8)
         unpacked[:, 0::2], unpacked[:, 1::2] = zp.reshape(n, -1) & 15, zp.reshape(n, -1) >> 4
@@ -254,6 +255,7 @@ def test_worst_steps_is_the_reference_rule_element_by_element(k, n, symmetric):
     nonzero = w.T.copy()
     nonzero[3, 1] = 1e-3  # a weight in the block of scale 0
     assert both(nonzero) == np.inf
+    assert both(np.ascontiguousarray(nonzero.T).T) == np.inf
     nan = scales.copy()
     nan[n // 2, 0] = np.nan
     assert both(w.T, sc=nan) == np.inf

@@ -75,6 +75,8 @@ ROWS = 512
 #: columns of a transposed weight copied at a time (a [K, N] weight read as [N, K] rows: a tile of 64
 #: columns keeps the rows it reads in cache; numpy's copy of the whole transposed slab is 1.7x slower)
 TILE = 64
+#: columns of the packed bytes transposed at a time (`_worst_steps_kn`)
+TILE_BYTES = 256
 
 
 def _blocks(b: np.ndarray, scales: np.ndarray, zero_points: np.ndarray | None, n: int, blocks: int,
@@ -120,6 +122,8 @@ def worst_steps(want: np.ndarray, b: np.ndarray, scales: np.ndarray, zero_points
     (`dequantize`), computed in steps: |want / scale - (q - zero point)|, which takes a third of the
     passes over memory. A block whose scale is 0 dequantizes to 0: 0 steps where its float weights are
     all 0, else infinitely many."""
+    if want.strides[-1] != want.itemsize and want.T.flags.c_contiguous:
+        return _worst_steps_kn(want.T, b, scales, zero_points, k, n, block)
     blocks = (k + block - 1) // block
     width = blocks * block
     b = b.reshape(n, blocks * (block // 2))
@@ -231,3 +235,58 @@ def check(model: onnx.ModelProto, float_ir, opts: dict) -> WeightCheck:
         if worst > result.worst_steps or result.worst_node is None:
             result.worst_steps, result.worst_node = max(worst, result.worst_steps), node.name
     return result
+
+
+def _worst_steps_kn(a: np.ndarray, b: np.ndarray, scales: np.ndarray, zero_points: np.ndarray | None, k: int,
+                    n: int, block: int) -> float:
+    """`worst_steps` of the weight a.T, read as it is stored: `a` [K, N] C-contiguous (a MatMul's
+    weight), compared ROWS of its rows (whole blocks) at a time. The same arithmetic element by
+    element, in the other order: the scales, zero points and the packed bytes are transposed (a
+    half-byte per weight, a thirty-second of a float for the scales) instead of the float weights
+    (4 bytes each). The same worst value, bit for bit; on one 2048 x 5632 matrix 0.041 -> 0.029 s, on
+    5632 x 2048 0.054 -> 0.015 s; TinyLlama's whole check (154 matrices, beside the int4 file's write)
+    3.55 s / 6.4 CPU s -> 2.67 s / 4.4 CPU s, 2-vCPU VM."""
+    blocks = (k + block - 1) // block
+    half = block // 2
+    b = b.reshape(n, blocks * half)
+    s = scales.astype(np.float32).reshape(n, blocks)
+    zero = s == 0
+    inverse = np.ascontiguousarray(np.divide(np.float32(1), s, out=np.zeros_like(s), where=~zero).T)  # [blocks, N]
+    zp = _zero_points(None if zero_points is None else zero_points.reshape(n, -1), n, blocks)
+    zp = zp if np.ndim(zp) == 0 else np.ascontiguousarray(zp.reshape(n, blocks).T)  # [blocks, N]
+    zero = np.ascontiguousarray(zero.T)  # [blocks, N]
+    step = max(1, min(blocks, ROWS // block))  # blocks of rows at a time
+    x = np.empty((step * block, n), dtype=np.float32)  # the float weights, then their distance in steps
+    y = np.empty((step * block, n), dtype=np.float32)  # q - zero point
+    t = np.empty((step * half, n), dtype=np.uint8)  # the packed bytes, transposed
+    worst = 0.0
+    for b0 in range(0, blocks, step):
+        b1 = min(blocks, b0 + step)
+        nb, k0, k1 = b1 - b0, b0 * block, min(k, b1 * block)
+        m, real = nb * block, min(k, b1 * block) - b0 * block
+        xm, ym, tm = x[:m], y[:m], t[:nb * half]
+        xm[:real] = a[k0:k1]
+        xm[real:] = 0  # the padding of a last short block stands for nothing
+        zb = zero[b0:b1]
+        empty = 0.0
+        if zb.any():  # (the largest magnitude of the float weights in blocks of scale 0, before they are scaled)
+            empty = float(np.where(zb[:, None, :], np.abs(xm.reshape(nb, block, n)), 0).max())
+        xm.reshape(nb, block, n)[...] *= inverse[b0:b1, None, :]
+        for c0 in range(0, n, TILE_BYTES):  # tiles of columns: the rows read stay in cache
+            c1 = min(n, c0 + TILE_BYTES)
+            tm[:, c0:c1] = b[c0:c1, b0 * half:b1 * half].T
+        ym[0::2] = tm & 0x0F
+        ym[1::2] = tm >> 4
+        if np.ndim(zp) == 0:
+            ym -= zp
+        else:
+            ym.reshape(nb, block, n)[...] -= zp[b0:b1, None, :]
+        ym[real:] = 0
+        xm -= ym
+        if empty:
+            worst = np.inf
+        if zb.any():
+            xm.reshape(nb, block, n)[np.broadcast_to(zb[:, None, :], (nb, block, n))] = 0  # judged by `empty`
+        top = max(float(xm.max()), -float(xm.min())) if xm.size else 0.0
+        worst = max(worst, np.inf if np.isnan(top) else top)  # a NaN (scale or weight) is no match
+    return worst
