@@ -221,3 +221,24 @@ def test_fork_freezes_the_parents_objects_while_a_child_lives():
     os.close(r1)
     os.close(w1)
     assert gc.get_freeze_count() == 0
+
+
+def test_writing_in_thread_tells_a_thread_from_a_fork(tmp_path):
+    """Workdir.writing_in_thread (convert.prewrite forks the eager steps only where it is False: a lock the
+    writing thread holds would stay held in the child): a pending write in a thread, not in a forked process,
+    not once done."""
+    from concurrent.futures import Future
+
+    wd = Workdir(tmp_path / "model.onnx")
+    try:
+        assert not wd.writing_in_thread
+        wd._pending = Future()
+        assert wd.writing_in_thread
+        wd._pending.forked = True
+        assert not wd.writing_in_thread
+        wd._pending = Future()
+        wd._pending.set_result(None)
+        assert not wd.writing_in_thread
+    finally:
+        wd._pending = None
+        wd.close()

@@ -107,7 +107,8 @@ class Prewrite:
         if self._ahead is None:
             self._ahead = Ahead(Workdir(rec.out), rec.model_ir, groups)
             self._ahead.workdir.write_data_behind(rec.model_ir)
-        self._ahead.eager = _eager_ahead(rec)
+        if not self._ahead.workdir.writing_in_thread:  # (no fork beside a writing thread: a lock it holds
+            self._ahead.eager = _eager_ahead(rec)  # would stay held in the child)
 
     def rewritten(self, before, after) -> None:
         """A pass returned `after` for `before` (the same graph and weights, edited in place)."""

@@ -180,6 +180,12 @@ class Workdir:
                 scratch.unlink(missing_ok=True)
 
     @property
+    def writing_in_thread(self) -> bool:
+        """The weights' write started ahead runs in a thread of this process (no fork here), not done yet."""
+        pending = self._pending
+        return pending is not None and not getattr(pending, "forked", False) and not pending.done()
+
+    @property
     def data_path(self) -> Path:
         return self.dir / self.data_name
 
