@@ -110,8 +110,9 @@ RESULT_TIMEOUT_S = 600.0
 
 class EagerForked:
     """`eager_ahead` in a forked copy of this process (Linux; llm.files._fork_call), started now on one
-    torch thread: it runs beside the caller's Python work (the fusion passes) on the other core without
-    sharing its GIL (in a thread, each of eager's ~2000 op calls waits for it: 1.1B LLaMA's 3 steps
+    torch thread: it runs beside the caller's Python work (the fusion passes; from convert.prewrite, the
+    norm rewrite before them) on the other core without sharing its GIL (in a thread, each of
+    eager's ~2000 op calls waits for it: 1.1B LLaMA's 3 steps
     26.8 s beside a busy Python thread, 2.6 s alone); the weights are shared copy-on-write. Its outputs
     (the local check's small batch: logits and caches, a few MB) come back in a temp .npz file.
     `result()` waits; None where the child failed or there is no fork (compare then runs the steps here)."""

@@ -263,7 +263,7 @@ def _worst_steps_kn(a: np.ndarray, b: np.ndarray, scales: np.ndarray, zero_point
     for b0 in range(0, blocks, step):
         b1 = min(blocks, b0 + step)
         nb, k0, k1 = b1 - b0, b0 * block, min(k, b1 * block)
-        m, real = nb * block, min(k, b1 * block) - b0 * block
+        m, real = nb * block, k1 - k0  # rows with the padding of a last short block, rows of the weight
         xm, ym, tm = x[:m], y[:m], t[:nb * half]
         xm[:real] = a[k0:k1]
         xm[real:] = 0  # the padding of a last short block stands for nothing
