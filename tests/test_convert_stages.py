@@ -172,6 +172,8 @@ def test_the_weights_written_ahead_have_one_owner(monkeypatch):
     made = []
 
     class Folder:  # a Workdir whose weights' write is started and closed, nothing else
+        writing_in_thread = False
+
         def __init__(self, out):
             self.closed = 0
             made.append(self)
