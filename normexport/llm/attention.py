@@ -160,10 +160,8 @@ def fuse(model_ir: ir.Model, *, max_positions: int, local_check: bool = True, wo
     # the local check's eager outputs (the same feeds as compare's: its defaults), made by a forked copy of this
     # process beside the passes (forked first: no thread of this process is writing then); where that gives
     # nothing, here after the passes, while the decomposed file may still be written
-    forked = None
-    if eager is not None and local_check and eager.serves(model_ir, reference):
-        forked, eager = eager, None
-    if eager is not None:
+    forked = eager if eager is not None and local_check and eager.serves(model_ir, reference) else None
+    if eager is not None and forked is None:
         eager.stop()
     if forked is None and local_check and _float32(reference) is not None:
         forked = EagerForked(model_ir, reference)

@@ -18,6 +18,7 @@ started before the graph is final: convert.prewrite), by a forked copy of the pr
 
 from __future__ import annotations
 
+import gc
 import os
 import shutil
 import sys
@@ -361,8 +362,6 @@ _children = 0  # children of _fork_call not reaped yet (the objects frozen while
 
 def _freeze_for_child() -> None:
     global _children
-    import gc
-
     with _children_lock:
         gc.freeze()
         _children += 1
@@ -370,8 +369,6 @@ def _freeze_for_child() -> None:
 
 def _child_reaped() -> None:
     global _children
-    import gc
-
     with _children_lock:
         _children -= 1
         if _children == 0:
@@ -401,8 +398,6 @@ def _fork_call(fn) -> tuple[int, int]:
         code = 1
         try:
             os.close(r)
-            import gc
-
             gc.disable()  # (a collection would touch every object's page: copies of the parent's memory)
             fn()
             code = 0

@@ -252,7 +252,7 @@ def _worst_steps_kn(a: np.ndarray, b: np.ndarray, scales: np.ndarray, zero_point
     s = scales.astype(np.float32).reshape(n, blocks)
     zero = s == 0
     inverse = np.ascontiguousarray(np.divide(np.float32(1), s, out=np.zeros_like(s), where=~zero).T)  # [blocks, N]
-    zp = _zero_points(None if zero_points is None else zero_points.reshape(n, -1), n, blocks)
+    zp = _zero_points(zero_points, n, blocks)
     zp = zp if np.ndim(zp) == 0 else np.ascontiguousarray(zp.reshape(n, blocks).T)  # [blocks, N]
     zero = np.ascontiguousarray(zero.T)  # [blocks, N]
     step = max(1, min(blocks, ROWS // block))  # blocks of rows at a time
