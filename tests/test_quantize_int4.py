@@ -218,8 +218,8 @@ def test_worst_steps_is_the_reference_rule_element_by_element(k, n, symmetric):
     """worst_steps (one pass per operand, tiles of a transposed weight) against the reference rule in
     float64 on onnxruntime's own quantization of random weights: negative scales (symmetric), packed zero
     points, a last block shorter than the block (K 80), rows over ROWS (N 600), transposed and
-    contiguous weights, a float zero point (hqq's form), a block of scale 0 (all zero: 0 steps; one
-    weight not: inf), a NaN scale (inf), and an error planted in one element."""
+    contiguous weights, a float zero point (hqq's form; integral and not), a block of scale 0 (all zero:
+    0 steps; one weight not: inf), a NaN scale (inf), and an error planted in one element."""
     from onnxruntime.quantization.matmul_nbits_quantizer import (DefaultWeightOnlyQuantConfig,
                                                                  DefaultWeightOnlyQuantizer)
 
@@ -252,6 +252,7 @@ def test_worst_steps_is_the_reference_rule_element_by_element(k, n, symmetric):
         unpacked = np.empty((n, zp.reshape(n, -1).shape[1] * 2), np.uint8)
         unpacked[:, 0::2], unpacked[:, 1::2] = zp.reshape(n, -1) & 15, zp.reshape(n, -1) >> 4
         assert both(w.T, z=unpacked[:, :blocks].astype(np.float32)) <= 1.0 + 1e-3
+        assert both(w.T, z=unpacked[:, :blocks].astype(np.float32) + 0.3) > 0.5  # not integers: in float
     nonzero = w.T.copy()
     nonzero[3, 1] = 1e-3  # a weight in the block of scale 0
     assert both(nonzero) == np.inf
