@@ -91,6 +91,12 @@ def run() -> None:
         raise Terminated()  # temp folders and half-written files are removed by their finally blocks
 
     signal.signal(signal.SIGTERM, terminated)
+    # the young generation collected every 10,000 net allocations, not 700: an export allocates millions of
+    # short-lived objects (fx nodes, fake tensors, onnx-ir values) that refcounting frees anyway, and
+    # each young collection walked them; the middle and the full collections follow it (every 10 of the
+    # one before), as by default. A 1.1B LLaMA's convert, in the command's own process: collections
+    # 1.4-1.6 s -> 0.7 s of CPU, 2-vCPU VM. (Not set for normexport used as a library.)
+    gc.set_threshold(10_000, 10, 10)
     code = main()
     try:
         atexit._run_exitfuncs()
