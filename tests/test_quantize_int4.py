@@ -414,3 +414,40 @@ def test_an_int4_file_keeps_its_weights_beside_it_where_the_float_file_did(float
             feeds[i.name] = rng.standard_normal(shape).astype(np.float32)
     for got, exp in zip(sess.run(None, feeds), ref.run(None, feeds), strict=True):
         assert np.array_equal(got, exp)
+
+
+def test_a_failed_weight_check_leaves_nothing_where_the_file_was_asked(float_file, tmp_path, monkeypatch, capsys):
+    """The stage checks every block before it writes the int4 file, and the float file goes while that file is
+    written: a planted halved scale ends with exit code 1, the reason said, and neither file at the output
+    (no float file where int4 was asked, no int4 file that failed)."""
+    import argparse
+
+    from onnx import numpy_helper
+
+    from normexport.convert.record import Record
+    from normexport.quantize import int4
+
+    path, _ = float_file
+    out = tmp_path / "out" / "model.onnx"
+    out.parent.mkdir()
+    onnx.save_model(onnx.load(str(path)), str(out), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location="model.onnx.data", size_threshold=0)
+    real = int4.quantize
+
+    def halved(*a, **kw):
+        q = real(*a, **kw)
+        node = next(n for n in q.graph.node if n.op_type == "MatMulNBits")
+        t = _init(q, node.input[2])
+        s = numpy_helper.to_array(t).copy()
+        s.flat[3] *= 0.5
+        t.CopyFrom(numpy_helper.from_array(s, t.name))
+        return q
+
+    monkeypatch.setattr(int4, "quantize", halved)
+    rec = Record(args=argparse.Namespace(no_check=True, model=str(path), report=None), out=out, task="text-generation")
+    rec.quant = _opts()
+    int4.run(rec)
+    text = capsys.readouterr().out
+    assert rec.exit_code == 1 and not rec.quantized["passed"], text
+    assert "weights FAILED" in text and "not written" in text
+    assert list(out.parent.iterdir()) == []
