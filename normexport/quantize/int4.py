@@ -8,7 +8,6 @@ genai_config.json and config files stay beside it, since the graph takes and giv
 
 from __future__ import annotations
 
-import concurrent.futures
 import logging
 import threading
 import time
@@ -203,20 +202,16 @@ def run(rec):
           f"{'' if rec.prequantized is not None else '; LM head int4' if opts['lm_head'] else '; LM head float'}), "
           f"{counts['MatMul']} MatMul(s) left in float, {counts['normexport']} normexport / "
           f"{counts['norms']} norm node(s) kept; {seconds:.1f} s")
-    # every int4 block against the float weights (weights.py, on every core: numpy releases the GIL), the graph
-    # made an onnx-ir model beside it; the check done before the int4 file is written, not beside the write:
-    # alone it took 1.0 s, beside the write 2.5 s, and the write as long (a 1.1B model, 2-vCPU VM)
-    pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="normexport-weights")
-    checking = pool.submit(weights.check, proto, float_ir, opts)
-    pool.shutdown(wait=False)
-    model_ir = ir.serde.deserialize_model(proto)
-    # the weights beside the graph where the float file had them so (an LLM folder's model.onnx.data, as genai's
-    # builder writes it): streamed tensor by tensor; one protobuf of a 1.1B model's 0.87 GB took 9.9 s to write
-    external = (out.parent / (out.name + ".data")).exists() or None
-    judged = {"weights": checking.result()}
+    # every int4 block against the float weights (weights.py, on every core: numpy releases the GIL), before the
+    # int4 file is written, not beside the write: alone it took 1.0 s, beside the write 2.5 s, and the write as
+    # long (a 1.1B model, 2-vCPU VM)
+    judged = {"weights": weights.check(proto, float_ir, opts)}
     print(judged["weights"].line())
     if not judged["weights"].passed:
         return _failed(rec, out, judged, judged["weights"].line())
+    # the weights beside the graph where the float file had them so (an LLM folder's model.onnx.data, as genai's
+    # builder writes it): streamed tensor by tensor; one protobuf of a 1.1B model's 0.87 GB took 9.9 s to write
+    external = (out.parent / (out.name + ".data")).exists() or None  # (asked before the float file goes)
     # the float file is not kept either way (the int4 file replaces it, or, failed, it is dropped) and nothing
     # reads it now (what the int4 file keeps in float was read into it, _inline): removed on a thread while the
     # int4 file is written, whose pages the freed ones become. Freeing a 1.1B model's 4.1 GB took 0.9 s, which the
@@ -242,6 +237,7 @@ def run(rec):
         if not v.passed:
             raise _Failed("the quantized file FAILED its agreement check (table above)")
 
+    model_ir = ir.serde.deserialize_model(proto)
     try:
         io.save_ir(model_ir, out, validate=judge, external_data=external)
     except _Failed as e:
