@@ -5,7 +5,8 @@ eager from whichever file measured them.
 
     python tools/bench_compare.py new/X.json base/X.json prefetch/X.json
 
-A build is named by its file's folder (new, base, prefetch).
+A build is named by its file's folder (new, base, prefetch). Decode shapes (latency) show
+microseconds per call in the ms column's place and no share of copy.
 """
 
 from __future__ import annotations
@@ -22,23 +23,29 @@ def main(paths: list[str]) -> int:
         data = json.loads(Path(path).read_text())
         name = Path(path).parent.name
         for r in data["results"]:
-            key = (r["op"], r["dtype"], r["tokens"], r["hidden"])
+            key = (r.get("mode", "bulk"), r["op"], r["dtype"], r["tokens"], r["hidden"])
             if r["impl"] == "normexport":
                 builds.setdefault(name, {})[key] = r
             else:
                 torch_rows.setdefault(key, {})[r["impl"]] = r
     names = list(builds)
     keys = list(dict.fromkeys(k for b in builds.values() for k in b))
-    head = f"{'op':<14} {'dtype':<8} {'shape':>13}" + "".join(f" {n[:10]:>10} ms  %cp" for n in names)
+    head = f"{'op':<14} {'dtype':<8} {'shape':>17}" + "".join(f" {n[:10]:>10} ms  %cp" for n in names)
     head += f" {'compile':>9} {'eager':>9}" + "".join(f" {('x' + n)[:8]:>8}" for n in names)
     print(head)
     print("-" * len(head))
     for k in keys:
-        op, dtype, tokens, hidden = k
-        line = f"{op:<14} {dtype[:8]:<8} {f'{tokens}x{hidden}':>13}"
+        mode, op, dtype, tokens, hidden = k
+        shape = f"{tokens}x{hidden}" if mode == "bulk" else f"decode {tokens}x{hidden}"
+        line = f"{op:<14} {dtype[:8]:<8} {shape:>17}"
         for n in names:
             r = builds[n].get(k)
-            line += f" {r['ms']:>13.4f} {r['pct_of_copy']:>4.0f}" if r and r["ms"] else f" {'-':>13} {'-':>4}"
+            if not (r and r["ms"]):
+                line += f" {'-':>13} {'-':>4}"
+            elif mode == "bulk":
+                line += f" {r['ms']:>13.4f} {r['pct_of_copy']:>4.0f}"
+            else:
+                line += f" {r['ms'] * 1e3:>11.2f}us {'-':>4}"
         comp = torch_rows.get(k, {}).get("torch.compile")
         eager = torch_rows.get(k, {}).get("torch eager")
         line += f" {comp['ms']:>9.4f}" if comp and comp["ms"] else f" {'-':>9}"

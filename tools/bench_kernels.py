@@ -6,11 +6,23 @@ residual ops SkipRMSNorm (x + skip, then RMSNorm; writes y and the sum) and Gate
 (x + gate * update, then AdaLNZero; writes y and the sum) over tokens x hidden x dtype. The fused
 ops are compared with torch eager / torch.compile of the same *unfused* math (the add, then the
 norm, both results returned), which is what a model runs without them.
-Bandwidth counts one read of every input tensor and one write of every output; it is also given
-as a percentage of a device-to-device copy (torch copy_ of an x-sized buffer) measured in the same
-run. CUDA events, warm-up, median of --iters launches, each from a cold L2.
 
-Writes benchmarks/results/<date>_<device-slug>.{json,png} and prints a table.
+Two modes (issue 48's shape set is the default):
+- bulk: --tokens rows (16384) x every width of HIDDEN_SUITE (the hidden sizes of current DiTs and
+  LLMs), and the per-head q/k norm rows (--qk). Bandwidth counts one read of every input tensor and
+  one write of every output; it is also given as a percentage of a device-to-device copy (torch
+  copy_ of an x-sized buffer) measured in the same run. CUDA events, warm-up, median of --iters
+  launches, each from a cold L2.
+- decode: 1..64 rows (--decode-rows) x every width, as latency: --graph-launches back-to-back
+  launches captured in one CUDA graph (ours, eager and torch.compile alike), the median over
+  --graph-replays replays divided by the launches (L2 warm, as in a decode loop). The AdaLN kinds take
+  one modulation row per row (batch = rows, seq 1). torch.compile as a user gets it by default
+  (dynamic=None: static for the first row count, then dynamic rows); --decode-static compiles each
+  row count on its own.
+
+Writes benchmarks/results/<date>_<device-slug>.{json,png} (the JSON after every shape, so that a run
+cut short keeps what it measured), prints a table and the goal verdicts. tools/kernel_table.py turns
+the JSON into the docs' tables.
 
     python tools/bench_kernels.py [--lib build/plugins/libnormexport_kernels.so] [--quick]
 """
@@ -27,6 +39,7 @@ import re
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -38,6 +51,11 @@ OPS = ("RMSNorm", "LayerNorm", "AdaLNZero", "SkipRMSNorm", "GatedAdaLNZero")
 #: differ by 7x (issue 30)
 QK_SHAPES = ("393216x128", "262144x128", "786432x64")
 QK_OPS = ("RMSNorm", "LayerNorm")
+#: hidden sizes users run (issue 48): DiT-XL / PixArt 1152, SD3-medium 1536, LLaMA 3.2-1B 2048, SD3.5-large
+#: 2432, Flux / HunyuanVideo / Qwen-Image / LLaMA 3.2-3B 3072, LLaMA 8B 4096, Wan-14B 5120, LLaMA 70B 8192
+HIDDEN_SUITE = (1152, 1536, 2048, 2432, 3072, 4096, 5120, 8192)
+#: decode: rows per call (batch of single tokens)
+DECODE_ROWS = (1, 2, 4, 8, 16, 32, 64)
 #: goals (issue 30), for shapes with at least GOAL_MIN_BYTES of activations (x): normexport at least
 #: this share of the copy bandwidth measured in the same run, and no slower than torch.compile
 GOAL_MIN_BYTES = 16 << 20
@@ -45,33 +63,43 @@ GOAL_PCT = 92.0
 GOAL_PCT_SHORT_ROWS = 85.0  # rows of 128 (and shorter)
 
 
+def _key(r: dict) -> tuple:
+    return (r.get("mode", "bulk"), r["op"], r["dtype"], r["tokens"], r["hidden"])
+
+
 def goals(results: list[dict]) -> list[dict]:
-    """One verdict per normexport result with >= GOAL_MIN_BYTES of activations: its share of copy
-    bandwidth against GOAL_PCT (GOAL_PCT_SHORT_ROWS for rows of <= 128), and its time against
-    torch.compile of the same math (the unfused add + norm for the fused ops) on the same shape."""
+    """One verdict per normexport result. Bulk shapes with >= GOAL_MIN_BYTES of activations: the
+    share of copy bandwidth against GOAL_PCT (GOAL_PCT_SHORT_ROWS for rows of <= 128), and the time
+    against torch.compile of the same math (the unfused add + norm for the fused ops) on the same
+    shape. Decode shapes: latency no higher than torch.compile's. A shape whose torch.compile time is
+    missing fails (nothing to compare with: the goal is not shown met)."""
+    compiled = {_key(c): c for c in results if c["impl"] == "torch.compile"}
     out = []
     for r in results:
-        if r["impl"] != "normexport" or r.get("x_bytes", 0) < GOAL_MIN_BYTES:
+        mode = r.get("mode", "bulk")
+        if r["impl"] != "normexport" or (mode == "bulk" and r.get("x_bytes", 0) < GOAL_MIN_BYTES):
             continue
-        key = (r["op"], r["dtype"], r["tokens"], r["hidden"])
-        comp = next((c for c in results if c["impl"] == "torch.compile"
-                     and (c["op"], c["dtype"], c["tokens"], c["hidden"]) == key), None)
-        need = GOAL_PCT_SHORT_ROWS if r["hidden"] <= 128 else GOAL_PCT
-        pct_ok = r["pct_of_copy"] is not None and r["pct_of_copy"] >= need
+        comp = compiled.get(_key(r))
         vs = (comp["ms"] / r["ms"]) if comp and comp["ms"] and r["ms"] else None  # > 1: faster than torch.compile
-        out.append({"op": r["op"], "dtype": r["dtype"], "tokens": r["tokens"], "hidden": r["hidden"],
-                    "pct_of_copy": r["pct_of_copy"], "pct_goal": need, "speedup_vs_compile": vs,
-                    "passed": pct_ok and (vs is None or vs >= 1.0),
-                    "compile_measured": vs is not None})
+        v = {"mode": mode, "op": r["op"], "dtype": r["dtype"], "tokens": r["tokens"], "hidden": r["hidden"],
+             "speedup_vs_compile": vs, "compile_measured": vs is not None}
+        if mode == "bulk":
+            need = GOAL_PCT_SHORT_ROWS if r["hidden"] <= 128 else GOAL_PCT
+            pct_ok = r["pct_of_copy"] is not None and r["pct_of_copy"] >= need
+            v.update(pct_of_copy=r["pct_of_copy"], pct_goal=need, passed=pct_ok and vs is not None and vs >= 1.0)
+        else:
+            v.update(us=r["ms"] * 1e3 if r["ms"] else None, compile_us=comp["ms"] * 1e3 if vs else None,
+                     passed=vs is not None and vs >= 1.0)
+        out.append(v)
     return out
 
 
-def parse_args():
+def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--lib", default=os.environ.get("NORMEXPORT_KERNELS_LIB"),
                    help="libnormexport_kernels.so (default: build/plugins/, built with CMake if missing)")
-    p.add_argument("--tokens", type=int, nargs="+", default=[1024, 16384])
-    p.add_argument("--hidden", type=int, nargs="+", default=[1024, 4096, 8192])
+    p.add_argument("--tokens", type=int, nargs="*", default=[16384], help="bulk rows (none: no bulk shapes)")
+    p.add_argument("--hidden", type=int, nargs="+", default=list(HIDDEN_SUITE))
     p.add_argument("--dtypes", nargs="+", default=["bfloat16", "float16", "float32"], choices=list(DTYPE_CODE))
     p.add_argument("--seq", type=int, default=256, help="tokens per sequence for AdaLNZero ([B,H] modulation)")
     p.add_argument("--iters", type=int, default=50)
@@ -80,10 +108,19 @@ def parse_args():
     p.add_argument("--qk", nargs="*", default=list(QK_SHAPES), metavar="ROWSxHEAD_DIM",
                    help="per-head q/k norm shapes, run for RMSNorm and LayerNorm: millions of short rows "
                         "(default: %(default)s; none: --qk with no value)")
+    p.add_argument("--decode-rows", type=int, nargs="*", default=list(DECODE_ROWS),
+                   help="decode row counts, timed as latency (default: %(default)s; none: --decode-rows with no value)")
+    p.add_argument("--decode-hidden", type=int, nargs="+", default=None, help="decode widths (default: --hidden)")
+    p.add_argument("--decode-dtypes", nargs="+", default=None, choices=list(DTYPE_CODE), help="default: --dtypes")
+    p.add_argument("--decode-static", action="store_true",
+                   help="compile each decode row count on its own (default: torch.compile's automatic dynamic rows)")
+    p.add_argument("--graph-launches", type=int, default=20, help="decode: launches captured per CUDA graph")
+    p.add_argument("--graph-replays", type=int, default=30, help="decode: timed replays (median)")
     p.add_argument("--no-compile", action="store_true", help="skip torch.compile")
     p.add_argument("--quick", action="store_true", help="fewer iterations, no torch.compile")
+    p.add_argument("--plan", action="store_true", help="print the shapes and compilations a run would take; no GPU")
     p.add_argument("--out-dir", default=str(REPO / "benchmarks" / "results"))
-    return p.parse_args()
+    return p.parse_args(argv)
 
 
 def ensure_lib(path: str | None) -> Path:
@@ -134,8 +171,173 @@ def time_fn(torch, fn, iters: int, warmup: int, flush) -> float:
     return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
 
 
-def main() -> int:
-    args = parse_args()
+def time_graph(torch, fn, launches: int, replays: int) -> float:
+    """Milliseconds per call of `fn` run back to back: `launches` calls captured in one CUDA graph
+    (after a warm-up on a side stream, which also compiles and autotunes a torch.compile'd fn), the
+    median over `replays` timed replays divided by `launches`. No host launch overhead, L2 warm:
+    the latency of a norm inside a decode step."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(launches):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
+    for s, e in zip(starts, ends):
+        s.record()
+        graph.replay()
+        e.record()
+    torch.cuda.synchronize()
+    del graph
+    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends)) / launches
+
+
+EPS = 1e-6
+
+
+def torch_math(F) -> dict:
+    """The same math in torch (the fused ops unfused: the add, then the norm, both returned)."""
+
+    def rms(x, w):
+        return F.rms_norm(x, (x.shape[-1],), w, EPS)
+
+    def ln(x, w, b):
+        return F.layer_norm(x, (x.shape[-1],), w, b, EPS)
+
+    def adaln(x, shift, scale):
+        y = F.layer_norm(x, (x.shape[-1],), None, None, EPS)
+        return y * (1 + scale[:, None]) + shift[:, None]
+
+    def skip(x, res, w):
+        h = x + res
+        return F.rms_norm(h, (h.shape[-1],), w, EPS), h
+
+    def gated(x, upd, gate, shift, scale):
+        h = x + gate[:, None] * upd
+        y = F.layer_norm(h, (h.shape[-1],), None, None, EPS)
+        return y * (1 + scale[:, None]) + shift[:, None], h
+
+    return {"RMSNorm": rms, "LayerNorm": ln, "AdaLNZero": adaln, "SkipRMSNorm": skip, "GatedAdaLNZero": gated}
+
+
+def allocate(torch, batch: int, seq: int, hidden: int, dtype) -> dict:
+    """Inputs and outputs of every op for x [batch, seq, hidden] ([batch, hidden] modulation)."""
+    dev = torch.device("cuda")
+    x = torch.randn(batch, seq, hidden, device=dev, dtype=dtype)
+    return {"x": x, "y": torch.empty_like(x), "sum": torch.empty_like(x), "res": torch.randn_like(x),
+            "w": torch.rand(hidden, device=dev, dtype=dtype) + 0.5,
+            "b": torch.randn(hidden, device=dev, dtype=dtype) * 0.1,
+            "shift": torch.randn(batch, hidden, device=dev, dtype=dtype) * 0.1,
+            "scale": torch.randn(batch, hidden, device=dev, dtype=dtype) * 0.1,
+            "gate": torch.randn(batch, hidden, device=dev, dtype=dtype) * 0.5}
+
+
+def leading(t: dict, batch: int) -> dict:
+    """The first `batch` rows of every per-row tensor (contiguous views), the [H] parameters whole."""
+    return {k: (v if k in ("w", "b") else v[:batch]) for k, v in t.items()}
+
+
+def cases(torch, lib, t: dict, code: int, ops) -> dict:
+    """op -> (bytes moved, our call, torch args) for the tensors `t` (x [batch, seq, hidden])."""
+    batch, seq, hidden = t["x"].shape
+    rows, n, bh = batch * seq, t["x"].numel(), batch * hidden
+    esize = t["x"].element_size()
+    ptr = {k: v.data_ptr() for k, v in t.items()}
+
+    def call(fn, what, *args):
+        def run():  # the current stream at call time: a CUDA graph's capture stream too
+            rc = fn(*args, torch.cuda.current_stream().cuda_stream)
+            if rc != 0:
+                raise RuntimeError(f"{what} returned cudaError {rc}")
+        return run
+
+    table = {
+        "RMSNorm": ((2 * n + hidden) * esize,
+                    call(lib.normexport_rms_norm, "normexport_rms_norm", ptr["x"], ptr["w"], ptr["y"], rows, hidden,
+                         code, EPS), (t["x"], t["w"])),
+        "LayerNorm": ((2 * n + 2 * hidden) * esize,
+                      call(lib.normexport_layer_norm, "normexport_layer_norm", ptr["x"], ptr["w"], ptr["b"], ptr["y"],
+                           rows, hidden, code, EPS), (t["x"], t["w"], t["b"])),
+        "AdaLNZero": ((2 * n + 2 * bh) * esize,
+                      call(lib.normexport_adaln_zero, "normexport_adaln_zero", ptr["x"], ptr["shift"], ptr["scale"],
+                           None, None, ptr["y"], batch, seq, hidden, 0, code, EPS), (t["x"], t["shift"], t["scale"])),
+        # fused: read x and the skip / update, write y and the sum
+        "SkipRMSNorm": ((4 * n + hidden) * esize,
+                        call(lib.normexport_skip_rms_norm, "normexport_skip_rms_norm", ptr["x"], ptr["res"], None,
+                             ptr["w"], ptr["y"], ptr["sum"], rows, hidden, code, EPS), (t["x"], t["res"], t["w"])),
+        "GatedAdaLNZero": ((4 * n + 3 * bh) * esize,
+                           call(lib.normexport_gated_adaln_zero, "normexport_gated_adaln_zero", ptr["x"], ptr["res"],
+                                ptr["gate"], ptr["shift"], ptr["scale"], None, None, ptr["y"], ptr["sum"], batch, seq,
+                                hidden, 0, code, EPS), (t["x"], t["res"], t["gate"], t["shift"], t["scale"])),
+    }
+    return {op: table[op] for op in ops}
+
+
+def fresh_compiled(torch, math: dict) -> dict:
+    """torch.compile of every op's math, after a dynamo reset: past dynamo's recompile limit (8) it
+    would quietly run eager code under the torch.compile label."""
+    torch._dynamo.reset()
+    return {op: torch.compile(fn) for op, fn in math.items()}
+
+
+def write_json(path: Path, data: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2))
+    os.replace(tmp, path)
+
+
+def plan(args) -> list[dict]:
+    """What a run measures, in order: bulk shapes (dtype x --tokens x --hidden with every op, then the
+    per-head rows with RMSNorm / LayerNorm) and decode groups (dtype x width, every row count), each
+    with the torch.compile compilations it costs (the slow part of a run)."""
+    if args.quick:
+        args.iters, args.warmup, args.no_compile = 20, 5, True
+    steps = []
+    for dtype in args.dtypes:
+        grid = [(t, h, list(args.ops)) for t in args.tokens for h in args.hidden]
+        grid += [(int(r), int(h), [o for o in args.ops if o in QK_OPS]) for r, h in (q.split("x") for q in args.qk)]
+        for tokens, hidden, ops in grid:
+            seq = min(args.seq, tokens)
+            if not ops or tokens % seq:
+                if ops:
+                    print(f"skip tokens={tokens}: not a multiple of --seq {seq}", file=sys.stderr)
+                continue
+            steps.append({"mode": "bulk", "dtype": dtype, "tokens": tokens, "hidden": hidden, "ops": ops,
+                          "batch": tokens // seq, "seq": seq, "compiles": 0 if args.no_compile else len(ops)})
+    rows = sorted(set(args.decode_rows))
+    for dtype in (args.decode_dtypes or args.dtypes) if rows else []:
+        for hidden in args.decode_hidden or args.hidden:
+            # default torch.compile: the first row count static, the next one recompiles with dynamic rows
+            per_op = len(rows) if args.decode_static else min(len(rows), 2)
+            steps.append({"mode": "decode", "dtype": dtype, "hidden": hidden, "rows": rows, "ops": list(args.ops),
+                          "compiles": 0 if args.no_compile else per_op * len(args.ops)})
+    return steps
+
+
+def describe(steps: list[dict]) -> str:
+    bulk = sum(len(s["ops"]) for s in steps if s["mode"] == "bulk")
+    decode = sum(len(s["ops"]) * len(s["rows"]) for s in steps if s["mode"] == "decode")
+    return (f"plan: {bulk} bulk shapes (op x dtype x rows x hidden), {decode} decode shapes, "
+            f"{sum(s['compiles'] for s in steps)} torch.compile compilations")
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    steps = plan(args)
+    print(describe(steps), flush=True)
+    if args.plan:
+        for st in steps:
+            shape = f"{st['tokens']} x {st['hidden']}" if st["mode"] == "bulk" else f"rows {st['rows']} x {st['hidden']}"
+            print(f"  {st['mode']:<6} {SHORT_DTYPE[st['dtype']]} {shape}: {', '.join(st['ops'])}")
+        return 0
     try:
         import torch
         import torch.nn.functional as F
@@ -145,176 +347,153 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("bench_kernels: no CUDA GPU (torch.cuda.is_available() is False); nothing to measure", file=sys.stderr)
         return 2
-    if args.quick:
-        args.iters, args.warmup, args.no_compile = 20, 5, True
 
     lib = load_lib(ensure_lib(args.lib))
-    dev = torch.device("cuda")
     name = torch.cuda.get_device_name(0)
     slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
-    eps = 1e-6
-    results = []
-
-    def rms_eager(x, w):
-        return F.rms_norm(x, (x.shape[-1],), w, eps)
-
-    def ln_eager(x, w, b):
-        return F.layer_norm(x, (x.shape[-1],), w, b, eps)
-
-    def adaln_eager(x, shift, scale):
-        y = F.layer_norm(x, (x.shape[-1],), None, None, eps)
-        return y * (1 + scale[:, None]) + shift[:, None]
-
-    def skip_rms_eager(x, skip, w):  # the unfused add + norm a model runs
-        h = x + skip
-        return F.rms_norm(h, (h.shape[-1],), w, eps), h
-
-    def gated_adaln_eager(x, upd, gate, shift, scale):
-        h = x + gate[:, None] * upd
-        y = F.layer_norm(h, (h.shape[-1],), None, None, eps)
-        return y * (1 + scale[:, None]) + shift[:, None], h
-
-    l2_bytes = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 0) or (64 << 20)
-    flush = torch.empty(max(4 * l2_bytes, 256 << 20), dtype=torch.int8, device=dev)
-    compiled = {}
-
-    for dtype_name in args.dtypes:
-        dtype = getattr(torch, dtype_name)
-        code = DTYPE_CODE[dtype_name]
-        esize = torch.empty((), dtype=dtype).element_size()
-        grid = [(t, h, args.ops) for t in args.tokens for h in args.hidden]
-        grid += [(int(r), int(h), [o for o in args.ops if o in QK_OPS]) for r, h in (q.split("x") for q in args.qk)]
-        for tokens, hidden, shape_ops in grid:
-            seq = min(args.seq, tokens)
-            if tokens % seq:
-                print(f"skip tokens={tokens}: not a multiple of --seq {seq}", file=sys.stderr)
-                continue
-            batch = tokens // seq
-            x = torch.randn(batch, seq, hidden, device=dev, dtype=dtype)
-            y = torch.empty_like(x)
-            total = torch.empty_like(x)
-            skip = torch.randn_like(x)
-            w = torch.rand(hidden, device=dev, dtype=dtype) + 0.5
-            b = torch.randn(hidden, device=dev, dtype=dtype) * 0.1
-            shift = torch.randn(batch, hidden, device=dev, dtype=dtype) * 0.1
-            scale = torch.randn(batch, hidden, device=dev, dtype=dtype) * 0.1
-            gate = torch.randn(batch, hidden, device=dev, dtype=dtype) * 0.5
-            stream = torch.cuda.current_stream().cuda_stream
-            n = x.numel()
-            rows = batch * seq
-            if not args.no_compile:
-                # A fresh compile per shape: past dynamo's recompile limit (8) it would quietly
-                # run eager code under the torch.compile label.
-                torch._dynamo.reset()
-                compiled = {k: torch.compile(f, dynamic=False) for k, f in (
-                    ("rms", rms_eager), ("ln", ln_eager), ("adaln", adaln_eager), ("skip", skip_rms_eager),
-                    ("gated", gated_adaln_eager))}
-
-            copy_ms = time_fn(torch, lambda: y.copy_(x), args.iters, args.warmup, flush)
-            copy_gbs = 2 * n * esize / copy_ms / 1e6
-
-            def check(rc, what):
-                if rc != 0:
-                    raise RuntimeError(f"{what} returned cudaError {rc}")
-
-            def ours_rms():
-                check(lib.normexport_rms_norm(x.data_ptr(), w.data_ptr(), y.data_ptr(), rows, hidden, code, eps,
-                                              stream), "normexport_rms_norm")
-
-            def ours_ln():
-                check(lib.normexport_layer_norm(x.data_ptr(), w.data_ptr(), b.data_ptr(), y.data_ptr(), rows, hidden,
-                                                code, eps, stream), "normexport_layer_norm")
-
-            def ours_adaln():
-                check(lib.normexport_adaln_zero(x.data_ptr(), shift.data_ptr(), scale.data_ptr(), None, None,
-                                                y.data_ptr(), batch, seq, hidden, 0, code, eps, stream),
-                      "normexport_adaln_zero")
-
-            def ours_skip():
-                check(lib.normexport_skip_rms_norm(x.data_ptr(), skip.data_ptr(), None, w.data_ptr(), y.data_ptr(),
-                                                   total.data_ptr(), rows, hidden, code, eps, stream),
-                      "normexport_skip_rms_norm")
-
-            def ours_gated():
-                check(lib.normexport_gated_adaln_zero(x.data_ptr(), skip.data_ptr(), gate.data_ptr(),
-                                                      shift.data_ptr(), scale.data_ptr(), None, None, y.data_ptr(),
-                                                      total.data_ptr(), batch, seq, hidden, 0, code, eps, stream),
-                      "normexport_gated_adaln_zero")
-
-            def impls(ours, key, eager, *a):
-                d = {"normexport": ours, "torch eager": lambda: eager(*a)}
-                if compiled:
-                    d["torch.compile"] = lambda: compiled[key](*a)
-                return d
-
-            bh = batch * hidden
-            cases = {
-                "RMSNorm": ((2 * n + hidden) * esize, impls(ours_rms, "rms", rms_eager, x, w)),
-                "LayerNorm": ((2 * n + 2 * hidden) * esize, impls(ours_ln, "ln", ln_eager, x, w, b)),
-                "AdaLNZero": ((2 * n + 2 * bh) * esize, impls(ours_adaln, "adaln", adaln_eager, x, shift, scale)),
-                # fused: read x and the skip / update, write y and the sum
-                "SkipRMSNorm": ((4 * n + hidden) * esize, impls(ours_skip, "skip", skip_rms_eager, x, skip, w)),
-                "GatedAdaLNZero": ((4 * n + 3 * bh) * esize,
-                                   impls(ours_gated, "gated", gated_adaln_eager, x, skip, gate, shift, scale)),
-            }
-            cases = {k: v for k, v in cases.items() if k in shape_ops}
-            for op, (nbytes, impls) in cases.items():
-                for impl, fn in impls.items():
-                    try:
-                        ms = time_fn(torch, fn, args.iters, args.warmup, flush)
-                    except Exception as exc:  # torch.compile may be unavailable (no triton)
-                        print(f"  {op} {impl} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
-                        ms = None
-                    gbs = nbytes / ms / 1e6 if ms else None
-                    results.append({
-                        "op": op, "impl": impl, "dtype": dtype_name, "tokens": tokens, "hidden": hidden,
-                        "batch": batch, "seq": seq, "ms": ms, "bytes": nbytes, "gb_per_s": gbs,
-                        "copy_gb_per_s": copy_gbs, "pct_of_copy": (100 * gbs / copy_gbs) if gbs else None,
-                        "x_bytes": n * esize,
-                    })
-            del x, y, total, skip, w, b, shift, scale, gate
-            torch.cuda.empty_cache()
-
-    # table
-    header = f"{'op':<14} {'dtype':<9} {'tokens':>6} {'hidden':>6} {'impl':<14} {'ms':>8} {'GB/s':>8} {'%copy':>6}"
-    print(f"\n{name}  (copy bandwidth measured per shape; median of {args.iters} calls, each from a cold L2)")
-    print(header)
-    print("-" * len(header))
-    for r in results:
-        ms = f"{r['ms']:.4f}" if r["ms"] else "-"
-        gbs = f"{r['gb_per_s']:.0f}" if r["gb_per_s"] else "-"
-        pct = f"{r['pct_of_copy']:.0f}" if r["pct_of_copy"] else "-"
-        print(f"{r['op']:<14} {r['dtype']:<9} {r['tokens']:>6} {r['hidden']:>6} {r['impl']:<14} {ms:>8} {gbs:>8} {pct:>6}")
-
-    verdicts = goals(results)
-    if verdicts:
-        print(f"\ngoals (x >= {GOAL_MIN_BYTES >> 20} MiB): >= {GOAL_PCT:.0f} % of copy ({GOAL_PCT_SHORT_ROWS:.0f} % for rows "
-              "<= 128) and no slower than torch.compile")
-        for v in verdicts:
-            vs = f"{v['speedup_vs_compile']:.2f}x torch.compile" if v["compile_measured"] else "torch.compile not measured"
-            pct = f"{v['pct_of_copy']:.0f}" if v["pct_of_copy"] is not None else "-"
-            print(f"  {'PASS' if v['passed'] else 'MISS'}  {v['op']:<14} {v['dtype']:<9} {v['tokens']:>7} x {v['hidden']:<6} "
-                  f"{pct:>4} % of copy (goal {v['pct_goal']:.0f}), {vs}")
-        print(f"  {sum(v['passed'] for v in verdicts)} of {len(verdicts)} shapes meet both goals")
+    math = torch_math(F)
+    results: list[dict] = []
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = out_dir / f"{dt.date.today().isoformat()}_{slug}"
     meta = {
         "device": name, "torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
-        "iters": args.iters, "warmup": args.warmup, "eps": eps, "seq": args.seq,
-        "timing": "CUDA events around each call, queued behind a write of a buffer 4x the L2 size (cold L2, no host "
-                  "launch overhead); median",
+        "iters": args.iters, "warmup": args.warmup, "eps": EPS, "seq": args.seq,
+        "graph_launches": args.graph_launches, "graph_replays": args.graph_replays,
+        "decode_compile": "static per row count" if args.decode_static else "torch.compile default (dynamic=None)",
+        "timing": "bulk: CUDA events around each call, queued behind a write of a buffer 4x the L2 size (cold L2, "
+                  "no host launch overhead); median. decode: back-to-back launches in one CUDA graph, median replay "
+                  "time / launches (L2 warm)",
         "bytes_model": "read x + write y + read params (RMSNorm: scale [H]; LayerNorm: weight, bias [H]; AdaLNZero: "
                        "shift, scale [B,H]); fused ops also read the skip / update and write the sum (GatedAdaLNZero: "
                        "gate [B,H] too)",
     }
-    stem.with_suffix(".json").write_text(json.dumps({"meta": meta, "results": results, "goals": verdicts}, indent=2))
+    started = time.monotonic()
+
+    def save():
+        write_json(stem.with_suffix(".json"), {"meta": meta, "results": results, "goals": goals(results)})
+
+    def record(mode, op, impl, dtype_name, rows, hidden, batch, seq, ms, nbytes, esize, copy_gbs=None):
+        gbs = nbytes / ms / 1e6 if ms else None
+        results.append({
+            "mode": mode, "op": op, "impl": impl, "dtype": dtype_name, "tokens": rows, "hidden": hidden,
+            "batch": batch, "seq": seq, "ms": ms, "bytes": nbytes, "gb_per_s": gbs, "copy_gb_per_s": copy_gbs,
+            "pct_of_copy": (100 * gbs / copy_gbs) if gbs and copy_gbs else None, "x_bytes": rows * hidden * esize,
+        })
+
+    def timed(what, fn):
+        try:
+            return fn()
+        except Exception as exc:  # torch.compile may be unavailable (no triton)
+            print(f"  {what} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+            return None
+
+    # -- bulk: bandwidth from a cold L2
+    l2_bytes = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 0) or (64 << 20)
+    flush = torch.empty(max(4 * l2_bytes, 256 << 20), dtype=torch.int8, device="cuda")
+    for st in (st for st in steps if st["mode"] == "bulk"):
+        dtype_name, tokens, hidden, shape_ops, batch, seq = (st[k] for k in ("dtype", "tokens", "hidden", "ops", "batch",
+                                                                              "seq"))
+        dtype = getattr(torch, dtype_name)
+        code = DTYPE_CODE[dtype_name]
+        t = allocate(torch, batch, seq, hidden, dtype)
+        esize = t["x"].element_size()
+        compiled = {} if args.no_compile else fresh_compiled(torch, math)
+        copy_ms = time_fn(torch, lambda: t["y"].copy_(t["x"]), args.iters, args.warmup, flush)
+        copy_gbs = 2 * t["x"].numel() * esize / copy_ms / 1e6
+        for op, (nbytes, ours, targs) in cases(torch, lib, t, code, shape_ops).items():
+            impls = {"normexport": ours, "torch eager": lambda f=math[op], a=targs: f(*a)}
+            if op in compiled:
+                impls["torch.compile"] = lambda f=compiled[op], a=targs: f(*a)
+            for impl, fn in impls.items():
+                ms = timed(f"{op} {impl}", lambda: time_fn(torch, fn, args.iters, args.warmup, flush))
+                record("bulk", op, impl, dtype_name, tokens, hidden, batch, seq, ms, nbytes, esize, copy_gbs)
+        del t
+        torch.cuda.empty_cache()
+        save()
+        print(f"[{time.monotonic() - started:6.1f} s] bulk {SHORT_DTYPE[dtype_name]} {tokens} x {hidden} done",
+              flush=True)
+    del flush
+    torch.cuda.empty_cache()
+
+    # -- decode: latency of back-to-back launches (batch = rows, seq 1: a modulation row per row)
+    for st in (st for st in steps if st["mode"] == "decode"):
+        dtype_name, hidden, rows_list = st["dtype"], st["hidden"], st["rows"]
+        dtype = getattr(torch, dtype_name)
+        code = DTYPE_CODE[dtype_name]
+        full = allocate(torch, max(rows_list), 1, hidden, dtype)
+        esize = full["x"].element_size()
+        compiled = {}
+        for rows in rows_list:
+            if not args.no_compile and (args.decode_static or not compiled):
+                compiled = fresh_compiled(torch, math)
+            t = leading(full, rows)
+            for op, (nbytes, ours, targs) in cases(torch, lib, t, code, args.ops).items():
+                impls = {"normexport": ours, "torch eager": lambda f=math[op], a=targs: f(*a)}
+                if op in compiled:
+                    impls["torch.compile"] = lambda f=compiled[op], a=targs: f(*a)
+                for impl, fn in impls.items():
+                    ms = timed(f"decode {op} {impl}",
+                               lambda: time_graph(torch, fn, args.graph_launches, args.graph_replays))
+                    record("decode", op, impl, dtype_name, rows, hidden, rows, 1, ms, nbytes, esize)
+        del full, t
+        torch.cuda.empty_cache()
+        save()
+        print(f"[{time.monotonic() - started:6.1f} s] decode {SHORT_DTYPE[dtype_name]} rows {rows_list} x {hidden} "
+              "done", flush=True)
+
+    print_report(results, name, args.iters)
+    save()
     try:
-        plot(results, name, stem.with_suffix(".png"))
+        plot([r for r in results if r["mode"] == "bulk"], name, stem.with_suffix(".png"))
     except Exception as exc:  # matplotlib missing: JSON is still written
         print(f"plot skipped: {exc}", file=sys.stderr)
-    print(f"\nwrote {stem.with_suffix('.json')} and {stem.with_suffix('.png')}")
+    print(f"\nwrote {stem.with_suffix('.json')} and {stem.with_suffix('.png')} "
+          f"({time.monotonic() - started:.0f} s)")
     return 0
+
+
+def print_report(results: list[dict], device: str, iters: int) -> None:
+    bulk = [r for r in results if r.get("mode", "bulk") == "bulk"]
+    if bulk:
+        header = f"{'op':<14} {'dtype':<9} {'tokens':>7} {'hidden':>6} {'impl':<14} {'ms':>8} {'GB/s':>8} {'%copy':>6}"
+        print(f"\n{device}  (bulk: copy bandwidth measured per shape; median of {iters} calls, each from a cold L2)")
+        print(header)
+        print("-" * len(header))
+        for r in bulk:
+            ms = f"{r['ms']:.4f}" if r["ms"] else "-"
+            gbs = f"{r['gb_per_s']:.0f}" if r["gb_per_s"] else "-"
+            pct = f"{r['pct_of_copy']:.0f}" if r["pct_of_copy"] else "-"
+            print(f"{r['op']:<14} {r['dtype']:<9} {r['tokens']:>7} {r['hidden']:>6} {r['impl']:<14} {ms:>8} {gbs:>8} "
+                  f"{pct:>6}")
+    decode = [r for r in results if r.get("mode") == "decode"]
+    if decode:
+        header = f"{'op':<14} {'dtype':<9} {'rows':>5} {'hidden':>6} {'impl':<14} {'us':>8}"
+        print(f"\n{device}  (decode: microseconds per call, back-to-back in a CUDA graph)")
+        print(header)
+        print("-" * len(header))
+        for r in decode:
+            us = f"{r['ms'] * 1e3:.2f}" if r["ms"] else "-"
+            print(f"{r['op']:<14} {r['dtype']:<9} {r['tokens']:>5} {r['hidden']:>6} {r['impl']:<14} {us:>8}")
+    verdicts = goals(results)
+    if not verdicts:
+        return
+    print(f"\ngoals: bulk (x >= {GOAL_MIN_BYTES >> 20} MiB) >= {GOAL_PCT:.0f} % of copy ({GOAL_PCT_SHORT_ROWS:.0f} % "
+          "for rows <= 128) and no slower than torch.compile; decode: latency <= torch.compile's")
+    for v in verdicts:
+        vs = f"{v['speedup_vs_compile']:.2f}x torch.compile" if v["compile_measured"] else "torch.compile not measured"
+        mark = "PASS" if v["passed"] else "MISS"
+        if v["mode"] == "bulk":
+            pct = f"{v['pct_of_copy']:.0f}" if v["pct_of_copy"] is not None else "-"
+            print(f"  {mark}  {v['op']:<14} {v['dtype']:<9} {v['tokens']:>7} x {v['hidden']:<6} "
+                  f"{pct:>4} % of copy (goal {v['pct_goal']:.0f}), {vs}")
+        else:
+            us = f"{v['us']:.2f}" if v["us"] else "-"
+            print(f"  {mark}  {v['op']:<14} {v['dtype']:<9} decode {v['tokens']:>3} x {v['hidden']:<6} {us:>7} us, {vs}")
+    for mode in ("bulk", "decode"):
+        vs = [v for v in verdicts if v["mode"] == mode]
+        if vs:
+            print(f"  {mode}: {sum(v['passed'] for v in vs)} of {len(vs)} shapes meet the goals")
 
 
 def plot(results, device: str, path: Path) -> None:
