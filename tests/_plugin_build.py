@@ -312,25 +312,28 @@ def _emulated_build(name: str, source: str, cmd: list[str], what: str) -> Path:
     return out
 
 
-def _emulated_kernels_object(replace: tuple[tuple[str, str], ...], barrier_timeout_ms: int) -> Path:
+def _emulated_kernels_object(replace: tuple[tuple[str, str], ...], barrier_timeout_ms: int,
+                             defines: tuple[str, ...] = ()) -> Path:
     """The emulated kernels compiled once into a position-independent object: linked into the kernel
     library and into the emulated TensorRT plugin (build_emulated_plugin), one compile for both."""
     cxx, include = _host_toolchain()
     return _emulated_build(
         "kernels_emu.o", emulated_source(replace),
         [cxx, "-std=c++20", "-O1", "-g0", "-c", "-fPIC", "-pthread", "-w",
-         f"-DNORMEXPORT_EMU_TIMEOUT_MS={int(barrier_timeout_ms)}", f"-I{include}", f"-I{PLUGINS_DIR / 'include'}",
-         f"-I{EMU_DIR}", "SRC", "-o", "OUT"], "emulated kernel build")
+         f"-DNORMEXPORT_EMU_TIMEOUT_MS={int(barrier_timeout_ms)}", *(f"-D{d}" for d in defines), f"-I{include}",
+         f"-I{PLUGINS_DIR / 'include'}", f"-I{EMU_DIR}", "SRC", "-o", "OUT"], "emulated kernel build")
 
 
-def build_emulated_kernels(replace: tuple[tuple[str, str], ...] = (), barrier_timeout_ms: int = 20000) -> Path:
+def build_emulated_kernels(replace: tuple[tuple[str, str], ...] = (), barrier_timeout_ms: int = 20000,
+                           defines: tuple[str, ...] = ()) -> Path:
     """Compile the kernels for the CPU emulation into a shared library with the C ABI of
     normexport_kernels.h (memoised per process, and on disk per content: _emulated_build). A barrier
     some thread never reaches gives up after `barrier_timeout_ms` (normexport_emu_plant changes it at
-    run time) and the call returns cudaErrorLaunchTimeout. Raises RuntimeError on failure."""
-    key = (replace, barrier_timeout_ms)
+    run time) and the call returns cudaErrorLaunchTimeout. `defines`: NAME=VALUE switches of
+    norm_common.cuh (the variants tools/gpu_compare.sh measures). Raises RuntimeError on failure."""
+    key = (replace, barrier_timeout_ms, defines)
     if key not in _EMU_CACHE:
-        obj = _emulated_kernels_object(replace, barrier_timeout_ms)
+        obj = _emulated_kernels_object(replace, barrier_timeout_ms, defines)
         lib = obj.parent / "libnormexport_kernels_emu.so"
         with open(obj.parent / "link.lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)

@@ -285,6 +285,88 @@ def test_gated_adaln_zero(lib, hidden, dtype_id, mod_full, affine):
                  f"GatedAdaLNZero {dtype_id} {batch}x{seq}x{hidden} mod_full={mod_full} affine={affine}")
 
 
+# ---- the kernel variants of issue 48 (norm_common.cuh's switches, off in the default build) ---------
+# tools/gpu_compare.sh measures them on a GPU; here one build with all three on checks what they
+# compute: a warp per row (65..256 vectors: 4 or 8 per lane), rows staged through shared memory by
+# cp.async (block kernel, 2 vectors per thread, 4 rows per block on the emulation's 2-block
+# persistent grid, so blocks jump to their next set of rows), the AdaLN kinds' 4 vectors per thread
+# from 513 vectors.
+VARIANTS = ("NORMEXPORT_WARP_ROWS=256", "NORMEXPORT_ASYNC_ROWS=4", "NORMEXPORT_ADALN_VPT2_MAX_VECS=512")
+# hidden -> what it takes there (bf16 / fp16; fp32 has half the vectors)
+VARIANT_HIDDEN = [1000, 1152, 2048, 2432, 4096, 8192]
+
+
+@pytest.fixture(scope="module")
+def variant_lib():
+    try:
+        return load_kernels(build_emulated_kernels(defines=VARIANTS))
+    except RuntimeError as exc:
+        pytest.fail(str(exc))
+
+
+def _config(so, op: int, dtype_code: int, rows: int, hidden: int):
+    fn = so.normexport_launch_config_for
+    fn.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_int,
+                   ctypes.POINTER(_LaunchConfig)]
+    cfg = _LaunchConfig()
+    assert fn(op, dtype_code, rows, hidden, 1, ctypes.byref(cfg)) == 0
+    return cfg
+
+
+def test_variants_take_their_paths(variant_lib):
+    """The variant build's dispatcher sends the test sizes where the variants are (else the tests
+    below would check the default kernels again)."""
+    half, fp32 = DTYPES["bf16"][1], DTYPES["fp32"][1]
+    for hidden, vpt in ((1000, 4), (1152, 8), (2048, 8)):  # 125 / 144 / 256 vectors: a warp per row
+        cfg = _config(variant_lib, 0, half, 11, hidden)
+        assert (cfg.kernel, cfg.lanes, cfg.vectors_per_thread) == (0, 32, vpt), hidden
+    assert _config(variant_lib, 0, fp32, 11, 1000).vectors_per_thread == 8  # 250 fp32 vectors
+    for hidden in (2432, 4096):  # block kernel, 2 vectors per thread: the cp.async rows
+        cfg = _config(variant_lib, 1, half, 11, hidden)
+        assert (cfg.kernel, cfg.vectors_per_thread) == (1, 2), hidden
+    assert _config(variant_lib, 2, half, 11, 8192).vectors_per_thread == 4  # AdaLN at 1024 vectors
+    assert _config(variant_lib, 0, half, 11, 8192).vectors_per_thread == 2  # (RMSNorm keeps 2)
+
+
+def test_variants_are_off_by_default(lib):
+    half = DTYPES["bf16"][1]
+    assert _config(lib, 0, half, 11, 1152).kernel == 1  # one row per block, not a warp per row
+    assert _config(lib, 2, half, 11, 8192).vectors_per_thread == 2
+
+
+@pytest.mark.parametrize("dtype_id", list(DTYPES))
+@pytest.mark.parametrize("hidden", VARIANT_HIDDEN)
+def test_variants_match_float64(variant_lib, hidden, dtype_id):
+    """Every op through the variant build against float64 (11 rows: blocks of 4 rows with a partial
+    last set; [B, H] modulation rows changing inside a block's rows)."""
+    dtype, code = DTYPES[dtype_id]
+    rng = np.random.default_rng(hidden + 40)
+    rows = 11
+    x = _inputs((rows, hidden), dtype, rng, mean=0.5, std=2.0)
+    w = _inputs((hidden,), dtype, rng, std=0.5, mean=1.0)
+    b = _inputs((hidden,), dtype, rng, std=0.3)
+    y = Buf(np.zeros((rows, hidden)), dtype)
+    assert variant_lib.normexport_rms_norm(x.ptr, w.ptr, y.ptr, rows, hidden, code, EPS, None) == 0
+    _check(y, ref_rms(_f64(x), _f64(w)), dtype_id, f"RMSNorm {hidden}")
+    y = Buf(np.zeros((rows, hidden)), dtype)
+    assert variant_lib.normexport_layer_norm(x.ptr, w.ptr, b.ptr, y.ptr, rows, hidden, code, EPS, None) == 0
+    _check(y, ref_ln(_f64(x), _f64(w), _f64(b)), dtype_id, f"LayerNorm {hidden}")
+    skip = _inputs((rows, hidden), dtype, rng, mean=-0.3, std=1.5)
+    rc, y, out_sum = _run_skip_rms(variant_lib, x, skip, b, w, dtype_id, rows, hidden)
+    _check_skip_rms(rc, y, out_sum, x, skip, b, w, dtype_id, f"SkipRMSNorm {hidden}")
+    batch, seq = 3, 5  # 15 rows: modulation rows 0..2 change at rows 5 and 10
+    xs = _inputs((batch, seq, hidden), dtype, rng, mean=0.2, std=1.5)
+    shift, scale = (_inputs((batch, hidden), dtype, rng, std=0.3) for _ in range(2))
+    y = Buf(np.zeros((batch, seq, hidden)), dtype)
+    assert variant_lib.normexport_adaln_zero(xs.ptr, shift.ptr, scale.ptr, w.ptr, b.ptr, y.ptr, batch, seq, hidden, 0,
+                                             code, EPS, None) == 0
+    _check(y, ref_adaln(_f64(xs), _f64(shift), _f64(scale), _f64(w), _f64(b), 0), dtype_id, f"AdaLNZero {hidden}")
+    gx, upd, gate, gshift, gscale, gw, gb, gbatch, gseq = _gated_case(hidden, dtype_id, 0, True, hidden + 41)
+    rc, y, out_sum = _run_gated(variant_lib, gx, upd, gate, gshift, gscale, gw, gb, gbatch, gseq, hidden, 0, dtype_id)
+    _check_gated(rc, y, out_sum, (gx, upd, gate, gshift, gscale, gw, gb, gbatch, gseq), 0, dtype_id,
+                 f"GatedAdaLNZero {hidden}")
+
+
 # ---- planted bugs: every in-process planted bug in one build ----------------------------------------
 # Each planted bug is compiled into one library behind emu.h's switch (normexport_emu_plant(n, timeout)):
 # switched off, the edited lines compute what the source's do; switched on, bug n is the source with

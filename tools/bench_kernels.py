@@ -117,6 +117,8 @@ def parse_args(argv=None):
     p.add_argument("--graph-launches", type=int, default=20, help="decode: launches captured per CUDA graph")
     p.add_argument("--graph-replays", type=int, default=30, help="decode: timed replays (median)")
     p.add_argument("--no-compile", action="store_true", help="skip torch.compile")
+    p.add_argument("--ours-only", action="store_true",
+                   help="time only the normexport kernels (and the copy): a variant build beside a full run")
     p.add_argument("--quick", action="store_true", help="fewer iterations, no torch.compile")
     p.add_argument("--plan", action="store_true", help="print the shapes and compilations a run would take; no GPU")
     p.add_argument("--out-dir", default=str(REPO / "benchmarks" / "results"))
@@ -281,6 +283,16 @@ def cases(torch, lib, t: dict, code: int, ops) -> dict:
     return {op: table[op] for op in ops}
 
 
+def implementations(ours, eager, compiled, targs, ours_only: bool) -> dict:
+    """impl name -> call: ours, torch eager (unless ours_only), torch.compile (when compiled)."""
+    impls = {"normexport": ours}
+    if not ours_only:
+        impls["torch eager"] = lambda: eager(*targs)
+    if compiled is not None:
+        impls["torch.compile"] = lambda: compiled(*targs)
+    return impls
+
+
 def fresh_compiled(torch, math: dict) -> dict:
     """torch.compile of every op's math, after a dynamo reset: past dynamo's recompile limit (8) it
     would quietly run eager code under the torch.compile label."""
@@ -300,6 +312,8 @@ def plan(args) -> list[dict]:
     with the torch.compile compilations it costs (the slow part of a run)."""
     if args.quick:
         args.iters, args.warmup, args.no_compile = 20, 5, True
+    if args.ours_only:
+        args.no_compile = True
     steps = []
     for dtype in args.dtypes:
         grid = [(t, h, list(args.ops)) for t in args.tokens for h in args.hidden]
@@ -402,10 +416,7 @@ def main(argv=None) -> int:
         copy_ms = time_fn(torch, lambda: t["y"].copy_(t["x"]), args.iters, args.warmup, flush)
         copy_gbs = 2 * t["x"].numel() * esize / copy_ms / 1e6
         for op, (nbytes, ours, targs) in cases(torch, lib, t, code, shape_ops).items():
-            impls = {"normexport": ours, "torch eager": lambda f=math[op], a=targs: f(*a)}
-            if op in compiled:
-                impls["torch.compile"] = lambda f=compiled[op], a=targs: f(*a)
-            for impl, fn in impls.items():
+            for impl, fn in implementations(ours, math[op], compiled.get(op), targs, args.ours_only).items():
                 ms = timed(f"{op} {impl}", lambda: time_fn(torch, fn, args.iters, args.warmup, flush))
                 record("bulk", op, impl, dtype_name, tokens, hidden, batch, seq, ms, nbytes, esize, copy_gbs)
         del t
@@ -429,10 +440,7 @@ def main(argv=None) -> int:
                 compiled = fresh_compiled(torch, math)
             t = leading(full, rows)
             for op, (nbytes, ours, targs) in cases(torch, lib, t, code, args.ops).items():
-                impls = {"normexport": ours, "torch eager": lambda f=math[op], a=targs: f(*a)}
-                if op in compiled:
-                    impls["torch.compile"] = lambda f=compiled[op], a=targs: f(*a)
-                for impl, fn in impls.items():
+                for impl, fn in implementations(ours, math[op], compiled.get(op), targs, args.ours_only).items():
                     ms = timed(f"decode {op} {impl}",
                                lambda: time_graph(torch, fn, args.graph_launches, args.graph_replays))
                     record("decode", op, impl, dtype_name, rows, hidden, rows, 1, ms, nbytes, esize)

@@ -80,6 +80,29 @@
 #if !defined(NORMEXPORT_BLOCK_ROWS)
 #define NORMEXPORT_BLOCK_ROWS 1
 #endif
+// Variants of issue 48, for tools/gpu_compare.sh to measure against the kernels above (all off: the
+// default build's kernels and SASS are the same with or without them; docs/kernels.md, "Variants"):
+//   NORMEXPORT_WARP_ROWS N: rows of 65..N 16-byte vectors (N <= 256: hidden 2048 half / 1024 fp32)
+//     go to the group kernel with a whole warp per row, 4 or 8 vectors per lane, 4 rows per
+//     128-thread block and no block barrier, instead of one row per block of 64..128 threads.
+//   NORMEXPORT_ASYNC_ROWS R: rows of 2 16-byte vectors per thread (block kernel) are staged through
+//     shared memory with cp.async, R consecutive rows per block, the next row's copy issued before
+//     this row's statistics: a software pipeline across rows that holds no registers (each thread
+//     reads back only the slots it copied, so no barrier is added).
+//   NORMEXPORT_ADALN_VPT2_MAX_VECS N: the AdaLN kinds' rows of more than N vectors take 4 per thread
+//     (default 1024: 8192 half / 4096 fp32 in 512-thread blocks; 512: those in 256-thread blocks).
+#if !defined(NORMEXPORT_WARP_ROWS)
+#define NORMEXPORT_WARP_ROWS 0
+#endif
+#if !defined(NORMEXPORT_ASYNC_ROWS)
+#define NORMEXPORT_ASYNC_ROWS 0
+#endif
+#if !defined(NORMEXPORT_ADALN_VPT2_MAX_VECS)
+#define NORMEXPORT_ADALN_VPT2_MAX_VECS 1024
+#endif
+static_assert(NORMEXPORT_WARP_ROWS == 0 || (NORMEXPORT_WARP_ROWS > 64 && NORMEXPORT_WARP_ROWS <= 256),
+    "NORMEXPORT_WARP_ROWS: 0 (off) or 65..256 vectors");
+static_assert(NORMEXPORT_ASYNC_ROWS >= 0, "NORMEXPORT_ASYNC_ROWS: 0 (off) or the rows per block");
 
 namespace normexport
 {
@@ -820,6 +843,16 @@ constexpr int reg_budget()
     return kIsAdaLN<K> ? 40 : 32;
 }
 
+// The group kernel's: NORMEXPORT_WARP_ROWS's rows of 8 vectors per lane hold 32 registers of x (64
+// with the skip / update) and get 96 (128); the rest as reg_budget.
+template <typename T, NormKind K, int VPT, bool TWO_ROWS>
+constexpr int group_reg_budget()
+{
+    if constexpr (VPT > 4)
+        return kHasResidual<K> ? 128 : 96;
+    return reg_budget<T, K, VPT, TWO_ROWS>();
+}
+
 #if defined(__CUDA_ARCH__) || defined(__CUDACC__)
 #define NORMEXPORT_MAXNREG(n) __maxnreg__(n)
 #else
@@ -835,7 +868,7 @@ constexpr int kGroupThreads = 128;
 // LANES threads per row, kGroupRowsFor rows per thread group, 128 / LANES groups per block; a
 // persistent grid-stride loop over sets of 128 / LANES * kGroupRowsFor rows.
 template <typename T, NormKind K, int VEC, int VPT, int LANES>
-__global__ void NORMEXPORT_MAXNREG((reg_budget<T, K, VPT, (kGroupRowsFor<K, VPT> > 1)>()))
+__global__ void NORMEXPORT_MAXNREG((group_reg_budget<T, K, VPT, (kGroupRowsFor<K, VPT> > 1)>()))
     norm_group_kernel(NormParams p)
 {
     constexpr int kGroupRows = kGroupRowsFor<K, VPT>;
@@ -912,6 +945,142 @@ __global__ void NORMEXPORT_MAXNREG((reg_budget<T, K, VPT, false>()))
             ++row;
     }
 }
+
+#if NORMEXPORT_ASYNC_ROWS
+// -- NORMEXPORT_ASYNC_ROWS: rows staged through shared memory by cp.async (sm_80+) ---------------
+#if !defined(NORMEXPORT_EMU_DYNAMIC_SMEM)
+// The launch's dynamic shared memory (the CPU emulation brings its own).
+__device__ __forceinline__ uint4* dynamic_smem()
+{
+    extern __shared__ uint4 normexport_dynamic_smem[];
+    return normexport_dynamic_smem;
+}
+#endif
+
+// 16 bytes from global to shared memory without passing through registers; the copy lands at the
+// latest when this thread waits for its group (async_wait).
+__device__ __forceinline__ void async_copy16(uint4* smem, void const* gmem)
+{
+#if defined(__CUDA_ARCH__)
+    unsigned const s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
+#else
+    memcpy(smem, gmem, 16);
+#endif
+}
+__device__ __forceinline__ void async_commit()
+{
+#if defined(__CUDA_ARCH__)
+    asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+// Wait until at most N of this thread's committed groups are still in flight.
+template <int N>
+__device__ __forceinline__ void async_wait()
+{
+#if defined(__CUDA_ARCH__)
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+#endif
+}
+
+// Shared memory the async block kernel takes: two row buffers of x (and the skip / update) of
+// VPT 16-byte vectors per thread.
+template <NormKind K, int VPT>
+constexpr size_t async_smem_bytes(int threads)
+{
+    return size_t{2} * (kHasResidual<K> ? 2 : 1) * VPT * static_cast<size_t>(threads) * 16;
+}
+
+// norm_block_kernel with the rows staged through shared memory: block_rows consecutive rows per
+// block (then the grid-stride jump), the copy of the next row issued before this row is read back
+// and normalised. Slot (buffer, source, vector i, thread): consecutive threads' 16-byte slots are
+// adjacent (no bank conflicts), and each thread reads only the slots it copied itself.
+// (fp16 LayerNorm spills 24 bytes at sm_90's 32 registers here: 40, as before sm_90)
+template <typename T, NormKind K, int VEC, int VPT>
+__global__ void NORMEXPORT_MAXNREG((std::is_same_v<T, __half> && K == NormKind::kLayer ? 40 : reg_budget<T, K, VPT, false>()))
+    norm_block_async_kernel(NormParams p)
+{
+    static_assert(Pack<T, VEC>::kBytes == 16, "16-byte vectors only");
+    using Value = std::conditional_t<kIsRms<K>, float, Moments>;
+    constexpr int kSrc = kHasResidual<K> ? 2 : 1;
+    __shared__ float red[2 * kReduceWords<Value>];
+    uint4* const stage = dynamic_smem();
+    int const tid = threadIdx.x;
+    int const nthr = blockDim.x;
+    int const nvec = static_cast<int>(p.hidden / VEC);
+    uint32_t const rows = static_cast<uint32_t>(p.rows);
+    int parity = 0;
+    auto reduce = [&](Value v, bool equal) {
+        Value const r = block_reduce(v, red + parity * kReduceWords<Value>, equal);
+        parity ^= 1;
+        return r;
+    };
+    auto slot = [&](int buf, int src, int i) { return stage + ((buf * kSrc + src) * VPT + i) * nthr + tid; };
+    auto issue = [&](uint32_t row, int buf) {
+        size_t const base = static_cast<size_t>(row) * static_cast<size_t>(p.hidden);
+#pragma unroll
+        for (int i = 0; i < VPT; ++i)
+        {
+            if (!vec_in_row(true, tid, i, nthr, nvec))
+                continue;
+            size_t const off = base + static_cast<size_t>((tid + i * nthr) * VEC);
+            async_copy16(slot(buf, 0, i), static_cast<T const*>(p.x) + off);
+            if constexpr (kHasResidual<K>)
+                async_copy16(slot(buf, 1, i), static_cast<T const*>(p.residual) + off);
+        }
+        async_commit();
+    };
+    Affine<T, K, VEC, VPT, false> const aff{};
+    uint32_t const per = p.block_rows;
+    // this block's rows: sets of `per` consecutive rows, gridDim.x * per apart
+    auto advance = [&](uint32_t row, uint32_t& left) {
+        if (--left == 0)
+        {
+            left = per;
+            return row + (gridDim.x - 1) * per + 1;
+        }
+        return row + 1;
+    };
+    uint32_t row = blockIdx.x * per;
+    uint32_t left = per;
+    if (row < rows)
+        issue(row, 0);
+    for (int buf = 0; row < rows; buf ^= 1)
+    {
+        uint32_t next_left = left;
+        uint32_t const next = advance(row, next_left);
+        if (next < rows)
+        {
+            issue(next, buf ^ 1);
+            async_wait<1>();
+        }
+        else
+            async_wait<0>();
+        RowRegs<T, K, VEC, VPT> cur;
+#pragma unroll
+        for (int i = 0; i < VPT; ++i)
+        {
+            bool const in = vec_in_row(true, tid, i, nthr, nvec);
+            uint4 const a = in ? *slot(buf, 0, i) : make_uint4(0u, 0u, 0u, 0u);
+            cur.x[i].w[0] = a.x;
+            cur.x[i].w[1] = a.y;
+            cur.x[i].w[2] = a.z;
+            cur.x[i].w[3] = a.w;
+            if constexpr (kHasResidual<K>)
+            {
+                uint4 const b = in ? *slot(buf, 1, i) : make_uint4(0u, 0u, 0u, 0u);
+                cur.r[i].w[0] = b.x;
+                cur.r[i].w[1] = b.y;
+                cur.r[i].w[2] = b.z;
+                cur.r[i].w[3] = b.w;
+            }
+        }
+        finish_row<T, K, VEC, VPT, false>(p, row, true, fresh(tid), nthr, cur, aff, reduce);
+        row = next;
+        left = next_left;
+    }
+}
+#endif // NORMEXPORT_ASYNC_ROWS
 
 // Any hidden size: one row per block, statistics in separate passes over global memory
 // (mean, then sum of squared deviations, then output), scalar accesses. The fused kinds write the
@@ -1067,7 +1236,9 @@ inline normexport_launch_config choose_config(
         group(32, 1);
     else if (nvec <= 64)
         group(32, 2);
-    else if (nvec <= (adaln ? 1024 : NORMEXPORT_VPT2_MAX_VECS))
+    else if (NORMEXPORT_WARP_ROWS > 0 && vec_ok && nvec <= NORMEXPORT_WARP_ROWS)
+        group(32, nvec <= 128 ? 4 : 8); // a warp per row (variant)
+    else if (nvec <= (adaln ? NORMEXPORT_ADALN_VPT2_MAX_VECS : NORMEXPORT_VPT2_MAX_VECS))
         // two vectors per thread in blocks of up to 1024 threads (the AdaLN kinds: 512; at 1024
         // threads their 40 registers would leave one block, 50 %, per SM: 4 vectors instead)
         block(2);
@@ -1120,10 +1291,11 @@ inline int64_t resident_blocks(Kernel kernel, int threads)
 }
 
 template <typename Kernel>
-inline void launch_persistent(Kernel kernel, int64_t units, int threads, NormParams const& p, cudaStream_t stream)
+inline void launch_persistent(
+    Kernel kernel, int64_t units, int threads, NormParams const& p, cudaStream_t stream, size_t smem = 0)
 {
     int64_t const resident = NORMEXPORT_PERSISTENT ? resident_blocks(kernel, threads) : kMaxGrid;
-    kernel<<<grid_for(units < resident ? units : resident), static_cast<unsigned>(threads), 0, stream>>>(p);
+    kernel<<<grid_for(units < resident ? units : resident), static_cast<unsigned>(threads), smem, stream>>>(p);
 }
 
 template <typename T, NormKind K, int VEC, int VPT, int LANES>
@@ -1137,6 +1309,19 @@ inline void launch_group(NormParams const& p, cudaStream_t stream)
 template <typename T, NormKind K, int VEC, int VPT>
 inline void launch_block(NormParams p, int threads, cudaStream_t stream)
 {
+#if NORMEXPORT_ASYNC_ROWS
+    if constexpr (VPT == 2 && Pack<T, VEC>::kBytes == 16)
+    {
+        p.block_rows = NORMEXPORT_ASYNC_ROWS;
+        auto kernel = norm_block_async_kernel<T, K, VEC, VPT>;
+        size_t const smem = async_smem_bytes<K, VPT>(threads);
+        if (smem > 48 * 1024)
+            cudaFuncSetAttribute(reinterpret_cast<void const*>(kernel), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                static_cast<int>(smem));
+        launch_persistent(kernel, (p.rows + p.block_rows - 1) / p.block_rows, threads, p, stream, smem);
+        return;
+    }
+#endif
     p.block_rows = kIsAdaLN<K> && p.mod_row_div > 1 ? NORMEXPORT_ADALN_ROWS : NORMEXPORT_BLOCK_ROWS;
     launch_persistent(norm_block_kernel<T, K, VEC, VPT>, (p.rows + p.block_rows - 1) / p.block_rows, threads, p,
         stream);
@@ -1154,8 +1339,19 @@ inline bool launch_rows(NormParams const& p, normexport_launch_config const& c, 
             launch_group<T, K, VEC, 1, 16>(p, stream);
         else if (c.vectors_per_thread == 1)
             launch_group<T, K, VEC, 1, 32>(p, stream);
-        else
+        else if (c.vectors_per_thread == 2)
             launch_group<T, K, VEC, 2, 32>(p, stream);
+#if NORMEXPORT_WARP_ROWS
+        else if constexpr (VEC > 1) // (the dispatcher gives a warp per row to 16-byte vectors only)
+        {
+            if (c.vectors_per_thread == 4)
+                launch_group<T, K, VEC, 4, 32>(p, stream);
+            else
+                launch_group<T, K, VEC, 8, 32>(p, stream);
+        }
+#endif
+        else
+            return false;
         return true;
     }
     if (c.kernel != NORMEXPORT_KERNEL_BLOCK)

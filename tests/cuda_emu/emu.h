@@ -163,11 +163,13 @@ struct Block
     std::vector<std::unique_ptr<Barrier>> warps;
     std::vector<float> lanes[2];          // the shuffles' values, two buffers used in turn
     std::vector<unsigned char> shuffles;  // per thread: which buffer its next shuffle uses
-    explicit Block(unsigned n)
+    std::vector<uint4> dynamic;           // the launch's dynamic shared memory (exactly its size)
+    Block(unsigned n, size_t dynamicBytes)
         : block(n)
         , blockDone(n)
         , lanes{std::vector<float>(n), std::vector<float>(n)}
         , shuffles(n)
+        , dynamic((dynamicBytes + sizeof(uint4) - 1) / sizeof(uint4))
     {
         for (unsigned w = 0; w < (n + 31) / 32; ++w)
         {
@@ -188,6 +190,7 @@ struct Launch
     Kernel kernel;
     unsigned grid;
     unsigned block;
+    size_t shmem;
 
     template <typename... Args>
     void operator()(Args... args) const
@@ -201,7 +204,7 @@ struct Launch
         gBlockDim = dim3(block, 1, 1);
         // One host thread per CUDA thread of a block; the same threads run the blocks one after
         // another, meeting at blockDone between them (so `__shared__` data is one block's at a time).
-        Block shared(block);
+        Block shared(block, shmem);
         std::vector<std::thread> threads;
         threads.reserve(block);
         for (unsigned t = 0; t < block; ++t)
@@ -225,9 +228,9 @@ struct Launch
 };
 
 template <typename Kernel>
-Launch<Kernel> launch(Kernel kernel, unsigned grid, unsigned block, size_t /*shmem*/, cudaStream_t /*stream*/)
+Launch<Kernel> launch(Kernel kernel, unsigned grid, unsigned block, size_t shmem, cudaStream_t /*stream*/)
 {
-    return Launch<Kernel>{kernel, grid, block};
+    return Launch<Kernel>{kernel, grid, block, shmem};
 }
 
 // Each lane publishes its value in one of two buffers (alternating per shuffle), the warp meets at
@@ -262,6 +265,19 @@ inline float shfl_xor(float v, int laneMask)
 #define blockIdx (::emu::bIdx)
 #define blockDim (::emu::gBlockDim)
 #define gridDim (::emu::gGridDim)
+
+// `extern __shared__` memory of the launch (norm_common.cuh's dynamic_smem() on a GPU): one block's
+// at a time, like `__shared__`.
+#define NORMEXPORT_EMU_DYNAMIC_SMEM 1
+inline uint4* dynamic_smem()
+{
+    return emu::tBlock->dynamic.data();
+}
+
+extern "C" cudaError_t cudaFuncSetAttribute(void const* /*func*/, cudaFuncAttribute /*attr*/, int /*value*/)
+{
+    return cudaSuccess;
+}
 
 inline void __syncthreads()
 {
