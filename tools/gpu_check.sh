@@ -37,6 +37,10 @@ echo "== python: $($PY -c 'import sys, torch; print(sys.executable, "torch", tor
 $PY -c 'import pytest' >/dev/null 2>&1 || $PY -m pip install -q pytest numpy || true
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || true
 
+# TensorRT headers staged by tools/stage_device.sh (the device tool carries .device, not ../shared)
+if [ -z "${TensorRT_ROOT:-}" ] && [ -f .device/tensorrt/include/NvInfer.h ]; then
+    export TensorRT_ROOT=$PWD/.device/tensorrt
+fi
 NVCC=${CUDACXX:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
 echo "== building plugins with $NVCC"
 CMAKE_ARGS=(-S plugins -B build/plugins -DCMAKE_CUDA_COMPILER="$NVCC")
