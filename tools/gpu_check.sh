@@ -18,7 +18,9 @@
 # 4b. sanitize: build/plugins/normexport_kernel_sanitizer_driver (every kernel entry point and path
 #    against a float64 host reference, no torch) once plain, then under compute-sanitizer memcheck,
 #    racecheck, synccheck and initcheck (SANITIZER_TOOLS replaces that list; racecheck and initcheck
-#    run its --quick set); logs normexport_sanitizer_<tool>.log in $OUT or /tmp.
+#    run its --quick set); logs normexport_sanitizer_<tool>.log in $OUT or /tmp. Then two planted bugs that
+#    must be caught: the driver with --plant eps (kernels get 2x epsilon: mismatches vs float64) and
+#    under memcheck with --plant short-y (each y one element short: invalid writes reported).
 # STEPS="build tests sanitize bench" (default) selects the steps.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -81,6 +83,24 @@ if [[ " $STEPS " == *" sanitize "* ]]; then
         [ $rc -eq 0 ] || status=1
         echo "== compute-sanitizer --tool $tool: exit $rc in $(( $(date +%s) - t0 )) s; $(grep -E '[0-9]+ cases' "$LOGS/normexport_sanitizer_$tool.log" | tail -1); $(grep -E 'ERROR SUMMARY' "$LOGS/normexport_sanitizer_$tool.log" | tail -1)"
     done
+    # Planted bugs, each of which the run above must catch: a wrong epsilon (the float64 comparison)
+    # and an output one element short (memcheck).
+    "$DRIVER" --quick --plant eps > "$LOGS/normexport_plant_eps.log" 2>&1
+    rc=$?
+    n=$(grep -c '^FAIL' "$LOGS/normexport_plant_eps.log")
+    if [ $rc -eq 1 ] && [ "$n" -gt 0 ]; then
+        echo "== planted 2x epsilon: caught ($n mismatching cases)"
+    else
+        echo "== planted 2x epsilon: NOT caught (exit $rc, $n mismatching cases)"; status=1
+    fi
+    "$SANITIZER" --tool memcheck --error-exitcode 3 "$DRIVER" --quick --plant short-y > "$LOGS/normexport_plant_short_y.log" 2>&1
+    rc=$?
+    n=$(grep -c 'Invalid __global__ write' "$LOGS/normexport_plant_short_y.log")
+    if [ $rc -eq 3 ] && [ "$n" -gt 0 ]; then
+        echo "== planted y one element short: caught by memcheck ($n invalid writes)"
+    else
+        echo "== planted y one element short: NOT caught (exit $rc, $n invalid writes)"; status=1
+    fi
 fi
 
 echo "== benchmark (log: $LOGS/normexport_bench.log, results: $RESULTS)"

@@ -9,8 +9,14 @@
  * (inputs rounded to the IO dtype first; SkipRMSNorm / GatedAdaLNZero normalise the sum rounded
  * once to the IO dtype), so a kernel that runs clean but computes the wrong thing fails too.
  *
- *   normexport_kernel_sanitizer_driver [--quick]     exit 0: all cases pass; 1: a mismatch or CUDA error
+ *   normexport_kernel_sanitizer_driver [--quick] [--plant eps|short-y]
+ *       exit 0: all cases pass; 1: a mismatch or CUDA error
  *   compute-sanitizer --tool memcheck --error-exitcode 3 build/plugins/normexport_kernel_sanitizer_driver
+ *
+ * --plant shows that the checks catch what they are for (tools/gpu_check.sh runs both once and
+ * expects them to fail): `eps` passes the kernels twice the epsilon the float64 references use (the
+ * small-x cases, where eps is most of the statistic, must mismatch); `short-y` allocates every first
+ * output `y` one element short (memcheck must report the write past it).
  *
  * tools/gpu_check.sh runs it under memcheck, racecheck, synccheck and initcheck (STEPS=sanitize).
  */
@@ -33,6 +39,14 @@ namespace
 
 int gFailures = 0;
 int gCases = 0;
+
+enum class Plant
+{
+    kNone,
+    kEps,    // the kernels get 2x the references' epsilon
+    kShortY, // every first output y is allocated one element short
+};
+Plant gPlant = Plant::kNone;
 
 #define CHECK_CUDA(call)                                                                                               \
     do                                                                                                                 \
@@ -71,6 +85,7 @@ double roundTo(double v, int dtype)
 struct Tensor
 {
     std::vector<double> host;
+    int64_t count = 0; // elements allocated
     int dtype = NORMEXPORT_FLOAT32;
     int64_t offset = 0;
     void* base = nullptr;
@@ -85,6 +100,7 @@ Tensor makeTensor(int64_t n, int dtype, bool misaligned, std::mt19937& rng, doub
 {
     Tensor t;
     t.dtype = dtype;
+    t.count = n;
     t.offset = misaligned ? 1 : 0;
     t.host.resize(static_cast<size_t>(n));
     std::uniform_real_distribution<double> dist(lo, hi);
@@ -118,6 +134,7 @@ Tensor makeTensor(int64_t n, int dtype, bool misaligned, std::mt19937& rng, doub
 
 std::vector<double> download(Tensor const& t, int64_t n)
 {
+    n = n < t.count ? n : t.count; // (a planted short output: what it holds)
     std::vector<unsigned char> raw(static_cast<size_t>(n) * elemSize(t.dtype));
     if (n > 0)
         CHECK_CUDA(cudaMemcpy(raw.data(), t.ptr(), raw.size(), cudaMemcpyDeviceToHost));
@@ -162,7 +179,7 @@ void compare(std::string const& label, std::vector<double> const& got, std::vect
     double atol = dtype == NORMEXPORT_FLOAT32 ? 2e-5 : dtype == NORMEXPORT_FLOAT16 ? 2e-3 : 1.6e-2;
     double worst = 0.0;
     int64_t at = -1;
-    for (size_t i = 0; i < want.size(); ++i)
+    for (size_t i = 0; i < want.size() && i < got.size(); ++i)
     {
         double d = std::fabs(got[i] - want[i]);
         if (!(d <= atol + rtol * std::fabs(want[i])))  // NaN fails too
@@ -233,14 +250,26 @@ void finish(cudaError_t launched, std::string const& label)
 
 float const kEps = 1e-5f;
 
+// The epsilon the kernels get (kEps, the references' value, unless a wrong one is planted).
+float kernelEps()
+{
+    return gPlant == Plant::kEps ? 2.f * kEps : kEps;
+}
+
+// Elements allocated for a first output y of n elements (one short when planted).
+int64_t outputCount(int64_t n)
+{
+    return gPlant == Plant::kShortY && n > 1 ? n - 1 : n;
+}
+
 void rmsNorm(int dtype, int64_t rows, int64_t hidden, bool mis, double amp, std::mt19937& rng)
 {
     Tensor x = makeTensor(rows * hidden, dtype, mis, rng, -2.0 * amp, 2.0 * amp);
     Tensor w = makeTensor(hidden, dtype, mis, rng, 0.5, 1.5);
-    Tensor y = makeTensor(rows * hidden, dtype, mis, rng, 0, 0, false);
+    Tensor y = makeTensor(outputCount(rows * hidden), dtype, mis, rng, 0, 0, false);
     std::string label = caseLabel("RMSNorm", dtype, rows, hidden, mis,
         kernelName(NORMEXPORT_OP_RMS_NORM, dtype, rows, hidden, !mis), amp < 1.0 ? " small x" : "");
-    finish(normexport_rms_norm(x.ptr(), w.ptr(), y.ptr(), rows, hidden, dtype, kEps, nullptr), label);
+    finish(normexport_rms_norm(x.ptr(), w.ptr(), y.ptr(), rows, hidden, dtype, kernelEps(), nullptr), label);
     std::vector<double> want(x.host.size());
     for (int64_t r = 0; r < rows; ++r)
     {
@@ -259,12 +288,12 @@ void layerNorm(int dtype, int64_t rows, int64_t hidden, bool mis, bool affine, d
     Tensor x = makeTensor(rows * hidden, dtype, mis, rng, -1.0 * amp, 3.0 * amp);
     Tensor w = makeTensor(hidden, dtype, mis, rng, 0.5, 1.5);
     Tensor b = makeTensor(hidden, dtype, mis, rng, -0.5, 0.5);
-    Tensor y = makeTensor(rows * hidden, dtype, mis, rng, 0, 0, false);
+    Tensor y = makeTensor(outputCount(rows * hidden), dtype, mis, rng, 0, 0, false);
     std::string label = caseLabel("LayerNorm", dtype, rows, hidden, mis,
         kernelName(NORMEXPORT_OP_LAYER_NORM, dtype, rows, hidden, !mis),
         affine ? (amp < 1.0 ? " small x" : "") : (amp < 1.0 ? " no affine, small x" : " no affine"));
     finish(normexport_layer_norm(x.ptr(), affine ? w.ptr() : nullptr, affine ? b.ptr() : nullptr, y.ptr(), rows,
-               hidden, dtype, kEps, nullptr),
+               hidden, dtype, kernelEps(), nullptr),
         label);
     std::vector<double> want(x.host.size());
     for (int64_t r = 0; r < rows; ++r)
@@ -288,13 +317,13 @@ void skipRmsNorm(int dtype, int64_t rows, int64_t hidden, bool mis, bool withBia
     Tensor s = makeTensor(rows * hidden, dtype, mis, rng, -2.0 * amp, 2.0 * amp);
     Tensor bias = makeTensor(hidden, dtype, mis, rng, -0.5 * amp, 0.5 * amp);
     Tensor w = makeTensor(hidden, dtype, mis, rng, 0.5, 1.5);
-    Tensor y = makeTensor(rows * hidden, dtype, mis, rng, 0, 0, false);
+    Tensor y = makeTensor(outputCount(rows * hidden), dtype, mis, rng, 0, 0, false);
     Tensor sum = makeTensor(rows * hidden, dtype, mis, rng, 0, 0, false);
     std::string label = caseLabel("SkipRMSNorm", dtype, rows, hidden, mis,
         kernelName(NORMEXPORT_OP_SKIP_RMS_NORM, dtype, rows, hidden, !mis),
         withBias ? (amp < 1.0 ? " bias, small x" : " bias") : (amp < 1.0 ? " small x" : ""));
     finish(normexport_skip_rms_norm(x.ptr(), s.ptr(), withBias ? bias.ptr() : nullptr, w.ptr(), y.ptr(), sum.ptr(),
-               rows, hidden, dtype, kEps, nullptr),
+               rows, hidden, dtype, kernelEps(), nullptr),
         label);
     std::vector<double> wantSum(x.host.size()), want(x.host.size());
     for (int64_t i = 0; i < rows * hidden; ++i)
@@ -327,7 +356,7 @@ void adaln(bool gated, int dtype, int64_t outer, int64_t batch, int64_t inner, i
     Tensor scale = makeTensor(modRows * hidden, dtype, mis, rng, -0.5, 0.5);
     Tensor w = makeTensor(hidden, dtype, mis, rng, 0.5, 1.5);
     Tensor b = makeTensor(hidden, dtype, mis, rng, -0.5, 0.5);
-    Tensor y = makeTensor(rows * hidden, dtype, mis, rng, 0, 0, false);
+    Tensor y = makeTensor(outputCount(rows * hidden), dtype, mis, rng, 0, 0, false);
     Tensor sum = makeTensor(rows * hidden, dtype, mis, rng, 0, 0, false);
     int op = gated ? NORMEXPORT_OP_GATED_ADALN_ZERO : NORMEXPORT_OP_ADALN_ZERO;
     char extra[96];
@@ -343,16 +372,16 @@ void adaln(bool gated, int dtype, int64_t outer, int64_t batch, int64_t inner, i
     cudaError_t launched;
     if (layout == 2 && gated)
         launched = normexport_gated_adaln_zero_axis(x.ptr(), upd.ptr(), gate.ptr(), shift.ptr(), scale.ptr(), wp, bp,
-            y.ptr(), sum.ptr(), outer, batch, inner, hidden, dtype, kEps, nullptr);
+            y.ptr(), sum.ptr(), outer, batch, inner, hidden, dtype, kernelEps(), nullptr);
     else if (layout == 2)
         launched = normexport_adaln_zero_axis(
-            x.ptr(), shift.ptr(), scale.ptr(), wp, bp, y.ptr(), outer, batch, inner, hidden, dtype, kEps, nullptr);
+            x.ptr(), shift.ptr(), scale.ptr(), wp, bp, y.ptr(), outer, batch, inner, hidden, dtype, kernelEps(), nullptr);
     else if (gated)
         launched = normexport_gated_adaln_zero(x.ptr(), upd.ptr(), gate.ptr(), shift.ptr(), scale.ptr(), wp, bp,
-            y.ptr(), sum.ptr(), batch, seq, hidden, layout, dtype, kEps, nullptr);
+            y.ptr(), sum.ptr(), batch, seq, hidden, layout, dtype, kernelEps(), nullptr);
     else
         launched = normexport_adaln_zero(
-            x.ptr(), shift.ptr(), scale.ptr(), wp, bp, y.ptr(), batch, seq, hidden, layout, dtype, kEps, nullptr);
+            x.ptr(), shift.ptr(), scale.ptr(), wp, bp, y.ptr(), batch, seq, hidden, layout, dtype, kernelEps(), nullptr);
     finish(launched, label);
 
     std::vector<double> in(x.host.size()), want(x.host.size());
@@ -387,7 +416,21 @@ void adaln(bool gated, int dtype, int64_t outer, int64_t batch, int64_t inner, i
 
 int main(int argc, char** argv)
 {
-    bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+    bool quick = false;
+    for (int i = 1; i < argc; ++i)
+    {
+        if (std::strcmp(argv[i], "--quick") == 0)
+            quick = true;
+        else if (std::strcmp(argv[i], "--plant") == 0 && i + 1 < argc && std::strcmp(argv[i + 1], "eps") == 0)
+            gPlant = Plant::kEps, ++i;
+        else if (std::strcmp(argv[i], "--plant") == 0 && i + 1 < argc && std::strcmp(argv[i + 1], "short-y") == 0)
+            gPlant = Plant::kShortY, ++i;
+        else
+        {
+            std::fprintf(stderr, "usage: normexport_kernel_sanitizer_driver [--quick] [--plant eps|short-y]\n");
+            return 2;
+        }
+    }
     int device = 0;
     if (cudaGetDevice(&device) != cudaSuccess)
     {
