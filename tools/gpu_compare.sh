@@ -13,7 +13,8 @@
 #     (NO_COMPILE=1: without), the others --ours-only; BENCH_ARGS gives the shapes (default: every
 #     width in bf16 and fp32, two per-head shapes, decode 1 / 8 / 64 rows in bf16 at four widths);
 #   - tools/bench_compare.py: one table of all of them.
-# SKIP_TESTS=1 skips the tests and the sanitizers. Logs and JSON go to $OUT (the device tool's
+# NCU=1 adds tools/ncu_kernels.py on "new" (NCU_SHAPES: its shapes). SKIP_TESTS=1 skips the tests and
+# the sanitizers. Logs and JSON go to $OUT (the device tool's
 # folder) or /tmp/normexport_compare.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -97,6 +98,12 @@ for name in $( [ -n "${BASELINE:-}" ] && echo base ) $(for v in $VARIANTS; do ec
         $BENCH_ARGS > "$OUTDIR/bench_$name.txt" 2>&1 || status=1
     tail -1 "$OUTDIR/bench_$name.txt"
 done
+if [ "${NCU:-0}" = 1 ]; then  # Nsight Compute of "new" next to torch.compile's kernels (tools/ncu_kernels.py)
+    echo "== ncu"
+    $PY tools/ncu_kernels.py --lib "$BUILD/new/libnormexport_kernels.so" --out-dir "$OUTDIR/ncu" $NCU_SHAPES \
+        > "$OUTDIR/ncu.log" 2>&1 || status=1
+    tail -20 "$OUTDIR/ncu.log"
+fi
 rm -f "$OUTDIR"/*/*.png
 $PY tools/bench_compare.py "$OUTDIR"/new/*.json $(for d in "$OUTDIR"/*/; do [ "$d" = "$OUTDIR/new/" ] || echo "$d"*.json; done)
 exit $status
