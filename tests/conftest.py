@@ -35,6 +35,7 @@ def cli(capsys):
     from normexport.cli import main
 
     def run(*argv):
+        capsys.readouterr()  # only what this command prints (not a save_pretrained progress bar before it)
         code = main([str(a) for a in argv])
         out, err = capsys.readouterr()
         return code, out, err

@@ -189,3 +189,22 @@ def test_build_with_plugin(root, cli, plugin_lib, tmp_path):
     assert report["normexport_nodes"] == nodes > 0
     assert len(report["plugin_layers"]) == nodes and report["bodies"] == 0
     assert (tmp_path / "m.engine").stat().st_size > 0
+
+
+def test_a_model_with_a_cache_of_its_own_is_pointed_to_the_plain_task(root, cli, tmp_path):
+    """MiniMax (lightning-attention layers beside full attention) takes only its own cache class, not the
+    DynamicCache the KV-cache task feeds: the refusal names --task text-generation, which exports it."""
+    import transformers
+
+    if not hasattr(transformers, "MiniMaxForCausalLM"):
+        pytest.skip("this transformers has no MiniMax")
+    cfg = transformers.MiniMaxConfig(**_llm_models.COMMON, head_dim=8, num_local_experts=4, num_experts_per_tok=2,
+                                     pad_token_id=0)
+    folder = _llm_models.save_random(transformers.MiniMaxForCausalLM, cfg, root / "minimax")
+    code, out, err = cli("convert", folder, "-o", tmp_path / "x.onnx")
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "uses cache of its own" in err and "export it without the KV cache: --task text-generation" in err
+    assert not (tmp_path / "x.onnx").exists()
+    code, out, err = cli("convert", folder, "-o", tmp_path / "y.onnx", "--task", "text-generation", "--no-check")
+    assert code == 0, err
+    assert [o.name for o in onnx.load(str(tmp_path / "y.onnx"), load_external_data=False).graph.output] == ["logits"]

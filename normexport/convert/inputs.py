@@ -25,8 +25,12 @@ def run(rec: Record) -> Record:
     # docs/design.md §9: transformers MoE experts / attention the exporters take, switched in place (so eager,
     # the float64 reference and the file agree)
     exportable_implementations(rec.module, rec.inputs, rec.sections.setdefault("implementations", []))
+    # a causal LM that rejects the KV-cache call (a cache class of its own, a layer kind the DynamicCache
+    # does not hold) can still be exported without the cache
+    other = (", or export it without the KV cache: --task text-generation" if str(loaded.kind).endswith("-with-past")
+             else "")
     with prewrite.observing(rec):  # (the nn.Linear calls, where the weights' write starts before the export)
-        outputs = run_eager(rec.module, rec.inputs)
+        outputs = run_eager(rec.module, rec.inputs, other)
     names = loaded.output_names if loaded.output_names and not args.module else call.output_names(outputs)
     rec.output_structure = call.describe(outputs)  # the eager output's shape (a pipeline's runtime rebuilds it)
     # an output named like an input (UNet's `sample` in and out) would make the graph invalid (SSA)
@@ -37,9 +41,9 @@ def run(rec: Record) -> Record:
     return rec
 
 
-def run_eager(module, inputs: tuple):
+def run_eager(module, inputs: tuple, other: str = ""):
     """Run the model once (its own output structure, for the output names); a model that rejects
-    the inputs is a usage error, not a crash."""
+    the inputs is a usage error, not a crash (`other`: another way out, added to the message)."""
     shapes = ", ".join(("x".join(map(str, t.shape)) or "scalar") if isinstance(t, torch.Tensor) else type(t).__name__
                        for t in inputs)
     try:
@@ -51,7 +55,7 @@ def run_eager(module, inputs: tuple):
         first = first_line(e, 200)
         raise UsageError(f"the model rejected inputs of shape {shapes} ({first}): give inputs it takes with "
                          "--input NAME:DIMS[:DTYPE], or record a real call with normexport.capture and pass it "
-                         "with --inputs FILE") from None
+                         f"with --inputs FILE{other}") from None
 
 
 def _has_bf16(module, inputs) -> bool:

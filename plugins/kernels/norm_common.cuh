@@ -995,10 +995,15 @@ constexpr size_t async_smem_bytes(int threads)
 // block (then the grid-stride jump), the copy of the next row issued before this row is read back
 // and normalised. Slot (buffer, source, vector i, thread): consecutive threads' 16-byte slots are
 // adjacent (no bank conflicts), and each thread reads only the slots it copied itself.
-// (fp16 LayerNorm spills 24 bytes at sm_90's 32 registers here: 40, as before sm_90)
+// Registers: reg_budget's, but fp16 LayerNorm spills 24 bytes at sm_90's 32 here: 40, as before sm_90.
+template <typename T, NormKind K, int VPT>
+constexpr int async_reg_budget()
+{
+    return std::is_same_v<T, __half> && K == NormKind::kLayer ? 40 : reg_budget<T, K, VPT, false>();
+}
+
 template <typename T, NormKind K, int VEC, int VPT>
-__global__ void NORMEXPORT_MAXNREG((std::is_same_v<T, __half> && K == NormKind::kLayer ? 40 : reg_budget<T, K, VPT, false>()))
-    norm_block_async_kernel(NormParams p)
+__global__ void NORMEXPORT_MAXNREG((async_reg_budget<T, K, VPT>())) norm_block_async_kernel(NormParams p)
 {
     static_assert(Pack<T, VEC>::kBytes == 16, "16-byte vectors only");
     using Value = std::conditional_t<kIsRms<K>, float, Moments>;
