@@ -51,6 +51,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include <atomic>
 #include <type_traits>
 
 #include "normexport_kernels.h"
@@ -1321,8 +1322,20 @@ inline void launch_block(NormParams p, int threads, cudaStream_t stream)
         auto kernel = norm_block_async_kernel<T, K, VEC, VPT>;
         size_t const smem = async_smem_bytes<K, VPT>(threads);
         if (smem > 48 * 1024)
-            cudaFuncSetAttribute(reinterpret_cast<void const*>(kernel), cudaFuncAttributeMaxDynamicSharedMemorySize,
-                static_cast<int>(smem));
+        {
+            // once per kernel and device (the largest a launch can ask for), not inside every launch: a
+            // call during a CUDA graph capture need not be allowed
+            static std::atomic<uint64_t> set_on{0};
+            int dev = 0;
+            if (cudaGetDevice(&dev) == cudaSuccess && (dev >= 64 || !(set_on.load() >> dev & 1u)))
+            {
+                int const most = static_cast<int>(async_smem_bytes<K, VPT>(1024)); // the largest block
+                cudaError_t const e = cudaFuncSetAttribute(
+                    reinterpret_cast<void const*>(kernel), cudaFuncAttributeMaxDynamicSharedMemorySize, most);
+                if (e == cudaSuccess && dev < 64)
+                    set_on.fetch_or(uint64_t{1} << dev);
+            }
+        }
         launch_persistent(kernel, (p.rows + p.block_rows - 1) / p.block_rows, threads, p, stream, smem);
         return;
     }
