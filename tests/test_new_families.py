@@ -84,3 +84,59 @@ def test_input_by_keyword_reaches_its_parameter():
     assert job.names == ["x", "scale"]
     x, scale = job.inputs
     assert torch.equal(job.module(*job.inputs)[0], x * scale)
+
+
+def _save(tmp_path, cls_name: str, **config):
+    torch.manual_seed(0)
+    m = getattr(diffusers, cls_name)(**config)
+    _perturb_norms(m)
+    m.eval().save_pretrained(tmp_path / cls_name)
+    return tmp_path / cls_name
+
+
+def _shapes(job) -> dict:
+    return {n: (tuple(t.shape), t.dtype) for n, t in zip(job.names, job.inputs) if isinstance(t, torch.Tensor)}
+
+
+def test_longcat_image_packed_latents_over_a_stale_docstring(cli, tmp_path):
+    """LongCat-Image documents hidden_states as `(batch size, channel, height, width)` (copied from an
+    older model) but embeds packed tokens [B, N, C] with one img_ids row per token: the per-token ids
+    decide (the documented 4-D latents made its x_embedder refuse them)."""
+    cls = diffusers.LongCatImageTransformer2DModel
+    assert "(batch size, channel, height, width)" in cls.forward.__doc__  # what the rule overrides
+    folder = _save(tmp_path, "LongCatImageTransformer2DModel", attention_head_dim=8, axes_dims_rope=(2, 4, 2),
+                   in_channels=64, joint_attention_dim=32, num_attention_heads=2, num_layers=1, num_single_layers=1,
+                   patch_size=1, pooled_projection_dim=32)
+    job = normexport.load.call_for(normexport.load(str(folder)), str(folder))
+    shapes = _shapes(job)
+    assert shapes["hidden_states"][0] == (2, 8, 64) and shapes["img_ids"][0] == (8, 3), shapes
+    stdout, rep, errs = convert(cli, folder, tmp_path / "longcat.onnx")
+    assert len(errs) == 3 and max(errs) < 1e-4, errs
+
+
+def test_hunyuan_video15_inputs_from_its_config_widths(tmp_path):
+    """HunyuanVideo 1.5 reads a second text encoder's embeddings, its mask and image embeddings, none with a
+    documented shape: each gets the width its config names (text_embed_2_dim, image_embed_dim), the mask the
+    made embeddings' batch and tokens, and the timestep (documented LongTensor, embedded by a Linear) float."""
+    folder = _save(tmp_path, "HunyuanVideo15Transformer3DModel", attention_head_dim=8, image_embed_dim=40,
+                   in_channels=65, num_attention_heads=2, num_layers=1, num_refiner_layers=1, out_channels=32,
+                   patch_size=1, patch_size_t=1, rope_axes_dim=(2, 4, 2), target_size=32, text_embed_2_dim=24,
+                   text_embed_dim=32)
+    job = normexport.load.call_for(normexport.load(str(folder)), str(folder))
+    shapes = _shapes(job)
+    assert shapes["timestep"] == ((2,), torch.float32), shapes
+    assert shapes["encoder_hidden_states"][0] == (2, 6, 32) and shapes["encoder_hidden_states_2"][0] == (2, 6, 24)
+    assert shapes["image_embeds"][0] == (2, 6, 40), shapes
+    assert shapes["encoder_attention_mask_2"] == ((2, 6), torch.bool), shapes
+
+
+def test_a_made_integer_mask_is_tried_as_bool(tmp_path):
+    """Qwen-Image 2.1 uses img_mask as a condition (`torch.where`): the made integer mask is tried as bool
+    (the model then asks for what only its pipeline's vision-language encoder makes, and the refusal says
+    what was tried)."""
+    folder = _save(tmp_path, "QwenImage21Transformer2DModel", attention_head_dim=8, axes_dims_rope=(2, 4, 2),
+                   context_in_dim=16, in_channels=64, num_attention_heads=2, num_layers=1, out_channels=64,
+                   patch_size=1)
+    with pytest.raises(normexport.errors.UsageError) as info:
+        normexport.load.call_for(normexport.load(str(folder)), str(folder))
+    assert "tried img_mask as bool" in str(info.value) and "boolean tensor" not in str(info.value)

@@ -176,7 +176,9 @@ def config_width(config, name: str, doc: str = "", role: tuple[str, ...] = ()) -
     (prefixes count: emb ~ embeddings, cond ~ conditioning), one of them more than `hidden` /
     `embed` (`hidden_size` is the model's own width); the key with the most words the name itself
     uses, then the most words; None when no key is named so."""
-    own = _words(name) | set(role)
+    # an ordinal the name ends in is a word of it: encoder_hidden_states_2 ~ text_embed_2_dim (and only
+    # a name with the ordinal takes a key with one)
+    own = _words(name) | set(role) | set(re.findall(r"(?<=_)\d+$", name))
     told = own | _words(doc)
     best, best_score = None, (0, 0)
     for key in _config_keys(config):

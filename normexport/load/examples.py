@@ -125,10 +125,13 @@ def derive(model, library: str, given: dict | None = None, extra=()) -> tuple[di
             out[p] = given[p]
             continue
         value = sizes.make(p, signature[p], gen, required=p in wanted)
-        if p in ("hidden_states", "sample") and isinstance(value, torch.Tensor) and (doc := documented.get(p)) \
-                is not None and doc.kind == "tensor" and doc.dims and len(doc.dims) != value.dim():
+        if p in ("hidden_states", "sample") and isinstance(value, torch.Tensor) and not sizes.packed \
+                and (doc := documented.get(p)) is not None and doc.kind == "tensor" and doc.dims \
+                and len(doc.dims) != value.dim():
             # the library documents another latent layout than the generic one (StableAudio's 1-D
-            # latents [B, C, L], SVD's [B, F, C, H, W]): its documented shape, where the config resolves it
+            # latents [B, C, L], SVD's [B, F, C, H, W]): its documented shape, where the config resolves it.
+            # Not for packed latents: per-token position ids (img_ids) say tokens whatever a docstring
+            # copied from an older model says (LongCat-Image documents "(batch size, channel, height, width)")
             documented_value = _from_docs(p, documented, resolver, gen, config, out)
             value = value if documented_value is None else documented_value
         if value is None and p in wanted:
@@ -139,6 +142,8 @@ def derive(model, library: str, given: dict | None = None, extra=()) -> tuple[di
             value = sizes.make(role, signature[p], gen, required=True, name=p, doc=documented[p].doc)
             if documented[p].kind == "list" and isinstance(value, torch.Tensor):  # one per batch item
                 value = list(value.unbind(0))
+        if value is None and p in wanted:
+            value = _sequence_or_mask(p, documented.get(p), config, sizes, gen, out)
         if value is not None:
             out[p] = value
     missing = [p for p in wanted if p not in out]
@@ -321,6 +326,29 @@ def _mask_over(p: str, doc, documented: dict, made: dict) -> tuple | None:
                 return tuple(int(s) for i, s in enumerate(t.shape) if i != a)
             if t.dim() == len(theirs) - 1:
                 return tuple(int(s) for s in t.shape[:-1])
+    return None
+
+
+def _sequence_or_mask(p: str, doc, config, sizes: "_Sizes", gen, made: Made):
+    """A parameter that neither its name's rules nor its documentation give a shape (the last
+    resort of derive): a mask over another made input of its name (encoder_attention_mask_2 over
+    encoder_hidden_states_2: ones over that input's batch and tokens), or a sequence of embeddings
+    (named *embed*, or documented as embeddings) whose width the config names (HunyuanVideo 1.5's
+    image_embeds, "Image embeddings ...": image_embed_dim): [batch, text tokens, width], tokens and
+    width free (the eager check resizes them where the model says otherwise); else None."""
+    text = doc.doc if doc is not None else ""
+    if "mask" in p:
+        key = set(p.split("_")) - {"mask", "attention"}
+        for q, t in made.items():
+            if q != p and isinstance(t, torch.Tensor) and t.dim() == 3 and t.is_floating_point() \
+                    and set(q.split("_")) - {"hidden", "states", "embeds"} == key:
+                return torch.ones(t.shape[:2], dtype=torch.bool)
+        return None
+    if re.search(r"embed", p) or re.search(r"\bembeddings?\b", text, re.I):
+        width = config_width(config, p, text)
+        if width:
+            made.free[p] = {1, 2}
+            return torch.randn(sizes.batch, sizes.text_seq, int(width), generator=gen)
     return None
 
 
@@ -620,7 +648,10 @@ class _Sizes:
                 return torch.rand(self.batch, generator=gen)  # flow matching: t in [0, 1]
             return torch.randint(1, 1000, (self.batch,), generator=gen)
         if p == "encoder_hidden_states" and self.text_dim:
-            return torch.randn(self.batch, self.text_seq, int(self.text_dim), generator=gen)
+            # another input in this role (HunyuanVideo 1.5's encoder_hidden_states_2, "embeddings computed from a
+            # second text encoder"): the width the config names for it, where it names one
+            width = (config_width(self.config, name, doc) if name and name != p else None) or self.text_dim
+            return torch.randn(self.batch, self.text_seq, int(width), generator=gen)
         if p == "encoder_attention_mask" and (required or "encoder_hidden_states" in self.params):
             if not required:
                 return None

@@ -111,6 +111,10 @@ def refusal(model, error: BaseException, kwargs: dict, given=(), tried=(), unmad
             f"{hatch}")
 
 
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
 def _shape_text(v) -> str:
     if isinstance(v, torch.Tensor):
         return "[" + "x".join(map(str, v.shape)) + "]"
@@ -161,6 +165,25 @@ def _alternative(model, error, kwargs, remake, given, free, unmade):
             g = torch.Generator().manual_seed(2)
             return ({**kwargs, **{n: torch.rand(kwargs[n].shape, generator=g, dtype=kwargs[n].dtype) for n in floats}},
                     f"{', '.join(floats)} in [0, 1) (read as indices)")
+    # a made integer tensor where the model computes in floating point (HunyuanVideo 1.5's timestep,
+    # documented LongTensor, through a Linear: "mat1 and mat2 must have the same dtype, but got Long and
+    # Float"): the made integer tensors that are not ids, indices, masks or sizes become float, values kept
+    if re.search(r"same dtype, but got (?:Long|Int)\w* and (?:Float|Half|BFloat16|Double)|"
+                 r"expected scalar type (?:Float|Half|BFloat16|Double) but found (?:Long|Int)", msg):
+        ints = [n for n, v in kwargs.items() if n not in given and isinstance(v, torch.Tensor)
+                and not v.is_floating_point() and v.dtype != torch.bool
+                and not re.search(r"ids?$|_ids?_|index|indices|mask|position|shape|size|grid|len|label", n)]
+        if ints:
+            dtype = next((q.dtype for q in model.parameters() if q.is_floating_point()), torch.float32) \
+                if isinstance(model, torch.nn.Module) else torch.float32
+            return {**kwargs, **{n: kwargs[n].to(dtype) for n in ints}}, f"{', '.join(ints)} as {_dtype_name(dtype)}"
+    # a mask the model uses as a condition ("where expected condition to be a boolean tensor, but got a
+    # tensor with dtype Long": Qwen-Image 2.1's img_mask): the made integer masks become bool
+    if re.search(r"boolean tensor|expected .{0,40}\bbool", msg, re.I):
+        masks = [n for n, v in kwargs.items() if n not in given and "mask" in n and isinstance(v, torch.Tensor)
+                 and not v.is_floating_point() and v.dtype != torch.bool]
+        if masks:
+            return {**kwargs, **{n: kwargs[n] != 0 for n in masks}}, f"{', '.join(masks)} as bool"
     # a pair the model takes only one of: drop the one we made
     m = re.search(r"(?:both|and not both|only one of)\W+(\w+)\W+(?:and|or)\W+(\w+)", msg, re.I)
     if m and m.group(1) in kwargs and m.group(2) in kwargs:
