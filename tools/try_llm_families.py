@@ -44,6 +44,36 @@ def families() -> dict:
         "falcon": lambda: (t.FalconForCausalLM, t.FalconConfig(
             vocab_size=96, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
             new_decoder_architecture=True, num_kv_heads=2)),
+        # 2026-11-29 (benchmarks/results/llm_families_2026-11-29_vm.txt)
+        "ernie4_5": lambda: (t.Ernie4_5ForCausalLM, t.Ernie4_5Config(**COMMON, head_dim=8, pad_token_id=0)),
+        "exaone4": lambda: (t.Exaone4ForCausalLM, t.Exaone4Config(**COMMON, head_dim=8, sliding_window=4,
+                                                                   pad_token_id=0)),
+        "hunyuan_dense": lambda: (t.HunYuanDenseV1ForCausalLM, t.HunYuanDenseV1Config(**COMMON, head_dim=8,
+                                                                                      pad_token_id=0)),
+        "seed_oss": lambda: (t.SeedOssForCausalLM, t.SeedOssConfig(**COMMON, head_dim=8, pad_token_id=0)),
+        "apertus": lambda: (t.ApertusForCausalLM, t.ApertusConfig(**COMMON, head_dim=8, pad_token_id=0)),
+        "arcee": lambda: (t.ArceeForCausalLM, t.ArceeConfig(**COMMON, head_dim=8, pad_token_id=0)),
+        "glm4": lambda: (t.Glm4ForCausalLM, t.Glm4Config(**COMMON, head_dim=8, pad_token_id=0)),
+        "cohere2": lambda: (t.Cohere2ForCausalLM, t.Cohere2Config(**COMMON, sliding_window=4, pad_token_id=0)),
+        "olmo3": lambda: (t.Olmo3ForCausalLM, t.Olmo3Config(**COMMON, sliding_window=4, pad_token_id=0)),
+        "helium": lambda: (t.HeliumForCausalLM, t.HeliumConfig(**COMMON, head_dim=8, pad_token_id=0)),
+        "nemotron": lambda: (t.NemotronForCausalLM, t.NemotronConfig(**COMMON, head_dim=8, pad_token_id=0)),
+        "bitnet": lambda: (t.BitNetForCausalLM, t.BitNetConfig(**COMMON, pad_token_id=0)),
+        "gpt_oss": lambda: (t.GptOssForCausalLM, t.GptOssConfig(**COMMON, head_dim=8, num_local_experts=4,
+                                                               num_experts_per_tok=2, sliding_window=4, pad_token_id=0)),
+        # (takes only its own cache class: refused with --task text-generation named, which converts it)
+        "minimax": lambda: (t.MiniMaxForCausalLM, t.MiniMaxConfig(**COMMON, head_dim=8, num_local_experts=4,
+                                                                 num_experts_per_tok=2, pad_token_id=0)),
+        "deepseek_v3": lambda: (t.DeepseekV3ForCausalLM, t.DeepseekV3Config(
+            **{**COMMON, "num_key_value_heads": 4}, q_lora_rank=16, kv_lora_rank=16, qk_rope_head_dim=4,
+            qk_nope_head_dim=4, v_head_dim=8, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
+            first_k_dense_replace=1, n_group=1, topk_group=1, pad_token_id=0)),
+        "granitemoe": lambda: (t.GraniteMoeForCausalLM, t.GraniteMoeConfig(**COMMON, num_local_experts=4,
+                                                                          num_experts_per_tok=2)),
+        "qwen2_moe": lambda: (t.Qwen2MoeForCausalLM, t.Qwen2MoeConfig(
+            **COMMON, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32)),
+        "mixtral": lambda: (t.MixtralForCausalLM, t.MixtralConfig(**COMMON, num_local_experts=4, num_experts_per_tok=2)),
+        "vaultgemma": lambda: (t.VaultGemmaForCausalLM, t.VaultGemmaConfig(**COMMON, head_dim=8, sliding_window=4)),
         "opt": lambda: (t.OPTForCausalLM, t.OPTConfig(
             vocab_size=96, hidden_size=32, ffn_dim=64, num_hidden_layers=2, num_attention_heads=4,
             word_embed_proj_dim=32, max_position_embeddings=128)),
