@@ -114,6 +114,17 @@ def test_longcat_image_packed_latents_over_a_stale_docstring(cli, tmp_path):
     assert len(errs) == 3 and max(errs) < 1e-4, errs
 
 
+def test_bria_derived_packed_inputs_need_no_pipeline(tmp_path):
+    """Bria documents the same stale 4-D latents: with the per-token ids deciding, its derived inputs are
+    accepted as they are (before, only a call recorded in BriaPipeline with stand-ins was)."""
+    folder = _save(tmp_path, "BriaTransformer2DModel", attention_head_dim=8, axes_dims_rope=(2, 4, 2), in_channels=64,
+                   joint_attention_dim=32, num_attention_heads=2, num_layers=1, num_single_layers=1)
+    job = normexport.load.call_for(normexport.load(str(folder)), str(folder))
+    assert not getattr(job.loaded, "headline", None), job.loaded.headline  # no pipeline was driven
+    shapes = _shapes(job)
+    assert shapes["hidden_states"][0] == (2, 8, 64) and shapes["img_ids"][0] == (8, 3), shapes
+
+
 def test_hunyuan_video15_inputs_from_its_config_widths(tmp_path):
     """HunyuanVideo 1.5 reads a second text encoder's embeddings, its mask and image embeddings, none with a
     documented shape: each gets the width its config names (text_embed_2_dim, image_embed_dim), the mask the
