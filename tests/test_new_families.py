@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import normexport
+from normexport.errors import UsageError
 
 from _new_families import _perturb_norms, convert, norm_calls, ops
 
@@ -148,6 +149,19 @@ def test_a_made_integer_mask_is_tried_as_bool(tmp_path):
     folder = _save(tmp_path, "QwenImage21Transformer2DModel", attention_head_dim=8, axes_dims_rope=(2, 4, 2),
                    context_in_dim=16, in_channels=64, num_attention_heads=2, num_layers=1, out_channels=64,
                    patch_size=1)
-    with pytest.raises(normexport.errors.UsageError) as info:
+    with pytest.raises(UsageError) as info:
         normexport.load.call_for(normexport.load(str(folder)), str(folder))
     assert "tried img_mask as bool" in str(info.value) and "boolean tensor" not in str(info.value)
+
+
+def test_documented_latents_come_before_packed_ones(tmp_path):
+    """HiDream documents [B, C, H, W] latents (or patched ones) and takes img_ids too, patchifying what it is
+    given: the documented layout is kept (the packed one is only tried when a projection refuses the latents'
+    features); the model then refuses what only its pipeline makes (Llama-3 hidden states of every layer)."""
+    folder = _save(tmp_path, "HiDreamImageTransformer2DModel", patch_size=2, in_channels=16, out_channels=16,
+                   num_layers=1, num_single_layers=1, attention_head_dim=16, num_attention_heads=2,
+                   caption_channels=[32, 24], text_emb_dim=32, num_routed_experts=2, num_activated_experts=1,
+                   axes_dims_rope=(8, 8), max_resolution=(16, 16), llama_layers=[0, 1])
+    with pytest.raises(UsageError) as info:
+        normexport.load.call_for(normexport.load(str(folder)), str(folder))
+    assert "hidden_states [2x16x4x4]" in str(info.value) and "other layout" not in str(info.value), info.value

@@ -67,11 +67,13 @@ def example_kwargs(model, library: str) -> dict[str, torch.Tensor]:
 
 class Made(dict):
     """Example inputs by parameter; `free[p]`: the axes of p's tensor that only count (tokens,
-    frames: any small size fits), which the eager check (probe) may resize."""
+    frames: any small size fits), which the eager check (probe) may resize; `others[p]`: other
+    shapes p may have, in order (the eager check tries them when the model's error is about p)."""
 
-    def __init__(self, *a, free: dict | None = None, **k):
+    def __init__(self, *a, free: dict | None = None, others: dict | None = None, **k):
         super().__init__(*a, **k)
         self.free = dict(free or {})
+        self.others = dict(others or {})
 
 
 def derive(model, library: str, given: dict | None = None, extra=()) -> tuple[dict, dict[str, str]]:
@@ -125,14 +127,16 @@ def derive(model, library: str, given: dict | None = None, extra=()) -> tuple[di
             out[p] = given[p]
             continue
         value = sizes.make(p, signature[p], gen, required=p in wanted)
-        if p in ("hidden_states", "sample") and isinstance(value, torch.Tensor) and not sizes.packed \
-                and (doc := documented.get(p)) is not None and doc.kind == "tensor" and doc.dims \
-                and len(doc.dims) != value.dim():
+        if p in ("hidden_states", "sample") and isinstance(value, torch.Tensor) and (doc := documented.get(p)) \
+                is not None and doc.kind == "tensor" and doc.dims and len(doc.dims) != value.dim():
             # the library documents another latent layout than the generic one (StableAudio's 1-D
             # latents [B, C, L], SVD's [B, F, C, H, W]): its documented shape, where the config resolves it.
-            # Not for packed latents: per-token position ids (img_ids) say tokens whatever a docstring
-            # copied from an older model says (LongCat-Image documents "(batch size, channel, height, width)")
+            # With per-token position ids (img_ids) the packed tokens stay the other layout to try: a
+            # docstring copied from an older model says "(batch size, channel, height, width)"
+            # (LongCat-Image, Bria), where another patchifies what it is given (HiDream)
             documented_value = _from_docs(p, documented, resolver, gen, config, out)
+            if documented_value is not None and sizes.packed:
+                out.others[p] = [tuple(value.shape)]
             value = value if documented_value is None else documented_value
         if value is None and p in wanted:
             value = _from_docs(p, documented, resolver, gen, config, out)

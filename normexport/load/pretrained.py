@@ -99,7 +99,8 @@ def library_model(module, library: str, kind: str, probe_generating: bool = True
         probe = lambda: library_model(module, library, kind)  # noqa: E731
     else:
         try:
-            args = checked(module, library, _in_stored_dtype(module, args), free=getattr(args, "free", None))
+            args = checked(module, library, _in_stored_dtype(module, args), free=getattr(args, "free", None),
+                           others=getattr(args, "others", None))
         except UsageError as e:
             if library != "diffusers" or kind != "pretrained":
                 raise
@@ -122,14 +123,14 @@ def library_model(module, library: str, kind: str, probe_generating: bool = True
                        probe=probe)
 
 
-def checked(module, library: str, args: dict, given=(), free=None) -> dict:
+def checked(module, library: str, args: dict, given=(), free=None, others=None) -> dict:
     """The derived inputs after one eager forward accepted them (probe.settle: an alternative
     tried for the parameter an error is about; a refusal naming it and --input / --inputs)."""
     def remake(name, kwargs):
         value = make_one(module, library, name, kwargs)
         return _in_stored_dtype(module, {name: value})[name] if value is not None else None
 
-    return settle(module, args, remake, given=given, free=free)
+    return settle(module, args, remake, given=given, free=free, others=others)
 
 
 class _Pending(CallAdapter):
@@ -319,10 +320,10 @@ def with_inputs(loaded, specs=(), args: tuple = (), kwargs: dict | None = None):
     if missing:
         raise UsageError(missing_message(type(module).__name__, missing))
     derived = [n for n in out if n not in given]
-    free = getattr(out, "free", None)
+    free, others = getattr(out, "free", None), getattr(out, "others", None)
     out = {**_in_stored_dtype(module, {n: v for n, v in out.items() if n in derived}),
            **{n: v for n, v in out.items() if n not in derived}}
-    out = checked(module, library, out, given=list(given), free=free)
+    out = checked(module, library, out, given=list(given), free=free, others=others)
     out = {p: out[p] for p in params if p in out}  # forward order
     return CallAdapter(module, (), out)
 

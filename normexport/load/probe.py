@@ -33,11 +33,14 @@ TRIES = 8
 GROW = 16
 
 
-def settle(model, kwargs: dict, remake: Callable[[str, dict], object], given=(), free: dict | None = None) -> dict:
+def settle(model, kwargs: dict, remake: Callable[[str, dict], object], given=(), free: dict | None = None,
+           others: dict | None = None) -> dict:
     """kwargs the model's forward accepts, starting from `kwargs` (derived, plus the user's
     `given` names); `remake(name, kwargs)`: a value for a parameter the model asks for (None when
-    none can be made); `free[name]`: axes of a made tensor that only count tokens / frames."""
+    none can be made); `free[name]`: axes of a made tensor that only count tokens / frames;
+    `others[name]`: other shapes a made tensor may take, tried when an error is about it."""
     kwargs, free, given = dict(kwargs), {k: set(v) for k, v in (free or {}).items()}, set(given)
+    others = {k: list(v) for k, v in (others or {}).items() if k not in given}
     tried: list[str] = []
     unmade: list[str] = []  # parameters the model reads that nothing could make
     for attempt in range(TRIES):
@@ -56,7 +59,7 @@ def settle(model, kwargs: dict, remake: Callable[[str, dict], object], given=(),
             continue
         except Exception as e:  # noqa: BLE001 - read for the parameter it is about
             error = e
-        fix = _alternative(model, error, kwargs, remake, given, free, unmade) if attempt < TRIES - 1 else None
+        fix = _alternative(model, error, kwargs, remake, given, free, unmade, others) if attempt < TRIES - 1 else None
         if fix is None or fix[1] in tried:
             break
         kwargs, what = fix
@@ -125,10 +128,21 @@ def _shape_text(v) -> str:
     return ""
 
 
-def _alternative(model, error, kwargs, remake, given, free, unmade):
+def _alternative(model, error, kwargs, remake, given, free, unmade, others=None):
     """(new kwargs, what was done) for the parameter the error is about, or None."""
     msg = str(error)
     params = _parameters(model)
+    # a made tensor with another layout to try (derive's `others`: packed latents [B, N, C] beside a
+    # documented [B, C, H, W]), whose features a projection refused ("mat1 and mat2 shapes cannot be
+    # multiplied (256x2 and 64x16)": its rows and last axis are the first pair): its next layout
+    m = re.search(r"mat1 and mat2 shapes cannot be multiplied \((\d+)x(\d+) and \d+x\d+\)", msg)
+    for name, shapes in (others or {}).items():
+        t = kwargs.get(name)
+        if m and shapes and isinstance(t, torch.Tensor) and t.dim() >= 2 \
+                and (t.shape[:-1].numel(), int(t.shape[-1])) == (int(m.group(1)), int(m.group(2))):
+            shape = shapes.pop(0)
+            free[name] = {1} if len(shape) == 3 else set()  # packed: the token axis counts
+            return {**kwargs, name: _like(t, shape)}, f"{name} {'x'.join(map(str, shape))} (its other layout)"
     # a dict parameter short of keys the forward reads from it (entries): each is made
     for name, value in kwargs.items():
         if isinstance(value, entries.Keys) and (keys := entries.wanted(value, error)):
