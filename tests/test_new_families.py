@@ -165,3 +165,16 @@ def test_documented_latents_come_before_packed_ones(tmp_path):
     with pytest.raises(UsageError) as info:
         normexport.load.call_for(normexport.load(str(folder)), str(folder))
     assert "hidden_states [2x16x4x4]" in str(info.value) and "other layout" not in str(info.value), info.value
+
+
+def test_wan_vace_control_latents_take_the_channels_their_embedding_takes(cli, tmp_path):
+    """WanVACE's control_hidden_states (made like the latents once the forward asks for it) go through their
+    own patch embedding of vace_in_channels: the channel error is about them (the failing statement names
+    them, not the latents of the same shape) and they get its channels; the folder converts."""
+    folder = _save(tmp_path, "WanVACETransformer3DModel", num_attention_heads=2, attention_head_dim=8, text_dim=32,
+                   freq_dim=16, ffn_dim=32, num_layers=2, vace_layers=[0], vace_in_channels=32)
+    job = normexport.load.call_for(normexport.load(str(folder)), str(folder))
+    shapes = _shapes(job)
+    assert shapes["hidden_states"][0][1] == 16 and shapes["control_hidden_states"][0][1] == 32, shapes
+    stdout, rep, errs = convert(cli, folder, tmp_path / "vace.onnx")
+    assert errs and max(errs) < 1e-4, errs

@@ -251,6 +251,12 @@ def _alternative(model, error, kwargs, remake, given, free, unmade, others=None)
                 order[1], order[axes[0]] = order[axes[0]], order[1]
                 free[name] = {order.index(a) for a in free.get(name, set())}
                 return {**kwargs, name: _like(t, [int(t.shape[a]) for a in order])}, f"{name} channels first"
+            if int(t.shape[1]) == int(c.group(2)) and want > 0:
+                # made with another input's channels (WanVACE's control_hidden_states like the latents, where
+                # its own embedding takes vace_in_channels): the channels the convolution takes
+                shape = list(t.shape)
+                shape[1] = want
+                return {**kwargs, name: _like(t, shape)}, f"{name} {'x'.join(map(str, shape))}"
         n = re.search(r"expect\w*\D*?(\d+)\D*?(?:but|found|got|instead)\D*?(\d+)", msg)
         if n:
             want, got = int(n.group(1)), int(n.group(2))
@@ -347,14 +353,32 @@ def _parameters(model) -> list[str]:
 
 def _about(error, kwargs) -> str | None:
     """The tensor the message is about: its shape written in the message ([2, 8, 10], (2, 8, 10),
-    2x8x10), else the parameter whose name's words the message uses ("mel input features")."""
+    2x8x10; of several of that shape, the one the failing statements name: WanVACE's
+    `control_hidden_states = self.vace_patch_embedding(control_hidden_states)` beside hidden_states),
+    else the parameter whose name's words the message uses ("mel input features")."""
     msg = str(error)
+    hits = []
     for n, v in kwargs.items():
         if isinstance(v, torch.Tensor) and v.dim() > 1:
             dims = [str(int(d)) for d in v.shape]
             if re.search(r"[\[(]\s*" + r"\s*,\s*".join(dims) + r"\s*[\])]", msg) or "x".join(dims) in msg:
-                return n
-    return _named_in(msg, kwargs)
+                hits.append(n)
+    if len(hits) > 1:
+        return _named_in_traceback(error, hits) or hits[0]
+    return hits[0] if hits else _named_in(msg, kwargs)
+
+
+def _named_in_traceback(error, names: list[str]) -> str | None:
+    """Of `names`, the one the failing statements use, innermost first (the line of each frame)."""
+    tb, lines = error.__traceback__, []
+    while tb is not None:
+        lines.append(linecache.getline(tb.tb_frame.f_code.co_filename, tb.tb_lineno))
+        tb = tb.tb_next
+    for line in reversed(lines):
+        used = [n for n in names if re.search(rf"\b{re.escape(n)}\b", line)]
+        if len(used) == 1:
+            return used[0]
+    return None
 
 
 def _named_in(msg: str, kwargs) -> str | None:
