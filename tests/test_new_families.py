@@ -88,6 +88,7 @@ def test_input_by_keyword_reaches_its_parameter():
 
 
 def _save(tmp_path, cls_name: str, **config):
+    tmp_path.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(0)
     m = getattr(diffusers, cls_name)(**config)
     _perturb_norms(m)
@@ -178,3 +179,23 @@ def test_wan_vace_control_latents_take_the_channels_their_embedding_takes(cli, t
     assert shapes["hidden_states"][0][1] == 16 and shapes["control_hidden_states"][0][1] == 32, shapes
     stdout, rep, errs = convert(cli, folder, tmp_path / "vace.onnx")
     assert errs and max(errs) < 1e-4, errs
+
+
+def test_a_missing_optional_package_is_named(tmp_path):
+    """Cosmos imports torchvision's transforms only where torchvision is installed and uses them for its
+    padding mask: without torchvision the refusal names the package to install (not "name 'transforms' is not
+    defined"); without the padding mask its derived inputs are accepted."""
+    import importlib.util
+
+    if importlib.util.find_spec("torchvision") is not None:
+        pytest.skip("torchvision is installed here")
+    cfg = dict(num_attention_heads=2, attention_head_dim=16, num_layers=1, text_embed_dim=32, adaln_lora_dim=8,
+               max_size=(8, 16, 16), crossattn_proj_in_channels=32, encoder_hidden_states_channels=32)
+    folder = _save(tmp_path / "mask", "CosmosTransformer3DModel", **cfg)
+    with pytest.raises(UsageError) as info:
+        normexport.load.call_for(normexport.load(str(folder)), str(folder))
+    assert "needs the package torchvision, which is not installed" in str(info.value), info.value
+    assert "pip install torchvision" in str(info.value)
+    folder = _save(tmp_path / "nomask", "CosmosTransformer3DModel", concat_padding_mask=False, **cfg)
+    job = normexport.load.call_for(normexport.load(str(folder)), str(folder))
+    assert _shapes(job)["hidden_states"][0] == (2, 16, 2, 4, 4)

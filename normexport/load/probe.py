@@ -91,9 +91,36 @@ def _randomness(model, kwargs: dict, remake):
     return {**kwargs, **made}, f"with {', '.join(made)} (the forward draws random numbers without it)"
 
 
+def missing_package(error: BaseException) -> str | None:
+    """The package a NameError of the model's code stands for when that code imports the name only if
+    the package is installed (diffusers' Cosmos: `from torchvision import transforms` under
+    is_torchvision_available()), and it is not: its top-level name; else None."""
+    import importlib.util
+
+    if not isinstance(error, NameError) or not getattr(error, "name", None):
+        return None
+    tb = error.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is None:
+        return None
+    lines = linecache.getlines(tb.tb_frame.f_code.co_filename)
+    name = re.escape(error.name)
+    for line in lines:
+        m = re.match(rf"\s*from\s+([\w.]+)\s+import\s+.*\b{name}\b|\s*import\s+([\w.]+)\s+as\s+{name}\b|"
+                     rf"\s*import\s+({name})\b", line)
+        if m:
+            package = (m.group(1) or m.group(2) or m.group(3)).split(".")[0]
+            return package if importlib.util.find_spec(package) is None else None
+    return None
+
+
 def refusal(model, error: BaseException, kwargs: dict, given=(), tried=(), unmade=()) -> str:
     """The one line when the made inputs stay refused: the parameter, what the model expected, the escape hatches."""
     cls = type(model).__name__
+    if (package := missing_package(error)) is not None:
+        return (f"{cls}.forward needs the package {package}, which is not installed here (its error: "
+                f"{first_line(error, 120)}): pip install {package}, then convert again")
     if unmade:  # the forward reads a parameter normexport has no value for
         expected = first_line(error, 200)
         return (f"{cls}.forward needs {', '.join(dict.fromkeys(unmade))}, which normexport cannot make (its error: "
