@@ -520,6 +520,18 @@ __device__ __forceinline__ V block_reduce(V v, float* buf, bool equal)
     return warps_reduce_pow2(t, lanes, equal && lanes == nwarps);
 }
 
+// The block kernels' reduction of a row: block_reduce over `red` (2 * kReduceWords<V> floats), its two
+// halves used in turn (`parity`, the caller's, flips each row), so one barrier per row is enough.
+template <typename V>
+__device__ __forceinline__ auto alternating_reduce(float* red, int& parity)
+{
+    return [red, &parity](V v, bool equal) {
+        V const r = block_reduce(v, red + parity * kReduceWords<V>, equal);
+        parity ^= 1;
+        return r;
+    };
+}
+
 // Sum over the block for the looped kernel: two barriers, so `smem` (32 floats) is reusable at once.
 __device__ __forceinline__ float block_sum(float v, float* smem)
 {
@@ -923,11 +935,7 @@ __global__ void NORMEXPORT_MAXNREG((reg_budget<T, K, VPT, false>()))
     int const nthr = blockDim.x;
     uint32_t const rows = static_cast<uint32_t>(p.rows);
     int parity = 0;
-    auto reduce = [&](Value v, bool equal) {
-        Value const r = block_reduce(v, red + parity * kReduceWords<Value>, equal);
-        parity ^= 1;
-        return r;
-    };
+    auto const reduce = alternating_reduce<Value>(red, parity);
     Affine<T, K, VEC, VPT, false> const aff{};
     // block_rows consecutive rows per block; rows < 2^31 and gridDim.x * block_rows < rows + block_rows
     uint32_t const per = p.block_rows;
@@ -1016,11 +1024,7 @@ __global__ void NORMEXPORT_MAXNREG((async_reg_budget<T, K, VPT>())) norm_block_a
     int const nvec = static_cast<int>(p.hidden / VEC);
     uint32_t const rows = static_cast<uint32_t>(p.rows);
     int parity = 0;
-    auto reduce = [&](Value v, bool equal) {
-        Value const r = block_reduce(v, red + parity * kReduceWords<Value>, equal);
-        parity ^= 1;
-        return r;
-    };
+    auto const reduce = alternating_reduce<Value>(red, parity);
     auto slot = [&](int buf, int src, int i) { return stage + ((buf * kSrc + src) * VPT + i) * nthr + tid; };
     auto issue = [&](uint32_t row, int buf) {
         size_t const base = static_cast<size_t>(row) * static_cast<size_t>(p.hidden);
