@@ -142,6 +142,13 @@ BY_HAND = {
     "Kandinsky5Transformer3DModel": dict(in_visual_dim=4, in_text_dim=32, in_text_dim2=24, time_dim=32, out_visual_dim=4,
                                          model_dim=32, ff_dim=64, num_text_blocks=1, num_visual_blocks=1,
                                          axes_dims=(4, 6, 6)),
+    # (the shrinking builds these two, but with widths that disagree: RoPE sections, caption vs cross-attention)
+    "Ideogram4Transformer2DModel": dict(in_channels=16, num_layers=1, attention_head_dim=16, num_attention_heads=2,
+                                        intermediate_size=64, adaln_dim=32, llm_features_dim=48, mrope_section=(4, 2, 2)),
+    "LTX2VideoTransformer3DModel": dict(in_channels=16, out_channels=16, num_attention_heads=2, attention_head_dim=8,
+                                        cross_attention_dim=16, audio_in_channels=16, audio_out_channels=16,
+                                        audio_num_attention_heads=2, audio_attention_head_dim=8,
+                                        audio_cross_attention_dim=16, num_layers=1, caption_channels=32),
     "EasyAnimateTransformer3DModel": dict(num_attention_heads=2, attention_head_dim=32, in_channels=16,
                                           out_channels=16, patch_size=2, num_layers=1, mmdit_layers=1, time_embed_dim=32,
                                           text_embed_dim=32, sample_width=8, sample_height=8),
