@@ -111,6 +111,8 @@ def missing_package(error: BaseException) -> str | None:
                      rf"\s*import\s+({name})\b", line)
         if m:
             package = (m.group(1) or m.group(2) or m.group(3)).split(".")[0]
+            if not package:  # a relative import: the library's own module, not an optional package
+                return None
             return package if importlib.util.find_spec(package) is None else None
     return None
 
