@@ -257,9 +257,9 @@ def _worst_steps_kn(a: np.ndarray, b: np.ndarray, scales: np.ndarray, zero_point
     inverse = np.ascontiguousarray(np.divide(np.float32(1), s, out=np.zeros_like(s), where=~zero).T)  # [blocks, N]
     zp = _zero_points(zero_points, n, blocks)
     # q - zero point is an integer in [-15, 15]: formed in int8 (a byte per weight), exact, as in float
-    zp = np.int8(zp) if np.ndim(zp) == 0 else np.ascontiguousarray(zp.reshape(n, blocks).T)  # [blocks, N]
-    integral = np.ndim(zp) == 0 or bool(np.all(zp == np.round(zp)) and np.all((zp >= 0) & (zp <= 15)))
-    if np.ndim(zp) != 0 and integral:
+    zp = zp if np.ndim(zp) == 0 else np.ascontiguousarray(zp.reshape(n, blocks).T)  # [blocks, N]
+    integral = bool(np.all(zp == np.round(zp)) and np.all((zp >= 0) & (zp <= 15)))  # (not HQQ's float ones)
+    if integral:
         zp = zp.astype(np.int8)
     zero = np.ascontiguousarray(zero.T)  # [blocks, N]
     step = max(1, min(blocks, ROWS // block))  # blocks of rows at a time
