@@ -461,28 +461,25 @@ def main(argv=None) -> int:
     return 0
 
 
+def _table(title: str, header: str, lines: list[str]) -> None:
+    if lines:
+        print(f"\n{title}\n{header}\n{'-' * len(header)}")
+        print("\n".join(lines))
+
+
 def print_report(results: list[dict], device: str, iters: int) -> None:
-    bulk = [r for r in results if r.get("mode", "bulk") == "bulk"]
-    if bulk:
-        header = f"{'op':<14} {'dtype':<9} {'tokens':>7} {'hidden':>6} {'impl':<14} {'ms':>8} {'GB/s':>8} {'%copy':>6}"
-        print(f"\n{device}  (bulk: copy bandwidth measured per shape; median of {iters} calls, each from a cold L2)")
-        print(header)
-        print("-" * len(header))
-        for r in bulk:
-            ms = f"{r['ms']:.4f}" if r["ms"] else "-"
-            gbs = f"{r['gb_per_s']:.0f}" if r["gb_per_s"] else "-"
-            pct = f"{r['pct_of_copy']:.0f}" if r["pct_of_copy"] else "-"
-            print(f"{r['op']:<14} {r['dtype']:<9} {r['tokens']:>7} {r['hidden']:>6} {r['impl']:<14} {ms:>8} {gbs:>8} "
-                  f"{pct:>6}")
-    decode = [r for r in results if r.get("mode") == "decode"]
-    if decode:
-        header = f"{'op':<14} {'dtype':<9} {'rows':>5} {'hidden':>6} {'impl':<14} {'us':>8}"
-        print(f"\n{device}  (decode: microseconds per call, back-to-back in a CUDA graph)")
-        print(header)
-        print("-" * len(header))
-        for r in decode:
-            us = f"{r['ms'] * 1e3:.2f}" if r["ms"] else "-"
-            print(f"{r['op']:<14} {r['dtype']:<9} {r['tokens']:>5} {r['hidden']:>6} {r['impl']:<14} {us:>8}")
+    def num(v, fmt):
+        return format(v, fmt) if v else "-"
+
+    _table(f"{device}  (bulk: copy bandwidth measured per shape; median of {iters} calls, each from a cold L2)",
+           f"{'op':<14} {'dtype':<9} {'tokens':>7} {'hidden':>6} {'impl':<14} {'ms':>8} {'GB/s':>8} {'%copy':>6}",
+           [f"{r['op']:<14} {r['dtype']:<9} {r['tokens']:>7} {r['hidden']:>6} {r['impl']:<14} {num(r['ms'], '.4f'):>8} "
+            f"{num(r['gb_per_s'], '.0f'):>8} {num(r['pct_of_copy'], '.0f'):>6}"
+            for r in results if r.get("mode", "bulk") == "bulk"])
+    _table(f"{device}  (decode: microseconds per call, back-to-back in a CUDA graph)",
+           f"{'op':<14} {'dtype':<9} {'rows':>5} {'hidden':>6} {'impl':<14} {'us':>8}",
+           [f"{r['op']:<14} {r['dtype']:<9} {r['tokens']:>5} {r['hidden']:>6} {r['impl']:<14} "
+            f"{num(r['ms'] and r['ms'] * 1e3, '.2f'):>8}" for r in results if r.get("mode") == "decode"])
     verdicts = goals(results)
     if not verdicts:
         return

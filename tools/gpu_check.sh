@@ -84,23 +84,23 @@ if [[ " $STEPS " == *" sanitize "* ]]; then
         echo "== compute-sanitizer --tool $tool: exit $rc in $(( $(date +%s) - t0 )) s; $(grep -E '[0-9]+ cases' "$LOGS/normexport_sanitizer_$tool.log" | tail -1); $(grep -E 'ERROR SUMMARY' "$LOGS/normexport_sanitizer_$tool.log" | tail -1)"
     done
     # Planted bugs, each of which the run above must catch: a wrong epsilon (the float64 comparison)
-    # and an output one element short (memcheck).
-    "$DRIVER" --quick --plant eps > "$LOGS/normexport_plant_eps.log" 2>&1
-    rc=$?
-    n=$(grep -c '^FAIL' "$LOGS/normexport_plant_eps.log")
-    if [ $rc -eq 1 ] && [ "$n" -gt 0 ]; then
-        echo "== planted 2x epsilon: caught ($n mismatching cases)"
-    else
-        echo "== planted 2x epsilon: NOT caught (exit $rc, $n mismatching cases)"; status=1
-    fi
-    "$SANITIZER" --tool memcheck --error-exitcode 3 "$DRIVER" --quick --plant short-y > "$LOGS/normexport_plant_short_y.log" 2>&1
-    rc=$?
-    n=$(grep -c 'Invalid __global__ write' "$LOGS/normexport_plant_short_y.log")
-    if [ $rc -eq 3 ] && [ "$n" -gt 0 ]; then
-        echo "== planted y one element short: caught by memcheck ($n invalid writes)"
-    else
-        echo "== planted y one element short: NOT caught (exit $rc, $n invalid writes)"; status=1
-    fi
+    # and an output one element short (memcheck). planted WHAT LOG EXIT PATTERN CMD...: caught when CMD
+    # exits EXIT and its log has PATTERN.
+    planted() {
+        local what=$1 log=$LOGS/$2 want=$3 pattern=$4
+        shift 4
+        "$@" > "$log" 2>&1
+        local rc=$? n
+        n=$(grep -c "$pattern" "$log")
+        if [ $rc -eq "$want" ] && [ "$n" -gt 0 ]; then
+            echo "== planted $what: caught ($n x '$pattern')"
+        else
+            echo "== planted $what: NOT caught (exit $rc, $n x '$pattern')"; status=1
+        fi
+    }
+    planted "2x epsilon" normexport_plant_eps.log 1 '^FAIL' "$DRIVER" --quick --plant eps
+    planted "y one element short" normexport_plant_short_y.log 3 'Invalid __global__ write' \
+        "$SANITIZER" --tool memcheck --error-exitcode 3 "$DRIVER" --quick --plant short-y
 fi
 
 echo "== benchmark (log: $LOGS/normexport_bench.log, results: $RESULTS)"
