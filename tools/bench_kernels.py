@@ -162,10 +162,16 @@ def time_fn(torch, fn, iters: int, warmup: int, flush) -> float:
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    return _timed_median(torch, iters, fn, before=flush.zero_)
+
+
+def _timed_median(torch, n: int, fn, before=None) -> float:
+    """Median milliseconds of `fn` over n calls, each between two CUDA events (after `before`, untimed)."""
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
     for s, e in zip(starts, ends):
-        flush.zero_()
+        if before is not None:
+            before()
         s.record()
         fn()
         e.record()
@@ -191,15 +197,9 @@ def time_graph(torch, fn, launches: int, replays: int) -> float:
             fn()
     graph.replay()
     torch.cuda.synchronize()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
-    for s, e in zip(starts, ends):
-        s.record()
-        graph.replay()
-        e.record()
-    torch.cuda.synchronize()
+    ms = _timed_median(torch, replays, graph.replay)
     del graph
-    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends)) / launches
+    return ms / launches
 
 
 EPS = 1e-6
