@@ -59,11 +59,15 @@ class Resolver:
     """Dim names -> sizes for one example call. `known`: sizes the caller fixes by name (a
     diffusers model's latent height / width / frames / text length); `folder`: the folder's
     processor sizes; `free_size`: a size for token / frame counts (kept per name, so two inputs
-    documented with `text_seq_len` agree)."""
+    documented with `text_seq_len` agree); `fallback`: sizes by name the model's own modules give
+    (its first convolution's input channels), taken only where neither the config nor the folder
+    names the dim (Encodec's `channels`, which its config calls `audio_channels`)."""
 
-    def __init__(self, config, folder: dict | None, batch: int, known: dict | None = None, free_size: int = 8):
+    def __init__(self, config, folder: dict | None, batch: int, known: dict | None = None, free_size: int = 8,
+                 fallback: dict | None = None):
         self.config, self.folder, self.batch = config, dict(folder or {}), batch
         self.known = dict(known or {})
+        self.fallback = dict(fallback or {})  # sizes the model's modules give, when no config key does
         self.free_size = free_size
         self.free: dict[str, int] = {}
 
@@ -88,6 +92,9 @@ class Resolver:
             v = config_int(self.config, k)
             if v is not None:
                 return v, False
+        for k in (key,) + ALIASES.get(key, ()):
+            if k in self.fallback:
+                return self.fallback[k], False
         if _counts(key):
             return self.free.setdefault(key, self.free_size if "target" not in key else max(2, self.free_size // 2)), True
         return None, False
@@ -122,7 +129,7 @@ class Resolver:
         keys = [re.sub(r"^(self\.)?(config\.)", "", d.strip().lower()).strip() for d in dims]
         counted = [k not in BATCH_NAMES and not is_expression(k) and _counts(k) and k not in self.known
                    and k not in self.folder
-                   and k not in ALIASES and config_int(self.config, k) is None for k in keys]
+                   and k not in ALIASES and k not in self.fallback and config_int(self.config, k) is None for k in keys]
         bound = {self.dim(d)[0] for d, c in zip(dims, counted) if not c}
         for key, c in zip(keys, counted):
             if c and key not in self.free:

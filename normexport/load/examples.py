@@ -102,7 +102,8 @@ def derive(model, library: str, given: dict | None = None, extra=()) -> tuple[di
     wanted = list(dict.fromkeys(required + [p for p in extra if p in signature]))
     if library == "transformers":
         out, missing = _transformers_kwargs(model, config, required, gen, batch, given, folder)
-        resolver = Resolver(config, folder, batch, known=_patch_grid(config, {**out, **given}), free_size=SEQ)
+        resolver = Resolver(config, folder, batch, known=_patch_grid(config, {**out, **given}), free_size=SEQ,
+                            fallback=_module_sizes(model))
         made = Made({**out, **given})
         for p in wanted:
             if p not in made and p not in missing:
@@ -120,7 +121,7 @@ def derive(model, library: str, given: dict | None = None, extra=()) -> tuple[di
         made = Made({**{p: made[p] for p in params if p in made}, **made}, free=made.free)  # forward order
         return made, {p: v for p, v in missing.items() if p not in given}
     sizes = _Sizes(type(model).__name__, config, params, batch, given)
-    resolver = Resolver(config, folder, batch, known=sizes.known(), free_size=SEQ)
+    resolver = Resolver(config, folder, batch, known=sizes.known(), free_size=SEQ, fallback=_module_sizes(model))
     out = Made()
     for p in params:
         if p in given:
@@ -504,11 +505,20 @@ def _patch_grid(config, made: dict) -> dict[str, int]:
     return {"sequence_length": n, "num_patches": n}
 
 
-def _first_conv_channels(model) -> int | None:
-    """The input channels of the model's first 2-D convolution (in module order: the stem that
-    takes the image), when neither the config nor the folder names them."""
-    conv = next((m for m in model.modules() if isinstance(m, torch.nn.Conv2d)), None)
+def _first_conv_channels(model, kinds=(torch.nn.Conv2d,)) -> int | None:
+    """The input channels of the model's first convolution of `kinds` (in module order: the stem that
+    takes the image, or the audio), when neither the config nor the folder names them."""
+    conv = next((m for m in model.modules() if isinstance(m, kinds)), None)
     return int(conv.in_channels) if conv is not None else None
+
+
+def _module_sizes(model) -> dict[str, int]:
+    """Sizes of documented dims the model's modules give where its config names none (dims.Resolver's
+    fallback): `channels` are what its first convolution (1-, 2- or 3-D) takes."""
+    if not isinstance(model, torch.nn.Module):
+        return {}
+    channels = _first_conv_channels(model, (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d))
+    return {} if channels is None else {k: channels for k in ("channels", "channel", "num_channels", "in_channels")}
 
 
 #: image side when neither the config nor the folder names one (CNNs take any size; 64 survives 32x downsampling)

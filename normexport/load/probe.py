@@ -210,9 +210,13 @@ def _alternative(model, error, kwargs, remake, given, free, unmade, others=None)
                     f"{', '.join(floats)} in [0, 1) (read as indices)")
     # a made integer tensor where the model computes in floating point (HunyuanVideo 1.5's timestep,
     # documented LongTensor, through a Linear: "mat1 and mat2 must have the same dtype, but got Long and
-    # Float"): the made integer tensors that are not ids, indices, masks or sizes become float, values kept
+    # Float"; Speech2Text's input_features, documented LongTensor, through a Conv1d: "Input type (long int)
+    # and bias type (float) should be the same"): the made integer tensors that are not ids, indices, masks
+    # or sizes become float, values kept
     if re.search(r"same dtype, but got (?:Long|Int)\w* and (?:Float|Half|BFloat16|Double)|"
-                 r"expected scalar type (?:Float|Half|BFloat16|Double) but found (?:Long|Int)", msg):
+                 r"expected scalar type (?:Float|Half|BFloat16|Double) but found (?:Long|Int)|"
+                 r"Input type \((?:torch\.)?(?:long|int)[^)]*\) and (?:bias|weight) type \((?:torch\.)?"
+                 r"(?:float|half|bfloat16|double)", msg, re.I):
         ints = [n for n, v in kwargs.items() if n not in given and isinstance(v, torch.Tensor)
                 and not v.is_floating_point() and v.dtype != torch.bool
                 and not re.search(r"ids?$|_ids?_|index|indices|mask|position|shape|size|grid|len|label", n)]
@@ -302,6 +306,22 @@ def _alternative(model, error, kwargs, remake, given, free, unmade, others=None)
                 shape[a], shape[b] = want, shape[a]
                 free[name] = (free[name] - {b}) | {a}
                 return {**kwargs, name: _like(t, shape)}, f"{name} {'x'.join(map(str, shape))} (axes {b}, {a} swapped)"
+    # a length the model fixes, given in a message that names just it and the made one ("Input sequence
+    # length (8) doesn't match model configuration (32)": PatchTST's past_values, sized by context_length):
+    # every made tensor's counted axis of the made size takes the other
+    sizes = {int(x) for x in re.findall(r"(?<![\w.])\d+(?![\w.])", msg)}
+    counted = [(n, a) for n, v in kwargs.items() if n not in given and isinstance(v, torch.Tensor)
+               for a in sorted(free.get(n, ())) if int(v.shape[a]) in sizes]
+    if len(sizes) == 2 and len({int(kwargs[n].shape[a]) for n, a in counted}) == 1:
+        got = int(kwargs[counted[0][0]].shape[counted[0][1]])
+        want = (sizes - {got}).pop()
+        if want > 0:
+            out = dict(kwargs)
+            for n, a in counted:
+                shape = list(out[n].shape)
+                shape[a] = want
+                out[n] = _like(out[n], shape)
+            return out, ", ".join(f"{n} {'x'.join(map(str, out[n].shape))}" for n in dict.fromkeys(n for n, _ in counted))
     # last: a dict entry the forward read with a default of its own (made from another input, which
     # did not fit): made as the entry its name says
     for name, value in kwargs.items():

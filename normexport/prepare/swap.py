@@ -55,7 +55,7 @@ def _try_swap(name: str, m: nn.Module, report: list, seen: Calls | None = None) 
     cands = recognisers.candidates(m)
     if not cands:
         if "Norm" in type(m).__name__ and (name or not any(True for _ in m.children())):
-            report.append(entry(name, m, "skipped", None,
+            report.append(entry(name, m, "skipped", None, recognisers.wrapped_norm(m) or
                                 "named like a norm but not a recognised RMSNorm / AdaLN-Zero form "
                                 "(no 1-D weight with eps/variance_epsilon)", math.nan))
         return None

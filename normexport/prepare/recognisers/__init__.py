@@ -17,7 +17,8 @@ its own check passes (reporting each norm it fused or left alone) and returns th
 handled, which the driver then skips.
 
 standard_norms.skip_reason(m) says why a torch LayerNorm / GroupNorm / BatchNorm / ... is left
-alone (`left_alone`). The recognisers import nothing of the driver (tests/test_import_cycles.py).
+alone (`left_alone`); `wrapped_norm`, asked after the recognisers, says it of a weightless wrapper
+around one. The recognisers import nothing of the driver (tests/test_import_cycles.py).
 """
 
 from __future__ import annotations
@@ -46,6 +47,11 @@ def left_alone(m: nn.Module) -> str | None:
     return standard_norms.skip_reason(m)
 
 
+def wrapped_norm(m: nn.Module) -> str | None:
+    """Why `m`, which no recogniser took, is left alone when it only wraps a standard torch norm, else None."""
+    return standard_norms.wrapped_reason(m)
+
+
 def candidates(m: nn.Module) -> list[Candidate]:
     """Every hypothesis the recognisers have for `m`, in registry order."""
     found: list[Candidate] = []
@@ -66,4 +72,4 @@ def recognise_blocks(block: nn.Module, name: str, report: list) -> set[str]:
 
 
 __all__ = ["BLOCK_RECOGNISERS", "Candidate", "MODULE_RECOGNISERS", "candidates", "entry", "left_alone",
-           "recognise_blocks"]
+           "recognise_blocks", "wrapped_norm"]
