@@ -138,3 +138,21 @@ def test_planted_feeds_bug_fails_against_generate(converted, cli, monkeypatch, t
     assert "FAIL: transformers' generate (its own cache) gives eager's tokens at 4/4 steps" in stdout
     assert "step 1: generate's logits differ from eager's by" in stdout
     assert any(ln.startswith("FAILED: 4/4 steps' logits within limits") for ln in stdout.splitlines()), stdout
+
+
+def test_model_logits_processors_do_not_count(converted, cli, tmp_path):
+    """transformers' generate is compared as plain greedy decoding: the logits processors a folder's
+    generation_config.json switches on (BART's forced_eos_token_id, a repetition penalty, no repeated
+    n-grams) change its tokens where eager's argmax does not; the cache settings stay the model's."""
+    import shutil
+
+    folder, out = converted
+    mine = tmp_path / "folder"
+    shutil.copytree(folder, mine)
+    (mine / "generation_config.json").write_text(json.dumps({
+        "forced_eos_token_id": 2, "no_repeat_ngram_size": 1, "repetition_penalty": 5.0, "min_new_tokens": 6,
+        "eos_token_id": 2, "pad_token_id": 0}))
+    code, stdout, err = cli("check", out, "--reference", mine, "--tokens", 6, "--json", tmp_path / "r.json")
+    assert code == 0, stdout + err
+    lib = json.loads((tmp_path / "r.json").read_text())["library_generate"]
+    assert lib["passed"] and lib["equal"] == 6, lib

@@ -30,6 +30,7 @@ tokens must be equal at every step the runtime's own greedy generation is eager'
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import gc
 import math
@@ -343,20 +344,24 @@ def _library_generate(lm, prompt, path, eager_logits, margins, dtype, rtol, atol
     (output_logits: before any logits processor) within the tolerance of eager's last position,
     and its token equal to eager's where eager's top-2 margin exceeds the tolerance (both are eager
     in one dtype)."""
-    import copy
-
     model = lm.generates
     if model is None:
         return {"reason": f"{lm.label} is no transformers model: it has no generate of its own"}
     n, tokens = prompt.shape[1], path.shape[1] - prompt.shape[1]
     try:
-        config = copy.deepcopy(model.generation_config)
+        own = model.generation_config
+        config = _plain_greedy(own)
         config.eos_token_id = None  # all `tokens` steps, no early stop
         config.pad_token_id = 0 if config.pad_token_id is None else config.pad_token_id
         config.max_new_tokens, config.do_sample, config.use_cache = tokens, False, True
         config.output_logits, config.return_dict_in_generate = True, True
-        with torch.no_grad():
-            out = model.generate(prompt, attention_mask=torch.ones_like(prompt), generation_config=config)
+        # generate fills what the config passed leaves unset from the model's own: swapped for the call
+        model.generation_config = config
+        try:
+            with torch.no_grad():
+                out = model.generate(prompt, attention_mask=torch.ones_like(prompt), generation_config=config)
+        finally:
+            model.generation_config = own
         got, got_logits = out.sequences[:, n:], out.logits
     except Exception as e:  # noqa: BLE001
         return {"reason": f"{type(e).__name__}: {_short(e)}"}
@@ -388,6 +393,24 @@ def _library_generate(lm, prompt, path, eager_logits, margins, dtype, rtol, atol
     return {"tokens": got.T.tolist(), "equal": equal, "required": required,
             "passed": first is None and first_logits is None, "first_difference": first,
             "logits_compared": compared, "logits_max_abs_err": worst, "logits_first_difference": first_logits}
+
+
+#: what of a model's generation config decides how its cache is kept, not which token is chosen
+_CACHE_FIELDS = ("cache_implementation", "cache_config", "pad_token_id", "bos_token_id", "decoder_start_token_id")
+
+
+def _plain_greedy(own):
+    """A generation config for plain greedy decoding with the model's own cache settings: none of the
+    logits processors its own config switches on (BART's forced_eos_token_id puts EOS at the last step,
+    min_length / no_repeat_ngram_size / repetition_penalty / suppress_tokens change tokens too), which
+    eager's argmax path does not apply."""
+    from transformers import GenerationConfig
+
+    config = GenerationConfig()
+    for k in _CACHE_FIELDS:
+        if getattr(own, k, None) is not None:
+            setattr(config, k, copy.deepcopy(getattr(own, k)))
+    return config
 
 
 def _float64(lm, path: torch.Tensor, n: int):
