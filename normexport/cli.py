@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 import warnings
@@ -115,6 +116,9 @@ def main(argv: list[str] | None = None) -> int:
     # torch.export.load's unpickling of pytree specs warns from copyreg (torch 2.13: "`isinstance(treespec,
     # LeafSpec)` is deprecated"): torch's business, attributed to the stdlib.
     warnings.filterwarnings("ignore", category=FutureWarning, module=r"copyreg$")
+    # onnxscript's constant folding logs "Evaluation failed: ..." where onnx's reference evaluator cannot
+    # fold a node (a shape it cannot reshape at fold time): the node stays and runs in the file, nothing fails
+    logging.getLogger("onnxscript.optimizer._constant_folding").setLevel(logging.ERROR)
     debug = os.environ.get("NORMEXPORT_DEBUG", "").strip() not in ("", "0")
     try:
         args = build_parser().parse_args(argv)

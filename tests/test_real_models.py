@@ -222,9 +222,12 @@ def test_t5_encoder_converts(cli, files, tmp_path):
     # exporter that wrote the file (either may, see below): the TorchScript one keeps T5LayerNorm's no-op
     # Cast(float32) between the Add and the norm, which skip_rms_norm_trt does not look through
     assert norm_ops(model, "normexport") == {"RMSNorm": 2 * LAYERS + 1}
-    assert (ins, outs) == (["input_ids"], ["last_hidden_state"])
+    # a text encoder is deployed with its padding mask, as a tokenizer gives it (examples._padding_inputs)
+    assert (ins, outs) == (["input_ids", "attention_mask"], ["last_hidden_state"])
     ids = torch.randint(0, 64, (2, 7), generator=torch.Generator().manual_seed(10))
-    _vs_float64(tmp_path / "t.onnx", models["t5"], ids)
+    mask = torch.ones(2, 7, dtype=torch.long)
+    mask[1, -3:] = 0  # the second prompt padded
+    _vs_float64(tmp_path / "t.onnx", models["t5"], ids, mask)
 
 
 def test_t5_encoder_names_its_exporter(cli, files, tmp_path):

@@ -45,7 +45,8 @@ def declared_inputs(module: nn.Module):
 
 #: inputs whose first axis is the batch (and, for token ids, the second the sequence)
 BATCHED = ("input_ids", "attention_mask", "hidden_states", "timestep", "class_labels", "encoder_hidden_states",
-            "pooled_projections", "guidance", "encoder_attention_mask", "pixel_values", "sample", "decoder_input_ids")
+            "pooled_projections", "guidance", "encoder_attention_mask", "pixel_values", "sample", "decoder_input_ids",
+            "token_type_ids")
 
 
 def _cfg(config, *names, default=None):
@@ -478,6 +479,7 @@ def _transformers_kwargs(model, config, required, gen, batch=BATCH, given=None, 
     if name == "input_ids":
         vocab = int(_cfg(config, "vocab_size", default=32))
         out["input_ids"] = torch.randint(0, vocab, (batch, SEQ), generator=gen)
+        out.update(_padding_inputs(model, config, given.get("input_ids", out["input_ids"]), given))
     missing = {} if name == "input_ids" or name in given else {name: "[shape unknown]"}
     if _cfg(config, "is_encoder_decoder") and "decoder_input_ids" in _signature(model) \
             and "decoder_inputs_embeds" not in given:
@@ -488,6 +490,30 @@ def _transformers_kwargs(model, config, required, gen, batch=BATCH, given=None, 
         if isinstance(start, int) and 0 <= start < vocab:
             out["decoder_input_ids"][:, 0] = start
     return out, missing
+
+
+def _padding_inputs(model, config, ids, given: dict) -> dict[str, torch.Tensor]:
+    """What a text encoder is deployed with beside its token ids (as a tokenizer gives them, and as
+    optimum exports them): `attention_mask` (int64 ones, the last 2 tokens padding in all but the first
+    row) and, where the config has more than one token type, `token_type_ids` (the second half of each
+    row type 1). Not for models that generate: a causal LM's inputs are the KV-cache task's."""
+    generates = getattr(model, "can_generate", None)
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or (callable(generates) and generates()):
+        return {}
+    params = _signature(model)
+    batch, seq = (int(d) for d in ids.shape)
+    out = {}
+    if "attention_mask" in params and "attention_mask" not in given:
+        mask = torch.ones(batch, seq, dtype=torch.long)
+        if seq > 2:
+            mask[1:, -2:] = 0
+        out["attention_mask"] = mask
+    types = _cfg(config, "type_vocab_size")
+    if "token_type_ids" in params and "token_type_ids" not in given and isinstance(types, int) and types > 1:
+        kinds = torch.zeros(batch, seq, dtype=torch.long)
+        kinds[:, seq // 2:] = 1
+        out["token_type_ids"] = kinds
+    return out
 
 
 def _patch_grid(config, made: dict) -> dict[str, int]:

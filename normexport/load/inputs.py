@@ -23,6 +23,30 @@ class InputSpec:
     name: str
     dims: tuple[int, ...]
     dtype: torch.dtype = torch.float32
+    dtype_given: bool = True  # False: `--input NAME:DIMS` named no DTYPE (for_parameter picks one)
+
+
+#: names of inputs that hold integers whatever their documentation says (token ids, indices, positions,
+#: and masks: transformers' tokenizers give int64 masks, where BERT documents a FloatTensor)
+INTEGER_NAME = re.compile(r"(^|_)ids?($|_)|indices|(^|_)positions?(_ids)?$|mask")
+
+
+def for_parameter(spec: InputSpec, module) -> InputSpec:
+    """`spec` with the dtype the module's forward parameter of its name takes when --input named none:
+    int64 for ids / indices / positions / masks (INTEGER_NAME), else its documented dtype
+    (`torch.LongTensor` -> int64, `torch.BoolTensor` -> bool), else float32."""
+    if spec.dtype_given:
+        return spec
+    if INTEGER_NAME.search(spec.name):
+        return dataclasses.replace(spec, dtype=torch.int64)
+    from . import docs
+
+    try:
+        doc = docs.params(module).get(spec.name)
+    except Exception:  # noqa: BLE001 - a forward without documentation: float32
+        doc = None
+    dtype = {"long": torch.int64, "bool": torch.bool}.get(getattr(doc, "dtype", ""), torch.float32)
+    return dataclasses.replace(spec, dtype=dtype)
 
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*$")
@@ -40,12 +64,12 @@ def parse_input(text: str) -> InputSpec:
         raise UsageError(f"malformed dims '{dims_text}' in --input '{text}': write sizes joined by 'x', e.g. 2x16x64") from None
     if any(d < 0 for d in dims):
         raise UsageError(f"negative size in --input '{text}': sizes must be >= 0")
-    dtype = torch.float32
-    if len(parts) == 3:
+    dtype, given = torch.float32, len(parts) == 3
+    if given:
         if parts[2].lower() not in DTYPES:
             raise UsageError(f"unknown dtype '{parts[2]}' in --input '{text}': use one of float32, float16, bfloat16, int64, int32, bool")
         dtype = DTYPES[parts[2].lower()]
-    return InputSpec(name, dims, dtype)
+    return InputSpec(name, dims, dtype, given)
 
 
 def parse_dynamic(text: str) -> tuple[str, list[int]]:
@@ -61,11 +85,16 @@ def parse_dynamic(text: str) -> tuple[str, list[int]]:
 
 
 def make_inputs(specs, seed: int = 0) -> tuple[torch.Tensor, ...]:
-    """Random, non-zero inputs for `specs` (normal floats, small non-negative ints)."""
+    """Random, non-zero inputs for `specs` (normal floats, small non-negative ints); an integer or
+    boolean mask [B, S] is ones with the last 2 positions padding in all but the first row."""
     gen = torch.Generator().manual_seed(seed)
     out = []
     for spec in specs:
-        if spec.dtype.is_floating_point:
+        if "mask" in spec.name and not spec.dtype.is_floating_point and len(spec.dims) == 2:
+            t = torch.ones(spec.dims, dtype=spec.dtype)
+            if spec.dims[1] > 2:
+                t[1:, -2:] = 0
+        elif spec.dtype.is_floating_point:
             t = torch.randn(spec.dims, generator=gen, dtype=torch.float32).to(spec.dtype)
         elif spec.dtype == torch.bool:
             t = torch.randint(0, 2, spec.dims, generator=gen).bool()

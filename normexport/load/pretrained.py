@@ -180,7 +180,7 @@ def batched_axes(args: dict) -> dict[str, list[int]]:
         # (original_size, crop_coords: entries.value_count), made batch first
         if (name not in BATCHED and value_count(name) is None) or not isinstance(t, torch.Tensor):
             continue
-        axes = [0, 1] if name in ("input_ids", "attention_mask", "decoder_input_ids") else [0]
+        axes = [0, 1] if name in ("input_ids", "attention_mask", "decoder_input_ids", "token_type_ids") else [0]
         axes = [a for a in axes if a < t.dim() and int(t.shape[a]) > 1]
         if axes:
             out[name] = axes

