@@ -8,7 +8,11 @@ tests/rewrite/corpus.py), converted with the defaults:
 - its 13 LayerNorms are LayerNormalization, and convert's parity check passes;
 - independently of that check: the sentence embeddings (mean over the mask, L2-normalised, as the
   folder's 1_Pooling / 2_Normalize say) of a padded batch from the file equal those of each sentence
-  alone in float64 eager (a mask ignored or inverted changes the padded rows).
+  alone in float64 eager (a mask ignored or inverted changes the padded rows);
+- `-o DIR/` makes DIR a model folder: config, tokenizer and sentence-transformers files beside
+  model.onnx; the folder's own tokenizer, loaded from DIR, feeds the file real sentences, and their
+  embeddings match float64 eager. (optimum's ORTModelForFeatureExtraction loading DIR as it is:
+  tools/optimum_encoder_check.py, in optimum's own environment.)
 """
 
 from __future__ import annotations
@@ -38,9 +42,10 @@ def folder():
 def converted(folder, tmp_path_factory):
     from normexport.cli import main
 
-    out = tmp_path_factory.mktemp("minilm") / "minilm.onnx"
-    assert main(["convert", folder, "-o", str(out), "--report", str(out.with_suffix(".json"))]) == 0
-    return out, json.loads(out.with_suffix(".json").read_text())
+    out = tmp_path_factory.mktemp("minilm") / "deploy" / "model.onnx"
+    report = out.parent.parent / "r.json"
+    assert main(["convert", folder, "-o", str(out.parent) + "/", "--report", str(report)]) == 0
+    return out, json.loads(report.read_text())
 
 
 def _embed(hidden: np.ndarray, mask: np.ndarray) -> np.ndarray:
@@ -90,3 +95,22 @@ def test_input_without_dtype_gives_integer_ids_and_masks(cli, folder, tmp_path):
     model = onnx.load(str(tmp_path / "m.onnx"), load_external_data=False)
     assert [(i.name, i.type.tensor_type.elem_type) for i in model.graph.input][:2] == \
         [("input_ids", onnx.TensorProto.INT64), ("attention_mask", onnx.TensorProto.INT64)]
+
+
+def test_folder_output_is_a_model_folder(converted, folder):
+    out, _ = converted
+    names = sorted(str(p.relative_to(out.parent)) for p in out.parent.rglob("*") if p.is_file())
+    assert names == ["1_Pooling/config.json", "config.json", "config_sentence_transformers.json", "model.onnx",
+                     "modules.json", "sentence_bert_config.json", "special_tokens_map.json", "tokenizer.json",
+                     "tokenizer_config.json", "vocab.txt"], names
+    tok = transformers.AutoTokenizer.from_pretrained(out.parent)
+    batch = tok(["A man is eating food.", "normexport exports normalization layers right", "Hi"], padding=True,
+                return_tensors="np")
+    sess = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    hidden = sess.run(["last_hidden_state"], {k: v.astype(np.int64) for k, v in batch.items()})[0]
+    bert = transformers.BertModel.from_pretrained(folder).eval().double()
+    with torch.no_grad():
+        want = bert(**{k: torch.from_numpy(v) for k, v in batch.items()}).last_hidden_state.numpy()
+    mask = batch["attention_mask"]
+    assert mask.min() == 0  # the batch is padded
+    assert np.abs(_embed(hidden, mask) - _embed(want, mask)).max() < 1e-5

@@ -35,7 +35,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "package.module:callable | a save_pretrained folder (transformers, diffusers)")
     p.add_argument("-o", "--output", metavar="OUT.onnx", help="default: MODEL's stem + .onnx beside it; DIR/ (a "
                    "trailing slash): a folder holding model.onnx (a causal LM's: with genai_config.json, its config and "
-                   "tokenizer files, for onnxruntime-genai and optimum)")
+                   "tokenizer files, for onnxruntime-genai and optimum; another transformers folder's: with its config, "
+                   "tokenizer, processor and sentence-transformers files)")
     p.add_argument("--input", action="append", default=[], metavar="NAME:DIMS[:DTYPE]", help="e.g. x:2x16x64 (positional, forward order)")
     p.add_argument("--inputs", metavar="FILE", help="example inputs: a torch.save'd (args, kwargs) of one call, e.g. "
                    "recorded with `with normexport.capture(model, FILE): pipeline(...)` (loaded with weights_only=True)")

@@ -1,7 +1,8 @@
 """Stage 7, write: the report (--report), the file written atomically (temp file, then rename;
 external data past 2 GiB, checked by path) only when its check passed, and for a causal LM with
 its cache the deployable folder's files beside it (genai_config.json, config and tokenizer files;
-docs/design.md §10)."""
+docs/design.md §10); with `-o DIR/`, any other transformers folder's config, tokenizer, processor and
+sentence-transformers files (companions)."""
 
 from __future__ import annotations
 
@@ -58,4 +59,16 @@ def run(rec: Record) -> Record:
 
         for line in deploy.write(out, rec.model_ir, rec.module, args.model, rec.loaded.kind.removesuffix("-with-past")):
             print(line)
+    elif _is_folder_output(args) and rec.loaded.kind == "pretrained" and not args.module:
+        from . import companions  # config, tokenizer, processor and sentence-transformers files beside model.onnx
+
+        for line in companions.write(out, args.model):
+            print(line)
     return rec
+
+
+def _is_folder_output(args) -> bool:
+    """`-o DIR/`: the output named as a folder."""
+    import os
+
+    return bool(args.output) and args.output.endswith(("/", os.sep))
