@@ -119,6 +119,8 @@ def auto_families(named: dict) -> dict:
 def shrink(config_cls):
     base = config_cls().to_dict()
     kw = {k: v for k, v in TINY.items() if k in base}
+    if "kv_lora_rank" in base and "num_key_value_heads" in kw:  # latent attention: one key / value per head
+        kw["num_key_value_heads"] = kw.get("num_attention_heads", 4)
     layers = kw.get("num_hidden_layers", kw.get("num_layers", kw.get("n_layer", 2)))
     for k, v in base.items():  # per-layer lists (layer_types, block types) keep their first layers
         if isinstance(v, list) and len(v) > layers and ("layer" in k or "block" in k) and k != "mlp_layer_types":

@@ -15,6 +15,7 @@ from ..errors import UsageError
 from . import docs, entries
 from ._util import short
 from .dims import Resolver, config_int, config_width, config_widths
+from .inputs import padded_mask
 
 BATCH, SEQ, TEXT_SEQ = 2, 8, 6
 
@@ -504,10 +505,7 @@ def _padding_inputs(model, config, ids, given: dict) -> dict[str, torch.Tensor]:
     batch, seq = (int(d) for d in ids.shape)
     out = {}
     if "attention_mask" in params and "attention_mask" not in given:
-        mask = torch.ones(batch, seq, dtype=torch.long)
-        if seq > 2:
-            mask[1:, -2:] = 0
-        out["attention_mask"] = mask
+        out["attention_mask"] = padded_mask(batch, seq)
     types = _cfg(config, "type_vocab_size")
     if "token_type_ids" in params and "token_type_ids" not in given and isinstance(types, int) and types > 1:
         kinds = torch.zeros(batch, seq, dtype=torch.long)
@@ -695,10 +693,9 @@ class _Sizes:
         if p == "encoder_attention_mask" and (required or "encoder_hidden_states" in self.params):
             if not required:
                 return None
-            mask = torch.ones(self.batch, self.text_seq, dtype=torch.bool)
-            if self.cls not in MASK_READ_AS_VALUES:
-                mask[1:, -2:] = False  # padding in all but the first prompt
-            return mask
+            if self.cls in MASK_READ_AS_VALUES:
+                return torch.ones(self.batch, self.text_seq, dtype=torch.bool)
+            return padded_mask(self.batch, self.text_seq, torch.bool)  # padding in all but the first prompt
         if p == "pooled_projections" and (width := self.pooled_dim(name or p, doc)):
             return torch.randn(self.batch, int(width), generator=gen)
         if p == "class_labels" and c("num_embeds_ada_norm"):

@@ -84,6 +84,15 @@ def parse_dynamic(text: str) -> tuple[str, list[int]]:
     return name, axes
 
 
+def padded_mask(batch: int, seq: int, dtype: torch.dtype = torch.long) -> torch.Tensor:
+    """An example attention mask [batch, seq]: ones, the last 2 positions padding in all but the first
+    row (a batch of prompts of two lengths, as a tokenizer pads them)."""
+    mask = torch.ones(batch, seq, dtype=dtype)
+    if seq > 2:
+        mask[1:, -2:] = 0
+    return mask
+
+
 def make_inputs(specs, seed: int = 0) -> tuple[torch.Tensor, ...]:
     """Random, non-zero inputs for `specs` (normal floats, small non-negative ints); an integer or
     boolean mask [B, S] is ones with the last 2 positions padding in all but the first row."""
@@ -91,9 +100,7 @@ def make_inputs(specs, seed: int = 0) -> tuple[torch.Tensor, ...]:
     out = []
     for spec in specs:
         if "mask" in spec.name and not spec.dtype.is_floating_point and len(spec.dims) == 2:
-            t = torch.ones(spec.dims, dtype=spec.dtype)
-            if spec.dims[1] > 2:
-                t[1:, -2:] = 0
+            t = padded_mask(*spec.dims, dtype=spec.dtype)
         elif spec.dtype.is_floating_point:
             t = torch.randn(spec.dims, generator=gen, dtype=torch.float32).to(spec.dtype)
         elif spec.dtype == torch.bool:
