@@ -114,3 +114,19 @@ def test_folder_output_is_a_model_folder(converted, folder):
     mask = batch["attention_mask"]
     assert mask.min() == 0  # the batch is padded
     assert np.abs(_embed(hidden, mask) - _embed(want, mask)).max() < 1e-5
+
+
+def test_folder_output_leaves_another_models_files(folder, tmp_path):
+    """A file of the same name and other content already in DIR (another model's vocabulary) is left as it
+    is and named on a note line; the rest is copied."""
+    from pathlib import Path
+
+    from normexport.convert import companions
+
+    (tmp_path / "vocab.txt").write_text("another model\n")
+    lines = companions.write(tmp_path / "model.onnx", folder)
+    assert (tmp_path / "vocab.txt").read_text() == "another model\n"
+    assert (tmp_path / "tokenizer.json").read_bytes() == (Path(folder) / "tokenizer.json").read_bytes()
+    assert lines[-1].endswith("holds another file of the same name: vocab.txt"), lines
+    again = companions.write(tmp_path / "model.onnx", folder)  # a re-run: the same files are no clash
+    assert "copied nothing" in again[0] and len(again) == 2, again

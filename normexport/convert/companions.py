@@ -58,11 +58,13 @@ def write(out: Path, source: str) -> list[str]:
     copied, kept, clash = [], [], []
     for src, rel in files(folder):
         dest = where / rel
-        if dest.exists() and not os.path.samefile(src, dest) and dest.read_bytes() != src.read_bytes():
-            clash.append(str(rel))
+        if dest.exists():  # the same file, or a copy of it from an earlier run: kept; another model's: left alone
+            same = os.path.samefile(src, dest) or dest.read_bytes() == src.read_bytes()
+            (kept if same else clash).append(str(rel))
             continue
         dest.parent.mkdir(parents=True, exist_ok=True)
-        (copied if deploy._copy(src, dest) else kept).append(str(rel))
+        deploy._copy(src, dest)
+        copied.append(str(rel))
     lines = []
     if copied or kept:
         lines.append(f"model folder '{where}': copied {', '.join(copied) or 'nothing'} beside {out.name}"
