@@ -6,6 +6,12 @@ process with the defaults (task text-generation-with-past, target trt, the 16-to
 check). One line per family: exit code, seconds, the export line and the check's verdict.
 
     python tools/try_llm_families.py --work /tmp/families [FAMILY ...]
+    python tools/try_llm_families.py --auto --work /tmp/auto [FAMILY ...]   # every other *ForCausalLM class
+
+--auto shrinks each class's default config generically (TINY; per-layer type lists cut to where every kind
+occurs); a config that stays large, or whose own eager forward fails, is a SETUP FAILED row.
+Records: benchmarks/results/llm_families_2026-11-29_vm.txt (the table),
+benchmarks/results/llm_families_auto_2026-11-30_vm.txt (--auto: 109 classes converted, 103 PASSED).
 """
 
 from __future__ import annotations
@@ -122,9 +128,18 @@ def shrink(config_cls):
     if "kv_lora_rank" in base and "num_key_value_heads" in kw:  # latent attention: one key / value per head
         kw["num_key_value_heads"] = kw.get("num_attention_heads", 4)
     layers = kw.get("num_hidden_layers", kw.get("num_layers", kw.get("n_layer", 2)))
-    for k, v in base.items():  # per-layer lists (layer_types, block types) keep their first layers
-        if isinstance(v, list) and len(v) > layers and ("layer" in k or "block" in k) and k != "mlp_layer_types":
-            kw[k] = v[:layers]
+    lists = {k: v for k, v in base.items() if isinstance(v, list) and len(v) > layers and ("layer" in k or "block" in k)
+             and k != "mlp_layer_types" and all(isinstance(x, (str, int)) for x in v)}
+    # per-layer lists (layer_types, block types) keep their first layers, as many as it takes for every kind
+    # to occur once (a hybrid's first full-attention layer: Qwen3-Next's fourth), at most 8
+    for v in lists.values():
+        kinds = set(map(str, v))
+        layers = max(layers, min(8, next(i + 1 for i in range(len(v)) if set(map(str, v[:i + 1])) == kinds)))
+    for k, v in lists.items():
+        kw[k] = v[:layers]
+    for k in ("num_hidden_layers", "num_layers", "n_layer"):
+        if k in kw:
+            kw[k] = layers
     return config_cls(**kw)
 
 
