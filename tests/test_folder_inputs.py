@@ -165,3 +165,14 @@ def test_refusal_names_the_parameter_and_both_ways(zimage, monkeypatch):
     msg = str(e.value)
     assert "x [a list of tensors]" in msg and "--inputs inputs.pt" in msg and "normexport.capture" in msg, msg
     assert "--input x:" not in msg and "\n" not in msg
+
+
+def test_folder_output_carries_the_image_processor(folders, tmp_path):
+    """`-o DIR/` of a vision folder: its image processor's file beside model.onnx (convert.companions), so the
+    folder's own processor loads from DIR and gives the size the file was exported for."""
+    from normexport.convert import companions
+
+    lines = companions.write(tmp_path / "model.onnx", str(folders / "segformer"))
+    assert (tmp_path / "preprocessor_config.json").is_file() and (tmp_path / "config.json").is_file(), lines
+    processor = transformers.AutoImageProcessor.from_pretrained(tmp_path)
+    assert processor.size == {"height": 32, "width": 48}
