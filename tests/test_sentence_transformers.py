@@ -130,3 +130,24 @@ def test_folder_output_leaves_another_models_files(folder, tmp_path):
     assert lines[-1].endswith("holds another file of the same name: vocab.txt"), lines
     again = companions.write(tmp_path / "model.onnx", folder)  # a re-run: the same files are no clash
     assert "copied nothing" in again[0] and len(again) == 2, again
+
+
+def test_input_dtype_defaults_by_parameter():
+    """`--input NAME:DIMS` without a dtype: token ids / masks int64 (BERT documents its mask as a FloatTensor,
+    tokenizers give int64), a typed documentation wins otherwise, and coordinates documented as a plain
+    `torch.Tensor` (Flux's img_ids) stay float32."""
+    diffusers = pytest.importorskip("diffusers")
+    from normexport.load.inputs import for_parameter, parse_input
+
+    bert = transformers.BertModel(transformers.BertConfig(vocab_size=32, hidden_size=16, num_hidden_layers=1,
+                                                          num_attention_heads=2, intermediate_size=32))
+    flux = diffusers.FluxTransformer2DModel(patch_size=1, in_channels=4, num_layers=1, num_single_layers=1,
+                                            attention_head_dim=8, num_attention_heads=2, joint_attention_dim=8,
+                                            pooled_projection_dim=8, axes_dims_rope=(2, 2, 4))
+    got = {n: for_parameter(parse_input(f"{n}:2x8"), m).dtype for m, names in (
+        (bert, ("input_ids", "attention_mask", "token_type_ids", "position_ids", "inputs_embeds")),
+        (flux, ("img_ids", "txt_ids", "hidden_states", "timestep"))) for n in names}
+    assert got == {"input_ids": torch.int64, "attention_mask": torch.int64, "token_type_ids": torch.int64,
+                   "position_ids": torch.int64, "inputs_embeds": torch.float32, "img_ids": torch.float32,
+                   "txt_ids": torch.float32, "hidden_states": torch.float32, "timestep": torch.float32}, got
+    assert for_parameter(parse_input("img_ids:8x3:int64"), flux).dtype == torch.int64  # a given dtype stays

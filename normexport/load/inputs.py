@@ -26,26 +26,30 @@ class InputSpec:
     dtype_given: bool = True  # False: `--input NAME:DIMS` named no DTYPE (for_parameter picks one)
 
 
-#: names of inputs that hold integers whatever their documentation says (token ids, indices, positions,
-#: and masks: transformers' tokenizers give int64 masks, where BERT documents a FloatTensor)
-INTEGER_NAME = re.compile(r"(^|_)ids?($|_)|indices|(^|_)positions?(_ids)?$|mask")
+#: names of token-like inputs that hold integers: a tokenizer's ids (input_ids, token_type_ids, position_ids)
+#: and indices. Masks are integers too, unless documented boolean (tokenizers give int64 masks, where BERT
+#: documents a FloatTensor). Any other name keeps float32 whatever its documentation says: diffusers
+#: documents Flux's float timestep as `torch.LongTensor`, and Flux's `img_ids` are float coordinates.
+TOKEN_NAME = re.compile(r"(^|_)(input|token_type|position)_ids$|^ids$|(^|_)indices$")
 
 
 def for_parameter(spec: InputSpec, module) -> InputSpec:
-    """`spec` with the dtype the module's forward parameter of its name takes when --input named none:
-    int64 for ids / indices / positions / masks (INTEGER_NAME), else its documented dtype
-    (`torch.LongTensor` -> int64, `torch.BoolTensor` -> bool), else float32."""
+    """`spec` with the dtype the module's forward parameter of its name takes when --input named none: int64
+    for token ids and indices (TOKEN_NAME) and for masks (bool where documented `torch.BoolTensor`), bool
+    where documented so, else float32."""
     if spec.dtype_given:
         return spec
-    if INTEGER_NAME.search(spec.name):
-        return dataclasses.replace(spec, dtype=torch.int64)
     from . import docs
 
     try:
         doc = docs.params(module).get(spec.name)
-    except Exception:  # noqa: BLE001 - a forward without documentation: float32
+    except Exception:  # noqa: BLE001 - a forward without documentation: by its name
         doc = None
-    dtype = {"long": torch.int64, "bool": torch.bool}.get(getattr(doc, "dtype", ""), torch.float32)
+    boolean = getattr(doc, "dtype", None) == "bool"
+    if TOKEN_NAME.search(spec.name) or ("mask" in spec.name and not boolean):
+        dtype = torch.int64
+    else:
+        dtype = torch.bool if boolean else torch.float32
     return dataclasses.replace(spec, dtype=dtype)
 
 
