@@ -151,3 +151,27 @@ def test_input_dtype_defaults_by_parameter():
                    "position_ids": torch.int64, "inputs_embeds": torch.float32, "img_ids": torch.float32,
                    "txt_ids": torch.float32, "hidden_states": torch.float32, "timestep": torch.float32}, got
     assert for_parameter(parse_input("img_ids:8x3:int64"), flux).dtype == torch.int64  # a given dtype stays
+
+
+def test_folder_output_skips_the_transformers_own_module(tmp_path):
+    """An older sentence-transformers layout keeps the transformer in a module folder of its own
+    (0_Transformer, with its weights): not copied, model.onnx replaces it; the pooling module is. A
+    modules.json that is not a list of modules copies no module folder."""
+    import json as _json
+
+    from normexport.convert import companions
+
+    src = tmp_path / "src"
+    (src / "0_Transformer").mkdir(parents=True)
+    (src / "1_Pooling").mkdir()
+    (src / "config.json").write_text("{}")
+    (src / "0_Transformer" / "model.safetensors").write_bytes(b"weights")
+    (src / "1_Pooling" / "config.json").write_text("{}")
+    (src / "modules.json").write_text(_json.dumps([
+        {"idx": 0, "name": "0", "path": "0_Transformer", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+        {"idx": 2, "name": "2", "path": "../outside", "type": "sentence_transformers.models.Dense"}, "junk"]))
+    names = sorted(str(rel) for _, rel in companions.files(src))
+    assert names == ["1_Pooling/config.json", "config.json", "modules.json"], names
+    (src / "modules.json").write_text('{"not": "a list"}')
+    assert sorted(str(rel) for _, rel in companions.files(src)) == ["config.json", "modules.json"]

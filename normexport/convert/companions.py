@@ -35,14 +35,17 @@ def files(folder: Path) -> list[tuple[Path, Path]]:
 
 def _module_folders(folder: Path) -> list[Path]:
     """The sentence-transformers modules' folders after the transformer (modules.json entries with a
-    path of their own: 1_Pooling, 2_Normalize, 2_Dense)."""
+    path of their own: 1_Pooling, 2_Normalize, 2_Dense); not the transformer's own (an older layout's
+    0_Transformer: its weights are what model.onnx replaces)."""
     try:
         modules = json.loads((folder / "modules.json").read_text())
     except (OSError, ValueError):
         return []
     out = []
     for m in modules if isinstance(modules, list) else []:
-        sub = m.get("path") if isinstance(m, dict) else None
+        if not isinstance(m, dict) or str(m.get("type", "")).endswith(".Transformer"):
+            continue
+        sub = m.get("path")
         if isinstance(sub, str) and sub and (folder / sub).is_dir() \
                 and (folder / sub).resolve().is_relative_to(folder.resolve()):
             out.append(folder / sub)
