@@ -168,9 +168,9 @@ def test_refusal_names_the_parameter_and_both_ways(zimage, monkeypatch):
 
 
 def test_folder_output_carries_the_image_processor(folders, tmp_path):
-    """`-o DIR/` of a vision folder: its image processor's file beside model.onnx (convert.companions), so the
+    """`-o DIR/` of a vision folder: its image processor's file beside model.onnx (normexport.companions), so the
     folder's own processor loads from DIR and gives the size the file was exported for."""
-    from normexport.convert import companions
+    from normexport import companions
 
     lines = companions.write(tmp_path / "model.onnx", str(folders / "segformer"))
     assert (tmp_path / "preprocessor_config.json").is_file() and (tmp_path / "config.json").is_file(), lines

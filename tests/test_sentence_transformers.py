@@ -121,7 +121,7 @@ def test_folder_output_leaves_another_models_files(folder, tmp_path):
     is and named on a note line; the rest is copied."""
     from pathlib import Path
 
-    from normexport.convert import companions
+    from normexport import companions
 
     (tmp_path / "vocab.txt").write_text("another model\n")
     lines = companions.write(tmp_path / "model.onnx", folder)
@@ -133,9 +133,9 @@ def test_folder_output_leaves_another_models_files(folder, tmp_path):
 
 
 def test_input_dtype_defaults_by_parameter():
-    """`--input NAME:DIMS` without a dtype: token ids / masks int64 (BERT documents its mask as a FloatTensor,
-    tokenizers give int64), a typed documentation wins otherwise, and coordinates documented as a plain
-    `torch.Tensor` (Flux's img_ids) stay float32."""
+    """`--input NAME:DIMS` without a dtype: token ids int64; a library model's masks int64 (BERT documents its
+    mask as a FloatTensor, tokenizers give int64); Flux's timestep (documented `torch.LongTensor`) and its
+    coordinates (img_ids) float32; any other module's mask float32."""
     diffusers = pytest.importorskip("diffusers")
     from normexport.load.inputs import for_parameter, parse_input
 
@@ -144,13 +144,16 @@ def test_input_dtype_defaults_by_parameter():
     flux = diffusers.FluxTransformer2DModel(patch_size=1, in_channels=4, num_layers=1, num_single_layers=1,
                                             attention_head_dim=8, num_attention_heads=2, joint_attention_dim=8,
                                             pooled_projection_dim=8, axes_dims_rope=(2, 2, 4))
-    got = {n: for_parameter(parse_input(f"{n}:2x8"), m).dtype for m, names in (
+    got = {n: for_parameter(parse_input(f"{n}:2x8"), m, library=True).dtype for m, names in (
         (bert, ("input_ids", "attention_mask", "token_type_ids", "position_ids", "inputs_embeds")),
         (flux, ("img_ids", "txt_ids", "hidden_states", "timestep"))) for n in names}
     assert got == {"input_ids": torch.int64, "attention_mask": torch.int64, "token_type_ids": torch.int64,
                    "position_ids": torch.int64, "inputs_embeds": torch.float32, "img_ids": torch.float32,
                    "txt_ids": torch.float32, "hidden_states": torch.float32, "timestep": torch.float32}, got
     assert for_parameter(parse_input("img_ids:8x3:int64"), flux).dtype == torch.int64  # a given dtype stays
+    # any other module's `mask` may be a float it multiplies by (tests/test_scripted_torchscript.py): float32
+    assert for_parameter(parse_input("mask:2x8x16"), torch.nn.Identity()).dtype == torch.float32
+    assert for_parameter(parse_input("input_ids:2x8"), torch.nn.Identity()).dtype == torch.int64
 
 
 def test_folder_output_skips_the_transformers_own_module(tmp_path):
@@ -159,7 +162,7 @@ def test_folder_output_skips_the_transformers_own_module(tmp_path):
     modules.json that is not a list of modules copies no module folder."""
     import json as _json
 
-    from normexport.convert import companions
+    from normexport import companions
 
     src = tmp_path / "src"
     (src / "0_Transformer").mkdir(parents=True)

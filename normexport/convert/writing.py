@@ -60,7 +60,7 @@ def run(rec: Record) -> Record:
         for line in deploy.write(out, rec.model_ir, rec.module, args.model, rec.loaded.kind.removesuffix("-with-past")):
             print(line)
     elif _is_folder_output(args) and rec.loaded.kind == "pretrained" and not args.module:
-        from . import companions  # config, tokenizer, processor and sentence-transformers files beside model.onnx
+        from .. import companions  # config, tokenizer, processor and sentence-transformers files beside model.onnx
 
         for line in companions.write(out, args.model):
             print(line)

@@ -529,19 +529,23 @@ def _patch_grid(config, made: dict) -> dict[str, int]:
     return {"sequence_length": n, "num_patches": n}
 
 
-def _first_conv_channels(model, kinds=(torch.nn.Conv2d,)) -> int | None:
-    """The input channels of the model's first convolution of `kinds` (in module order: the stem that
-    takes the image, or the audio), when neither the config nor the folder names them."""
+def _first_conv_channels(model) -> int | None:
+    """The input channels of the model's first 2-D convolution (in module order: the stem that
+    takes the image), when neither the config nor the folder names them."""
+    return _first_conv_in(model, (torch.nn.Conv2d,))
+
+
+def _first_conv_in(model, kinds) -> int | None:
     conv = next((m for m in model.modules() if isinstance(m, kinds)), None)
     return int(conv.in_channels) if conv is not None else None
 
 
 def _module_sizes(model) -> dict[str, int]:
     """Sizes of documented dims the model's modules give where its config names none (dims.Resolver's
-    fallback): `channels` are what its first convolution (1-, 2- or 3-D) takes."""
+    fallback): `channels` are what its first convolution (1-, 2- or 3-D: the audio's too) takes."""
     if not isinstance(model, torch.nn.Module):
         return {}
-    channels = _first_conv_channels(model, (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d))
+    channels = _first_conv_in(model, (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d))
     return {} if channels is None else {k: channels for k in ("channels", "channel", "num_channels", "in_channels")}
 
 

@@ -27,16 +27,17 @@ class InputSpec:
 
 
 #: names of token-like inputs that hold integers: a tokenizer's ids (input_ids, token_type_ids, position_ids)
-#: and indices. Masks are integers too, unless documented boolean (tokenizers give int64 masks, where BERT
-#: documents a FloatTensor). Any other name keeps float32 whatever its documentation says: diffusers
+#: and indices. A library model's masks are integers too, unless documented boolean (tokenizers give int64
+#: masks, where BERT documents a FloatTensor). Any other name keeps float32 whatever its documentation says: diffusers
 #: documents Flux's float timestep as `torch.LongTensor`, and Flux's `img_ids` are float coordinates.
 TOKEN_NAME = re.compile(r"(^|_)(input|token_type|position)_ids$|^ids$|(^|_)indices$")
 
 
-def for_parameter(spec: InputSpec, module) -> InputSpec:
+def for_parameter(spec: InputSpec, module, library: bool = False) -> InputSpec:
     """`spec` with the dtype the module's forward parameter of its name takes when --input named none: int64
-    for token ids and indices (TOKEN_NAME) and for masks (bool where documented `torch.BoolTensor`), bool
-    where documented so, else float32."""
+    for token ids and indices (TOKEN_NAME); for a transformers / diffusers model (`library`) int64 for masks
+    too (bool where documented `torch.BoolTensor`), their tokenizers' convention, where any other module's
+    `mask` may be a float it multiplies by; bool where documented so; else float32."""
     if spec.dtype_given:
         return spec
     from . import docs
@@ -46,7 +47,7 @@ def for_parameter(spec: InputSpec, module) -> InputSpec:
     except Exception:  # noqa: BLE001 - a forward without documentation: by its name
         doc = None
     boolean = getattr(doc, "dtype", None) == "bool"
-    if TOKEN_NAME.search(spec.name) or ("mask" in spec.name and not boolean):
+    if TOKEN_NAME.search(spec.name) or (library and "mask" in spec.name and not boolean):
         dtype = torch.int64
     else:
         dtype = torch.bool if boolean else torch.float32

@@ -93,10 +93,10 @@ def resolve_inputs(loaded: LoadedModel, model: str, input_args: list[str], dynam
     module is the loaded one, or one called with the user's inputs by forward parameter name
     (a CallAdapter: keyword and nested inputs reach their parameter, plain values are constants)."""
     module = loaded.module
-    specs = [for_parameter(parse_input(s), unwrap(module)) for s in input_args]
+    library_call = isinstance(module, CallAdapter) and getattr(module.inner, "_normexport_library", None)
+    specs = [for_parameter(parse_input(s), unwrap(module), library=bool(library_call)) for s in input_args]
     dynamic = dict(parse_dynamic(d) for d in dynamic_args)
     recorded = load_inputs_file(inputs_file) if inputs_file else None
-    library_call = isinstance(module, CallAdapter) and getattr(module.inner, "_normexport_library", None)
     if library_call and (specs or recorded):  # a folder's (or a library model's) call: by forward parameter name
         module = pretrained.with_inputs(loaded, specs, *(recorded or ((), {})))
         inputs, names = module.example_inputs, module.input_names

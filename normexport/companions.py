@@ -15,7 +15,7 @@ import json
 import os
 from pathlib import Path
 
-from ..llm import deploy
+from .llm import deploy
 
 #: a folder's processor files (image processors, feature extractors, processors, chat templates)
 PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json", "video_preprocessor_config.json",
