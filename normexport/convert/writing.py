@@ -54,21 +54,14 @@ def run(rec: Record) -> Record:
                 p.unlink(missing_ok=True)
             raise
     print(f"wrote {getattr(args, 'shown_output', None) or out}")  # a pipeline folder's: where it lands
-    if rec.task == llm.WITH_PAST:  # docs/design.md §10: genai_config.json, the tokenizer and config files beside the file
-        from ..llm import deploy
+    from ..llm import deploy
 
+    if rec.task == llm.WITH_PAST:  # docs/design.md §10: genai_config.json, the tokenizer and config files beside the file
         for line in deploy.write(out, rec.model_ir, rec.module, args.model, rec.loaded.kind.removesuffix("-with-past")):
             print(line)
-    elif _is_folder_output(args) and rec.loaded.kind == "pretrained" and not args.module:
+    elif deploy.names_folder(args.output) and rec.loaded.kind == "pretrained" and not args.module:
         from .. import companions  # config, tokenizer, processor and sentence-transformers files beside model.onnx
 
         for line in companions.write(out, args.model):
             print(line)
     return rec
-
-
-def _is_folder_output(args) -> bool:
-    """`-o DIR/`: the output named as a folder."""
-    import os
-
-    return bool(args.output) and args.output.endswith(("/", os.sep))

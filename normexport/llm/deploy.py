@@ -46,10 +46,15 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "n_ctx")
 
 
+def names_folder(arg: str | None) -> bool:
+    """`-o DIR/` (a trailing slash) names the output as a folder."""
+    return bool(arg) and arg.endswith(("/", os.sep))
+
+
 def output_path(arg: str | None) -> Path | None:
     """`-o DIR/` (a trailing slash): the output is a folder, the file DIR/model.onnx (DIR made
     when its parent exists); any other -o is the file itself (None: the default)."""
-    if not arg or not arg.endswith(("/", os.sep)):
+    if not names_folder(arg):
         return Path(arg) if arg else None
     folder = Path(arg)
     if not folder.exists() and folder.parent.is_dir():
