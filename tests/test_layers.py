@@ -20,7 +20,8 @@ LAYERS = [
     {"export"},  # the API's stage steps
     {"parity"},  # checks against eager / float64, runners
     {"llm", "demo", "testing"},  # features over parity
-    {"quantize"},  # quantized output of convert (int4 MatMulNBits, int8 / fp8 Q/DQ) and its verdict
+    {"quantize", "companions"},  # quantized output of convert (int4 MatMulNBits, int8 / fp8 Q/DQ) and its verdict;
+    # the files a model folder's ONNX file needs beside it (config, tokenizer, processor)
     {"convert"},  # the convert stages
     {"pipeline"},  # diffusers pipeline folders (convert per component)
     {"cli"},
